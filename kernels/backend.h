@@ -1,0 +1,237 @@
+/* kiln compute backends: one table of operations, a CPU reference and a CUDA
+ * implementation.  Model code is written once against this interface.
+ *
+ *   kiln_err err = {0};
+ *   kiln_backend *be = kiln_backend_create("cpu", 0, &err);
+ *   kiln_tensor x, w, y;
+ *   kiln_be_alloc(be, &x, be->act_dtype, 2, (int64_t[]){4, 64});
+ *   ...
+ *   kiln_be_linear(be, &y, &x, &w, NULL);
+ *   if (kiln_be_check(be, &err)) { ...err.msg... }
+ *   kiln_backend_destroy(be);
+ *
+ * Conventions
+ * - Every tensor is dense and row-major.  Activations use `be->act_dtype`
+ *   (F32 on the CPU, BF16 on CUDA); RoPE tables are always F32.
+ * - Compute ops return nothing: a failure (a CUDA error, a shape mismatch that
+ *   is a bug in the caller) is recorded as a sticky error in the backend
+ *   instance and every later op becomes a no-op until kiln_be_check() reports
+ *   and clears it.  So model code checks once per block or forward.
+ * - Output tensors are allocated by the caller.  An op may write its output in
+ *   place over an input only where the op says so.
+ * - A backend instance belongs to one thread at a time (it owns a stream and
+ *   scratch memory); create one per worker thread.
+ */
+#ifndef KILN_BACKEND_H
+#define KILN_BACKEND_H
+
+#include <stdint.h>
+
+#include "../common/error.h"
+#include "../common/tensor.h"
+
+typedef struct kiln_backend kiln_backend;
+
+typedef enum kiln_rope_mode {
+    KILN_ROPE_INTERLEAVED, /* pairs (x[2i], x[2i+1]): FLUX.2 and Z-Image DiTs */
+    KILN_ROPE_HALF,        /* pairs (x[i], x[i+d/2]): Qwen3 "rotate_half" */
+} kiln_rope_mode;
+
+typedef struct kiln_attn_opts {
+    float scale;          /* softmax scale, usually 1/sqrt(head_dim) */
+    int causal;           /* query i sees key j only when j <= i */
+    const int *key_len;   /* host array [B] or NULL: keys j >= key_len[b] are masked */
+} kiln_attn_opts;
+
+typedef struct kiln_backend_ops {
+    /* --- memory ----------------------------------------------------------
+     * alloc: a tensor in backend memory, zero-filled on the CPU, poisoned or
+     * uninitialised elsewhere.  Returns KILN_ERR_NOMEM / KILN_ERR_DEVICE.
+     * free: accepts a zeroed tensor.  upload: host buffer of `host_dtype`
+     * (F32, BF16, F16 or F64) converted into dst's dtype; numel must match.
+     * download: src converted to f32 into a host buffer of numel floats.
+     * copy: same dtype and numel. */
+    kiln_status (*alloc)(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim,
+                         const int64_t *shape);
+    void (*free)(kiln_backend *be, kiln_tensor *t);
+    void (*upload)(kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype host_dtype);
+    void (*download)(kiln_backend *be, const kiln_tensor *src, float *host);
+    void (*copy)(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src);
+    void (*sync)(kiln_backend *be);
+
+    /* --- dense layers ----------------------------------------------------
+     * linear: y[r, n] = sum_k x[r, k] * w[n, k] (+ bias[n]); x (.., K),
+     * w (N, K) as checkpoints store it, bias (N) or NULL, y (.., N). */
+    void (*linear)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                   const kiln_tensor *bias);
+
+    /* --- normalisation ---------------------------------------------------
+     * rms_norm: groups of G = numel(w) consecutive elements of x are each
+     * normalised, y = x / sqrt(mean(x^2) + eps) * w.  Covers a full hidden
+     * vector (G = H) and per-head norms (G = head_dim).  y may alias x.
+     * layer_norm_mod: x (B, S, D); y = LN(x) * (1 + scale[b]) + shift[b] with
+     * LN over D without affine parameters; shift/scale (B, D), either may be
+     * NULL (then 0).  y may alias x.
+     * group_norm: x (B, C, H, W); groups of C/groups channels; per-channel
+     * weight and bias (C); optional SiLU after.  y may alias x. */
+    void (*rms_norm)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                     float eps);
+    void (*layer_norm_mod)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                           const kiln_tensor *shift, const kiln_tensor *scale, float eps);
+    void (*group_norm)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                       const kiln_tensor *b, int groups, float eps, int silu);
+
+    /* --- attention -------------------------------------------------------
+     * rope: x (B, S, H, d) rotated in place; cos, sin (S, d) F32 tables that
+     * hold one value per element (for INTERLEAVED, cos[2i] == cos[2i+1]; for
+     * HALF, cos[i] == cos[i + d/2]).
+     * attention: q (B, Sq, Hq, d), k and v (B, Sk, Hkv, d) with Hq a multiple
+     * of Hkv (query head h uses kv head h / (Hq/Hkv)), o (B, Sq, Hq, d);
+     * softmax in f32.  With `causal`, query i sees keys j <= i + (Sk - Sq). */
+    void (*rope)(kiln_backend *be, kiln_tensor *x, const kiln_tensor *cos, const kiln_tensor *sin,
+                 kiln_rope_mode mode);
+    void (*attention)(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q, const kiln_tensor *k,
+                      const kiln_tensor *v, const kiln_attn_opts *opts);
+
+    /* --- elementwise -----------------------------------------------------
+     * silu: y = x * sigmoid(x); y may alias x.
+     * swiglu: x (R, 2F) -> y (R, F): y = silu(x[:, :F]) * x[:, F:].
+     * add: y = a + b (same shape); y may alias a or b.
+     * gated_add: x (B, S, D) += gate[b] * y with gate (B, D), or plain
+     * x += y when gate is NULL.
+     * euler_step: x += dt * v (flow-matching update, same shape).  On bf16
+     * backends this follows diffusers' rounding (pipeline.md section 7).
+     * cfg: out = neg + g * (pos - neg); out may alias pos or neg. */
+    void (*silu)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+    void (*swiglu)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+    void (*add)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *a, const kiln_tensor *b);
+    void (*gated_add)(kiln_backend *be, kiln_tensor *x, const kiln_tensor *gate,
+                      const kiln_tensor *y);
+    void (*euler_step)(kiln_backend *be, kiln_tensor *x, const kiln_tensor *v, float dt);
+    void (*cfg)(kiln_backend *be, kiln_tensor *out, const kiln_tensor *pos, const kiln_tensor *neg,
+                float g);
+
+    /* --- data movement ---------------------------------------------------
+     * copy_rows: dst (B, Sd, D), src (B, Ss, D): for every b, rows
+     * [src_row0, src_row0 + n) of src go to rows [dst_row0, ...) of dst.
+     * copy_cols: 2-D views (rows = numel / last dim) with equal row counts:
+     * dst[r, dst_col0 + j] = src[r, src_col0 + j] for j < n.
+     * transpose: x (B, M, N) -> y (B, N, M). */
+    void (*copy_rows)(kiln_backend *be, kiln_tensor *dst, int64_t dst_row0, const kiln_tensor *src,
+                      int64_t src_row0, int64_t n);
+    void (*copy_cols)(kiln_backend *be, kiln_tensor *dst, int64_t dst_col0, const kiln_tensor *src,
+                      int64_t src_col0, int64_t n);
+    void (*transpose)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+
+    /* --- convolution (VAE) -----------------------------------------------
+     * conv2d: x (B, Cin, H, W), w (Cout, Cin, kh, kw), bias (Cout) or NULL,
+     * zero padding pad[4] = {top, left, bottom, right}, y (B, Cout, Ho, Wo)
+     * with Ho = (H + top + bottom - kh) / stride + 1.
+     * upsample_nearest2x: x (B, C, H, W) -> y (B, C, 2H, 2W). */
+    void (*conv2d)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                   const kiln_tensor *bias, int stride, const int pad[4]);
+    void (*upsample_nearest2x)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+
+    void (*destroy)(kiln_backend *be);
+} kiln_backend_ops;
+
+struct kiln_backend {
+    const kiln_backend_ops *ops;
+    const char *name;     /* "cpu" or "cuda" */
+    kiln_dtype act_dtype; /* dtype of activations and weights */
+    int device;           /* GPU index, 0 for the CPU */
+    kiln_err error;       /* sticky error, see kiln_be_check */
+    void *impl;
+};
+
+/* Creates a backend by name ("cpu", or "cuda" when built with CUDA) on the
+ * given device index.  Returns NULL with err set on failure (unknown name,
+ * no such device).  The caller owns the result. */
+kiln_backend *kiln_backend_create(const char *name, int device, kiln_err *err);
+void kiln_backend_destroy(kiln_backend *be);
+
+/* Reports the sticky error (copying it into err) and clears it.  Returns
+ * KILN_OK when every op since the last check succeeded. */
+kiln_status kiln_be_check(kiln_backend *be, kiln_err *err);
+
+/* Records a sticky error from inside an implementation or a model; the first
+ * one wins until kiln_be_check() clears it. */
+void kiln_be_fail(kiln_backend *be, kiln_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Thin wrappers so model code reads as a sequence of ops.  Each is a no-op
+ * while the backend holds a sticky error. */
+kiln_status kiln_be_alloc(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim,
+                          const int64_t *shape);
+void kiln_be_free(kiln_backend *be, kiln_tensor *t);
+/* Allocates a tensor of be->act_dtype with the given shape and uploads host
+ * data of host_dtype into it (used for weights and inputs). */
+kiln_status kiln_be_from_host(kiln_backend *be, kiln_tensor *t, int ndim, const int64_t *shape,
+                              const void *host, kiln_dtype host_dtype);
+
+#define KILN_BE_WRAP(name, params, args) \
+    static inline void kiln_be_##name params { if (!be->error.code) be->ops->name args; }
+
+KILN_BE_WRAP(upload, (kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype hd),
+             (be, dst, host, hd))
+KILN_BE_WRAP(download, (kiln_backend *be, const kiln_tensor *src, float *host), (be, src, host))
+KILN_BE_WRAP(copy, (kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src), (be, dst, src))
+KILN_BE_WRAP(sync, (kiln_backend *be), (be))
+KILN_BE_WRAP(linear, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                      const kiln_tensor *bias), (be, y, x, w, bias))
+KILN_BE_WRAP(rms_norm, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                        const kiln_tensor *w, float eps), (be, y, x, w, eps))
+KILN_BE_WRAP(layer_norm_mod, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                              const kiln_tensor *shift, const kiln_tensor *scale, float eps),
+             (be, y, x, shift, scale, eps))
+KILN_BE_WRAP(group_norm, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                          const kiln_tensor *w, const kiln_tensor *b, int groups, float eps,
+                          int silu), (be, y, x, w, b, groups, eps, silu))
+KILN_BE_WRAP(rope, (kiln_backend *be, kiln_tensor *x, const kiln_tensor *cos,
+                    const kiln_tensor *sin, kiln_rope_mode mode), (be, x, cos, sin, mode))
+KILN_BE_WRAP(attention, (kiln_backend *be, kiln_tensor *o, const kiln_tensor *q,
+                         const kiln_tensor *k, const kiln_tensor *v, const kiln_attn_opts *opts),
+             (be, o, q, k, v, opts))
+KILN_BE_WRAP(silu, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x), (be, y, x))
+KILN_BE_WRAP(swiglu, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x), (be, y, x))
+KILN_BE_WRAP(add, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *a, const kiln_tensor *b),
+             (be, y, a, b))
+KILN_BE_WRAP(gated_add, (kiln_backend *be, kiln_tensor *x, const kiln_tensor *gate,
+                         const kiln_tensor *y), (be, x, gate, y))
+KILN_BE_WRAP(euler_step, (kiln_backend *be, kiln_tensor *x, const kiln_tensor *v, float dt),
+             (be, x, v, dt))
+KILN_BE_WRAP(cfg, (kiln_backend *be, kiln_tensor *out, const kiln_tensor *pos,
+                   const kiln_tensor *neg, float g), (be, out, pos, neg, g))
+KILN_BE_WRAP(copy_rows, (kiln_backend *be, kiln_tensor *dst, int64_t dst_row0,
+                         const kiln_tensor *src, int64_t src_row0, int64_t n),
+             (be, dst, dst_row0, src, src_row0, n))
+KILN_BE_WRAP(copy_cols, (kiln_backend *be, kiln_tensor *dst, int64_t dst_col0,
+                         const kiln_tensor *src, int64_t src_col0, int64_t n),
+             (be, dst, dst_col0, src, src_col0, n))
+KILN_BE_WRAP(transpose, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x), (be, y, x))
+KILN_BE_WRAP(conv2d, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                      const kiln_tensor *w, const kiln_tensor *bias, int stride, const int pad[4]),
+             (be, y, x, w, bias, stride, pad))
+KILN_BE_WRAP(upsample_nearest2x, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x),
+             (be, y, x))
+#undef KILN_BE_WRAP
+
+/* --- scratch arena ---------------------------------------------------------
+ * Activations of a forward pass come from an arena: a chain of backend
+ * blocks handed out by bump allocation and released all at once with
+ * kiln_arena_reset().  After the first forward of a shape the arena holds
+ * one block big enough for it, so steady-state steps allocate nothing. */
+typedef struct kiln_arena kiln_arena;
+
+kiln_arena *kiln_arena_create(kiln_backend *be, size_t initial_bytes, kiln_err *err);
+void kiln_arena_destroy(kiln_arena *a);
+/* Shapes `t` and points it into the arena.  On failure records a sticky
+ * error in the backend and returns KILN_ERR_NOMEM (t->data is then NULL). */
+kiln_status kiln_arena_tensor(kiln_arena *a, kiln_tensor *t, kiln_dtype dt, int ndim,
+                              const int64_t *shape);
+/* Releases every tensor handed out since the last reset. */
+void kiln_arena_reset(kiln_arena *a);
+/* Bytes of backend memory the arena holds (for metrics and tests). */
+size_t kiln_arena_capacity(const kiln_arena *a);
+
+#endif

@@ -1,0 +1,16 @@
+/* The `kiln` CLI commands.  Each lives in its own tools/cmd_<name>.c and
+ * returns a process exit status (0 ok, 1 runtime failure, 2 usage error).
+ * Errors are printed to stderr as "kiln <command>: message". */
+#ifndef KILN_TOOLS_COMMANDS_H
+#define KILN_TOOLS_COMMANDS_H
+
+typedef struct kiln_command {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv); /* argv[0] is the command name */
+} kiln_command;
+
+/* The table, terminated by a zeroed entry (tools/kiln.c). */
+extern const kiln_command kiln_commands[];
+
+#endif
