@@ -1,0 +1,262 @@
+/* Properties of the CPU reference ops (they are the oracle for CUDA, so they
+ * are checked against hand-computed values and invariants here). */
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "tests/test.h"
+
+static kiln_backend *be;
+
+static void tensor(kiln_tensor *t, int ndim, const int64_t *shape, const float *vals)
+{
+    kiln_be_alloc(be, t, KILN_F32, ndim, shape);
+    if (vals)
+        memcpy(t->data, vals, kiln_tensor_nbytes(t));
+}
+
+static float lcg_val(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static void fill(kiln_tensor *t, uint32_t seed)
+{
+    for (int64_t i = 0; i < kiln_tensor_numel(t); i++)
+        ((float *)t->data)[i] = lcg_val(&seed);
+}
+
+static void test_linear(void)
+{
+    kiln_tensor x, w, b, y;
+    tensor(&x, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
+    tensor(&w, 2, (int64_t[]){2, 3}, (float[]){1, 0, -1, 0.5f, 0.5f, 0.5f});
+    tensor(&b, 1, (int64_t[]){2}, (float[]){10, 20});
+    tensor(&y, 2, (int64_t[]){2, 2}, NULL);
+    kiln_be_linear(be, &y, &x, &w, &b);
+    float *r = y.data;
+    CHECK(r[0] == 8 && r[1] == 23 && r[2] == 8 && r[3] == 27.5f);
+    kiln_tensor bad;
+    tensor(&bad, 2, (int64_t[]){2, 3}, NULL);
+    kiln_be_linear(be, &bad, &x, &w, NULL); /* wrong output width: a caller bug */
+    kiln_err err = {0};
+    CHECK(kiln_be_check(be, &err) == KILN_ERR_INTERNAL && strstr(err.msg, "linear"));
+    CHECK(kiln_be_check(be, &err) == KILN_OK);
+    kiln_be_free(be, &x), kiln_be_free(be, &w), kiln_be_free(be, &b), kiln_be_free(be, &y);
+    kiln_be_free(be, &bad);
+}
+
+static void test_attention_masks(void)
+{
+    int64_t shp[] = {2, 5, 4, 8}, kshp[] = {2, 5, 2, 8};
+    kiln_tensor q, k, v, o, o2;
+    tensor(&q, 4, shp, NULL), fill(&q, 1);
+    tensor(&k, 4, kshp, NULL), fill(&k, 2);
+    tensor(&v, 4, kshp, NULL), fill(&v, 3);
+    tensor(&o, 4, shp, NULL), tensor(&o2, 4, shp, NULL);
+    int key_len[2] = {5, 3};
+    kiln_attn_opts opts = {.scale = 0.35f, .causal = 1, .key_len = key_len};
+    kiln_be_attention(be, &o, &q, &k, &v, &opts);
+    /* Causal: the first query sees only key 0, so it returns v[0] of its kv head. */
+    for (int h = 0; h < 4; h++)
+        for (int e = 0; e < 8; e++)
+            CHECK_NEAR(((float *)o.data)[h * 8 + e], ((float *)v.data)[(h / 2) * 8 + e], 1e-6);
+    /* Keys past key_len must not matter: perturb them and compare. */
+    for (int j = 3; j < 5; j++)
+        for (int e = 0; e < 16; e++) {
+            ((float *)k.data)[((1 * 5 + j) * 2) * 8 + e] += 3.0f;
+            ((float *)v.data)[((1 * 5 + j) * 2) * 8 + e] -= 2.0f;
+        }
+    kiln_be_attention(be, &o2, &q, &k, &v, &opts);
+    CHECK(memcmp(o.data, o2.data, kiln_tensor_nbytes(&o)) == 0);
+    /* Without masks every row is a convex combination: bounded by v's range. */
+    kiln_attn_opts plain = {.scale = 0.35f};
+    kiln_be_attention(be, &o2, &q, &k, &v, &plain);
+    float vmin = 1e9f, vmax = -1e9f;
+    for (int64_t i = 0; i < kiln_tensor_numel(&v); i++) {
+        float x = ((float *)v.data)[i];
+        vmin = x < vmin ? x : vmin, vmax = x > vmax ? x : vmax;
+    }
+    for (int64_t i = 0; i < kiln_tensor_numel(&o2); i++)
+        CHECK(((float *)o2.data)[i] >= vmin - 1e-5f && ((float *)o2.data)[i] <= vmax + 1e-5f);
+    CHECK(kiln_be_check(be, NULL) == KILN_OK);
+    kiln_be_free(be, &q), kiln_be_free(be, &k), kiln_be_free(be, &v);
+    kiln_be_free(be, &o), kiln_be_free(be, &o2);
+}
+
+static void test_rope_modes(void)
+{
+    kiln_tensor x, c, s;
+    tensor(&x, 4, (int64_t[]){1, 1, 1, 4}, (float[]){1, 2, 3, 4});
+    /* 90 degrees on the first pair, 0 on the second. */
+    tensor(&c, 2, (int64_t[]){1, 4}, (float[]){0, 0, 1, 1});
+    tensor(&s, 2, (int64_t[]){1, 4}, (float[]){1, 1, 0, 0});
+    kiln_be_rope(be, &x, &c, &s, KILN_ROPE_INTERLEAVED);
+    float *r = x.data;
+    CHECK(r[0] == -2 && r[1] == 1 && r[2] == 3 && r[3] == 4);
+    /* Half mode pairs (0, 2) and (1, 3). */
+    memcpy(x.data, (float[]){1, 2, 3, 4}, 16);
+    memcpy(c.data, (float[]){0, 1, 0, 1}, 16);
+    memcpy(s.data, (float[]){1, 0, 1, 0}, 16);
+    kiln_be_rope(be, &x, &c, &s, KILN_ROPE_HALF);
+    CHECK(r[0] == -3 && r[1] == 2 && r[2] == 1 && r[3] == 4);
+    kiln_be_free(be, &x), kiln_be_free(be, &c), kiln_be_free(be, &s);
+}
+
+static void test_norms(void)
+{
+    kiln_tensor x, y, w, b;
+    tensor(&x, 4, (int64_t[]){1, 4, 3, 3}, NULL), fill(&x, 7);
+    tensor(&y, 4, (int64_t[]){1, 4, 3, 3}, NULL);
+    tensor(&w, 1, (int64_t[]){4}, (float[]){1, 1, 1, 1});
+    tensor(&b, 1, (int64_t[]){4}, (float[]){0, 0, 0, 0});
+    kiln_be_group_norm(be, &y, &x, &w, &b, 2, 1e-6f, 0);
+    for (int g = 0; g < 2; g++) {
+        double m = 0, v = 0;
+        for (int i = 0; i < 18; i++)
+            m += ((float *)y.data)[g * 18 + i];
+        m /= 18;
+        for (int i = 0; i < 18; i++)
+            v += pow(((float *)y.data)[g * 18 + i] - m, 2);
+        CHECK_NEAR(m, 0, 1e-5);
+        CHECK_NEAR(v / 18, 1, 1e-4);
+    }
+    kiln_tensor r, rw;
+    tensor(&r, 2, (int64_t[]){1, 4}, (float[]){3, 4, 3, 4});
+    tensor(&rw, 1, (int64_t[]){2}, (float[]){1, 2});
+    kiln_be_rms_norm(be, &r, &r, &rw, 0); /* per group of 2: rms = sqrt(12.5) */
+    CHECK_NEAR(((float *)r.data)[0], 3 / sqrt(12.5), 1e-6);
+    CHECK_NEAR(((float *)r.data)[3], 8 / sqrt(12.5), 1e-6);
+    kiln_tensor l, sh, sc;
+    tensor(&l, 3, (int64_t[]){2, 1, 2}, (float[]){1, 3, 5, 9});
+    tensor(&sh, 2, (int64_t[]){2, 2}, (float[]){0, 0, 10, 10});
+    tensor(&sc, 2, (int64_t[]){2, 2}, (float[]){1, 1, 0, 0});
+    kiln_be_layer_norm_mod(be, &l, &l, &sh, &sc, 0);
+    float *lv = l.data;
+    CHECK_NEAR(lv[0], -2, 1e-6);
+    CHECK_NEAR(lv[1], 2, 1e-6);
+    CHECK_NEAR(lv[2], 9, 1e-6);
+    CHECK_NEAR(lv[3], 11, 1e-6);
+    CHECK(kiln_be_check(be, NULL) == KILN_OK);
+    kiln_be_free(be, &x), kiln_be_free(be, &y), kiln_be_free(be, &w), kiln_be_free(be, &b);
+    kiln_be_free(be, &r), kiln_be_free(be, &rw), kiln_be_free(be, &l);
+    kiln_be_free(be, &sh), kiln_be_free(be, &sc);
+}
+
+static void test_conv_matches_linear(void)
+{
+    /* A 1x1 convolution is a linear layer over channels. */
+    kiln_tensor x, w, bias, y, xt, yl;
+    tensor(&x, 4, (int64_t[]){1, 3, 2, 5}, NULL), fill(&x, 11);
+    tensor(&w, 4, (int64_t[]){4, 3, 1, 1}, NULL), fill(&w, 12);
+    tensor(&bias, 1, (int64_t[]){4}, NULL), fill(&bias, 13);
+    tensor(&y, 4, (int64_t[]){1, 4, 2, 5}, NULL);
+    kiln_be_conv2d(be, &y, &x, &w, &bias, 1, (int[]){0, 0, 0, 0});
+    tensor(&xt, 3, (int64_t[]){1, 10, 3}, NULL);
+    kiln_tensor x3 = x;
+    kiln_tensor_set_shape(&x3, KILN_F32, 3, (int64_t[]){1, 3, 10});
+    kiln_be_transpose(be, &xt, &x3);
+    kiln_tensor w2 = w;
+    kiln_tensor_set_shape(&w2, KILN_F32, 2, (int64_t[]){4, 3});
+    tensor(&yl, 3, (int64_t[]){1, 10, 4}, NULL);
+    kiln_be_linear(be, &yl, &xt, &w2, &bias);
+    for (int p = 0; p < 10; p++)
+        for (int c = 0; c < 4; c++)
+            CHECK_NEAR(((float *)y.data)[c * 10 + p], ((float *)yl.data)[p * 4 + c], 1e-6);
+    /* 3x3 stride-2 with the VAE's asymmetric (0,1,0,1) padding: output size. */
+    kiln_tensor w3, y3;
+    tensor(&w3, 4, (int64_t[]){2, 3, 3, 3}, NULL), fill(&w3, 14);
+    tensor(&y3, 4, (int64_t[]){1, 2, 1, 2}, NULL);
+    kiln_be_conv2d(be, &y3, &x, &w3, NULL, 2, (int[]){0, 0, 1, 1});
+    float ref = 0; /* output (0, 0, 0, 1) reads x[:, 0..1, 2..4] (row 2 is padding) */
+    for (int ci = 0; ci < 3; ci++)
+        for (int ky = 0; ky < 2; ky++)
+            for (int kx = 0; kx < 3; kx++)
+                ref += ((float *)w3.data)[(ci * 3 + ky) * 3 + kx] *
+                       ((float *)x.data)[(ci * 2 + ky) * 5 + 2 + kx];
+    CHECK_NEAR(((float *)y3.data)[1], ref, 1e-5);
+    CHECK(kiln_be_check(be, NULL) == KILN_OK);
+    kiln_be_free(be, &x), kiln_be_free(be, &w), kiln_be_free(be, &bias), kiln_be_free(be, &y);
+    kiln_be_free(be, &xt), kiln_be_free(be, &yl), kiln_be_free(be, &w3), kiln_be_free(be, &y3);
+}
+
+static void test_elementwise_and_movement(void)
+{
+    kiln_tensor a, g, x, s, d;
+    tensor(&a, 3, (int64_t[]){2, 1, 2}, (float[]){1, 2, 3, 4});
+    tensor(&g, 2, (int64_t[]){2, 2}, (float[]){1, 0, 2, -1});
+    tensor(&x, 3, (int64_t[]){2, 1, 2}, (float[]){10, 10, 10, 10});
+    kiln_be_gated_add(be, &x, &g, &a);
+    float *xv = x.data;
+    CHECK(xv[0] == 11 && xv[1] == 10 && xv[2] == 16 && xv[3] == 6);
+    kiln_be_euler_step(be, &x, &a, -0.5f);
+    CHECK(xv[0] == 10.5f && xv[3] == 4);
+    kiln_be_cfg(be, &x, &a, &g, 4.0f); /* neg + 4 (pos - neg) */
+    CHECK(xv[0] == 1 + 4 * (1 - 1) && xv[1] == 0 + 4 * 2 && xv[3] == -1 + 4 * 5);
+    tensor(&s, 2, (int64_t[]){1, 4}, (float[]){-1, 0, 1, 2});
+    tensor(&d, 2, (int64_t[]){1, 2}, NULL);
+    kiln_be_swiglu(be, &d, &s); /* silu(-1) * 1, silu(0) * 2 */
+    CHECK_NEAR(((float *)d.data)[0], -1 / (1 + exp(1.0)), 1e-6);
+    CHECK(((float *)d.data)[1] == 0);
+    kiln_tensor src, dst;
+    tensor(&src, 3, (int64_t[]){2, 3, 1}, (float[]){0, 1, 2, 3, 4, 5});
+    tensor(&dst, 3, (int64_t[]){2, 2, 1}, NULL);
+    kiln_be_copy_rows(be, &dst, 0, &src, 1, 2);
+    float *dv = dst.data;
+    CHECK(dv[0] == 1 && dv[1] == 2 && dv[2] == 4 && dv[3] == 5);
+    kiln_tensor cs, cd;
+    tensor(&cs, 2, (int64_t[]){2, 3}, (float[]){0, 1, 2, 3, 4, 5});
+    tensor(&cd, 2, (int64_t[]){2, 2}, NULL);
+    kiln_be_copy_cols(be, &cd, 1, &cs, 2, 1);
+    CHECK(((float *)cd.data)[1] == 2 && ((float *)cd.data)[3] == 5);
+    kiln_tensor up, upx;
+    tensor(&upx, 4, (int64_t[]){1, 1, 1, 2}, (float[]){7, 8});
+    tensor(&up, 4, (int64_t[]){1, 1, 2, 4}, NULL);
+    kiln_be_upsample_nearest2x(be, &up, &upx);
+    float *uv = up.data;
+    CHECK(uv[0] == 7 && uv[1] == 7 && uv[2] == 8 && uv[7] == 8 && uv[4] == 7);
+    CHECK(kiln_be_check(be, NULL) == KILN_OK);
+    kiln_be_free(be, &a), kiln_be_free(be, &g), kiln_be_free(be, &x), kiln_be_free(be, &s);
+    kiln_be_free(be, &d), kiln_be_free(be, &src), kiln_be_free(be, &dst);
+    kiln_be_free(be, &cs), kiln_be_free(be, &cd), kiln_be_free(be, &up), kiln_be_free(be, &upx);
+}
+
+static void test_arena_reuse(void)
+{
+    kiln_err err = {0};
+    kiln_arena *a = kiln_arena_create(be, 0, &err);
+    CHECK(a != NULL);
+    kiln_tensor t;
+    for (int i = 0; i < 40; i++)
+        CHECK(kiln_arena_tensor(a, &t, KILN_F32, 1, (int64_t[]){100000}) == KILN_OK);
+    kiln_arena_reset(a);
+    size_t cap = kiln_arena_capacity(a);
+    CHECK(cap >= 40 * 400000);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 40; i++)
+            kiln_arena_tensor(a, &t, KILN_F32, 1, (int64_t[]){100000});
+        kiln_arena_reset(a);
+        CHECK(kiln_arena_capacity(a) == cap); /* steady state: no new blocks */
+    }
+    kiln_arena_destroy(a);
+}
+
+int main(void)
+{
+    kiln_err err = {0};
+    be = kiln_backend_create("cpu", 0, &err);
+    if (!be) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    CHECK(kiln_backend_create("tpu", 0, &err) == NULL && err.code == KILN_ERR_INVALID);
+    RUN(test_linear);
+    RUN(test_attention_masks);
+    RUN(test_rope_modes);
+    RUN(test_norms);
+    RUN(test_conv_matches_linear);
+    RUN(test_elementwise_and_movement);
+    RUN(test_arena_reuse);
+    kiln_backend_destroy(be);
+    return test_finish();
+}
