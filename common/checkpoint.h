@@ -55,4 +55,11 @@ kiln_st *kiln_checkpoint_weights(const kiln_checkpoint *ck, const char *componen
 kiln_status kiln_checkpoint_path(const kiln_checkpoint *ck, const char *component, char *buf,
                                  size_t len, kiln_err *err);
 
+/* Path to open for `file` inside the component folder ("vocab.json"),
+ * following symlink stubs (see common/linkstub.h) so checkpoints copied
+ * without symlink support still work.  KILN_ERR_NOT_FOUND (naming
+ * "component/file", never the path) when the component or file is absent. */
+kiln_status kiln_checkpoint_file(const kiln_checkpoint *ck, const char *component,
+                                 const char *file, char *buf, size_t len, kiln_err *err);
+
 #endif

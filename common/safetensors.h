@@ -70,4 +70,16 @@ typedef struct kiln_st_entry {
 kiln_status kiln_st_write(const char *path, const kiln_st_entry *entries, size_t n,
                           kiln_err *err);
 
+/* Streaming writer for files too large to hold in memory (the checkpoint
+ * maker): an entry whose data is NULL gets its bytes from `fill`, called
+ * with consecutive chunks of that tensor (offset 0 first, then in order,
+ * at most a few MiB each, whole elements).  Tensors are written in name
+ * order; `index` is the entry's position in `entries`.  A failed write
+ * removes the partial file.  Returns KILN_OK, _INVALID (bad entry, duplicate
+ * name), _IO, or what `fill` returned. */
+typedef kiln_status (*kiln_st_fill_fn)(void *ctx, size_t index, size_t offset, void *buf,
+                                       size_t nbytes, kiln_err *err);
+kiln_status kiln_st_write_stream(const char *path, const kiln_st_entry *entries, size_t n,
+                                 kiln_st_fill_fn fill, void *ctx, kiln_err *err);
+
 #endif
