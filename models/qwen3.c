@@ -222,6 +222,8 @@ int64_t kiln_qwen3_out_width(const kiln_qwen3 *m) { return m->n_out * m->cfg.hid
 
 int kiln_qwen3_depth(const kiln_qwen3 *m) { return m->depth; }
 
+size_t kiln_qwen3_scratch_bytes(const kiln_qwen3 *m) { return kiln_arena_capacity(m->arena); }
+
 /* --- forward ------------------------------------------------------------- */
 
 static kiln_tensor view(const kiln_tensor *t, int ndim, const int64_t *shape)
@@ -400,7 +402,7 @@ static void layer_forward(kiln_qwen3 *m, const qwen3_layer *ly, qwen3_acts *s,
 
 /* Runs positions 0..T-1 of B rows (row b of ids starts at b * ld) and writes
  * the requested hidden states into out2d, viewed as (B * T, out_width).  The
- * caller has reset the arena. */
+ * caller resets the arena afterwards. */
 static kiln_status forward(kiln_qwen3 *m, const int32_t *ids, int64_t ld, const int *lens,
                            int64_t B, int64_t T, kiln_tensor *out2d, kiln_err *err)
 {
@@ -446,18 +448,26 @@ static kiln_status check_out(const kiln_qwen3 *m, const kiln_tensor *out, int64_
     return KILN_OK;
 }
 
+/* The scratch of a call is released at its end: the first call's reset
+ * merges the arena's blocks into one that fits, so later calls of that shape
+ * allocate nothing. */
+static kiln_status release(kiln_qwen3 *m, kiln_status st)
+{
+    kiln_arena_reset(m->arena);
+    return st;
+}
+
 kiln_status kiln_qwen3_encode(kiln_qwen3 *m, const int32_t *ids, const int *lens, int64_t B,
                               int64_t T, kiln_tensor *out, kiln_err *err)
 {
     if (check_inputs(m, ids, T, lens, B, T, err) || check_out(m, out, B * T, err))
         return err->code;
-    kiln_arena_reset(m->arena);
     kiln_tensor out2d = view(out, 2, (int64_t[]){B * T, kiln_qwen3_out_width(m)});
-    return forward(m, ids, T, lens, B, T, &out2d, err);
+    return release(m, forward(m, ids, T, lens, B, T, &out2d, err));
 }
 
-kiln_status kiln_qwen3_encode_real(kiln_qwen3 *m, const int32_t *ids, const int *lens, int64_t B,
-                                   int64_t T, kiln_tensor *out, kiln_err *err)
+static kiln_status encode_real(kiln_qwen3 *m, const int32_t *ids, const int *lens, int64_t B,
+                               int64_t T, kiln_tensor *out, kiln_err *err)
 {
     if (check_inputs(m, ids, T, lens, B, T, err))
         return err->code;
@@ -470,7 +480,6 @@ kiln_status kiln_qwen3_encode_real(kiln_qwen3 *m, const int32_t *ids, const int 
     if (check_out(m, out, total, err))
         return err->code;
     int64_t W = kiln_qwen3_out_width(m);
-    kiln_arena_reset(m->arena);
     kiln_tensor full;
     if (kiln_arena_tensor(m->arena, &full, m->be->act_dtype, 2, (int64_t[]){B * Tr, W})) {
         kiln_be_check(m->be, err);
@@ -491,4 +500,10 @@ kiln_status kiln_qwen3_encode_real(kiln_qwen3 *m, const int32_t *ids, const int 
     if (kiln_be_check(m->be, err))
         return kiln_err_wrap(err, "text encoder output");
     return KILN_OK;
+}
+
+kiln_status kiln_qwen3_encode_real(kiln_qwen3 *m, const int32_t *ids, const int *lens, int64_t B,
+                                   int64_t T, kiln_tensor *out, kiln_err *err)
+{
+    return release(m, encode_real(m, ids, lens, B, T, out, err));
 }

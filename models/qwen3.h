@@ -83,6 +83,9 @@ const kiln_qwen3_config *kiln_qwen3_get_config(const kiln_qwen3 *m);
 int64_t kiln_qwen3_out_width(const kiln_qwen3 *m);
 /* Number of transformer layers loaded and run per forward. */
 int kiln_qwen3_depth(const kiln_qwen3 *m);
+/* Bytes of backend scratch memory held for activations (stable after the
+ * first call of a shape: later calls of that shape allocate nothing). */
+size_t kiln_qwen3_scratch_bytes(const kiln_qwen3 *m);
 
 /* FLUX.2 klein: ids (B, T) row-major host array, lens[B] real-token counts
  * (1..T); out is a caller-allocated backend tensor of be->act_dtype with
