@@ -10,6 +10,8 @@ typedef struct kiln_command {
     int (*run)(int argc, char **argv); /* argv[0] is the command name */
 } kiln_command;
 
+int kiln_cmd_make_checkpoint(int argc, char **argv);
+
 /* The table, terminated by a zeroed entry (tools/kiln.c). */
 extern const kiln_command kiln_commands[];
 

@@ -6,6 +6,7 @@
 #include "commands.h"
 
 const kiln_command kiln_commands[] = {
+    {"make-checkpoint", "write a random-weight checkpoint with the real layout", kiln_cmd_make_checkpoint},
     {0},
 };
 
