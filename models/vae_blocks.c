@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "models/weights.h"
 
@@ -16,22 +17,27 @@ kiln_status vae_conv_load(kiln_backend *be, const kiln_st *st, vae_conv *c, int6
     return kiln_weight_load(be, st, &c->b, 1, (int64_t[]){cout}, err, "%s.bias", prefix);
 }
 
-/* Uploads the first numel(shape) elements of a stored tensor whose full
- * shape is checked against `full`. */
-static kiln_status load_prefix(kiln_backend *be, const kiln_st *st, kiln_tensor *out,
-                               const char *name, int ndim, const int64_t *full,
-                               const int64_t *shape, kiln_err *err)
+/* Keeps the first `rows` entries along dim 0 of a loaded weight: the full
+ * tensor is viewed as (1, n, rest) and its leading rows copied into a
+ * smaller one, so the stored tensor goes through kiln_weight_load's checks. */
+static kiln_status keep_rows(kiln_backend *be, kiln_tensor *t, int64_t rows, kiln_err *err)
 {
-    const kiln_st_tensor *t = kiln_st_expect(st, name, ndim, full, err);
-    if (!t)
-        return err->code;
-    if (t->dtype != KILN_F32 && t->dtype != KILN_BF16 && t->dtype != KILN_F16 &&
-        t->dtype != KILN_F64)
-        return kiln_err_set(err, KILN_ERR_FORMAT, "vae: tensor '%s' has dtype %s, expected a "
-                            "floating-point type", name, kiln_dtype_name(t->dtype));
-    if (kiln_be_from_host(be, out, ndim, shape, t->data, t->dtype)) {
-        kiln_be_check(be, err);
-        return kiln_err_wrap(err, "vae: loading '%s'", name);
+    kiln_tensor full = *t, part;
+    int64_t rest = kiln_tensor_numel(t) / t->shape[0];
+    int64_t shape[KILN_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[0] = rows;
+    if (kiln_be_alloc(be, &part, t->dtype, t->ndim, shape) == KILN_OK) {
+        kiln_tensor src = full, dst = part;
+        kiln_tensor_set_shape(&src, full.dtype, 3, (int64_t[]){1, full.shape[0], rest});
+        kiln_tensor_set_shape(&dst, part.dtype, 3, (int64_t[]){1, rows, rest});
+        kiln_be_copy_rows(be, &dst, 0, &src, 0, rows);
+    }
+    kiln_be_free(be, &full);
+    *t = part;
+    if (kiln_be_check(be, err)) {
+        kiln_be_free(be, t);
+        return kiln_err_wrap(err, "vae: slicing a weight");
     }
     return KILN_OK;
 }
@@ -40,13 +46,10 @@ kiln_status vae_conv_load_rows(kiln_backend *be, const kiln_st *st, vae_conv *c,
                                int64_t cout, int64_t cin, int k, const char *prefix,
                                kiln_err *err)
 {
-    char name[256];
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    if (load_prefix(be, st, &c->w, name, 4, (int64_t[]){cout, cin, k, k},
-                    (int64_t[]){rows, cin, k, k}, err))
+    if (vae_conv_load(be, st, c, cout, cin, k, prefix, err) ||
+        keep_rows(be, &c->w, rows, err) || keep_rows(be, &c->b, rows, err))
         return err->code;
-    snprintf(name, sizeof name, "%s.bias", prefix);
-    return load_prefix(be, st, &c->b, name, 1, (int64_t[]){cout}, (int64_t[]){rows}, err);
+    return KILN_OK;
 }
 
 kiln_status vae_norm_load(kiln_backend *be, const kiln_st *st, vae_norm *n, int64_t c,

@@ -1,0 +1,448 @@
+/* VAE against the fp32 oracle (shared/oracle/cases): every case's
+ * vae_decode_in -> vae_decode_out, the decoder's stage outputs of the two
+ * debug cases, the encoder mean of the edit references, the exposed latent
+ * statistics, and clear failures for bad inputs and bad configs. */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/checkpoint.h"
+#include "common/json.h"
+#include "common/safetensors.h"
+#include "kernels/backend.h"
+#include "models/vae.h"
+#include "tests/test.h"
+
+static char oracle[1024];
+static kiln_backend *be;
+
+/* --- helpers ------------------------------------------------------------- */
+
+/* Loads the VAE of an oracle checkpoint ("klein-tiny") with both halves. */
+static kiln_vae *load_vae(const char *ckname, unsigned parts)
+{
+    char path[1200];
+    kiln_err err = {0};
+    snprintf(path, sizeof path, "%s/ckpt/%s", oracle, ckname);
+    kiln_checkpoint *ck = kiln_checkpoint_open(path, &err);
+    CHECKF(ck, "%s: %s", ckname, err.msg);
+    if (!ck)
+        return NULL;
+    kiln_vae *vae = NULL;
+    const cJSON *cfg = kiln_checkpoint_config(ck, "vae", &err);
+    kiln_st *st = cfg ? kiln_checkpoint_weights(ck, "vae", &err) : NULL;
+    if (st)
+        vae = kiln_vae_load(be, cfg, st, parts, &err);
+    CHECKF(vae, "%s vae: %s", ckname, err.msg);
+    kiln_st_close(st);
+    kiln_checkpoint_close(ck);
+    return vae;
+}
+
+static kiln_st *open_case(const char *cs, const char *file)
+{
+    char path[1200];
+    kiln_err err = {0};
+    snprintf(path, sizeof path, "%s/cases/%s/%s", oracle, cs, file);
+    kiln_st *st = kiln_st_open(path, file, &err);
+    CHECKF(st, "%s/%s: %s", cs, file, err.msg);
+    return st;
+}
+
+/* Uploads an fp32 reference tensor into a backend tensor. */
+static int upload_ref(const kiln_st_tensor *r, kiln_tensor *t)
+{
+    kiln_err err = {0};
+    if (kiln_be_from_host(be, t, r->ndim, r->shape, r->data, r->dtype)) {
+        kiln_be_check(be, &err);
+        CHECKF(0, "upload %s: %s", r->name, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Downloads t and compares it with the reference (same shape required). */
+static double compare(const char *what, const kiln_tensor *t, const kiln_st_tensor *ref)
+{
+    int same = ref && ref->dtype == KILN_F32 && ref->ndim == t->ndim &&
+               !memcmp(ref->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    CHECKF(same, "%s: shape or dtype differs from the reference", what);
+    if (!same)
+        return INFINITY;
+    size_t n = (size_t)kiln_tensor_numel(t);
+    float *host = malloc(n * sizeof(float));
+    CHECK(host);
+    if (!host)
+        return INFINITY;
+    kiln_be_download(be, t, host);
+    kiln_err err = {0};
+    CHECKF(!kiln_be_check(be, &err), "%s download: %s", what, err.msg);
+    double e = test_rel_err(host, ref->data, n);
+    free(host);
+    CHECKF(e < 1e-4, "%s: relative error %.3g", what, e);
+    fprintf(stderr, "     %-44s rel err %.3g\n", what, e);
+    return e;
+}
+
+/* The case's checkpoint folder name from meta.json ("klein-tiny"). */
+static int case_ckpt(const char *cs, char *out, size_t len)
+{
+    char path[1400];
+    kiln_err err = {0};
+    snprintf(path, sizeof path, "%s/cases/%s/meta.json", oracle, cs);
+    cJSON *meta = kiln_json_load(path, "meta.json", &err);
+    const char *ck = meta ? kiln_json_string(meta, "checkpoint", 1, &err) : NULL;
+    CHECKF(ck, "%s: %s", cs, err.msg);
+    if (ck)
+        snprintf(out, len, "%s", strrchr(ck, '/') ? strrchr(ck, '/') + 1 : ck);
+    cJSON_Delete(meta);
+    return ck ? 0 : -1;
+}
+
+/* Decodes vae_decode_in of one case and checks vae_decode_out. */
+static int decode_case(kiln_vae *vae, const char *cs)
+{
+    kiln_st *ref = open_case(cs, "ref_fp32.safetensors");
+    if (!ref)
+        return 0;
+    const kiln_st_tensor *in = kiln_st_find(ref, "vae_decode_in");
+    const kiln_st_tensor *out = kiln_st_find(ref, "vae_decode_out");
+    int done = 0;
+    kiln_tensor z = {0}, img = {0};
+    if (in && out && !upload_ref(in, &z) &&
+        !kiln_be_alloc(be, &img, be->act_dtype, out->ndim, out->shape)) {
+        kiln_err err = {0};
+        kiln_status st = kiln_vae_decode(vae, &z, &img, NULL, &err);
+        CHECKF(st == KILN_OK, "%s decode: %s", cs, err.msg);
+        char what[300];
+        snprintf(what, sizeof what, "%s vae_decode_out", cs);
+        if (st == KILN_OK)
+            compare(what, &img, out);
+        done = 1;
+    }
+    kiln_be_free(be, &z);
+    kiln_be_free(be, &img);
+    kiln_st_close(ref);
+    return done;
+}
+
+/* --- oracle parity ------------------------------------------------------- */
+
+/* Every case that carries a decoder input, each with its checkpoint's VAE;
+ * a VAE is reused across cases of different sizes and batches, which also
+ * exercises the reuse of its scratch slots. */
+static void test_decode_all_cases(void)
+{
+    char casesdir[1200];
+    snprintf(casesdir, sizeof casesdir, "%s/cases", oracle);
+    struct dirent **list = NULL;
+    int n = scandir(casesdir, &list, NULL, alphasort);
+    CHECKF(n > 0, "no cases in %s", casesdir);
+    char loaded[256] = "";
+    kiln_vae *vae = NULL;
+    int decoded = 0;
+    for (int i = 0; i < n; i++) {
+        char ck[256];
+        const char *cs = list[i]->d_name;
+        if (cs[0] != '.' && !case_ckpt(cs, ck, sizeof ck)) {
+            if (strcmp(ck, loaded)) {
+                kiln_vae_free(vae);
+                vae = load_vae(ck, KILN_VAE_DECODER);
+                snprintf(loaded, sizeof loaded, "%s", ck);
+            }
+            if (vae)
+                decoded += decode_case(vae, cs);
+        }
+        free(list[i]);
+    }
+    free(list);
+    kiln_vae_free(vae);
+    CHECKF(decoded == 7, "decoded %d cases, the oracle has 7", decoded);
+}
+
+typedef struct tap_ctx {
+    const kiln_st *dbg;
+    const char *cs;
+    int seen;
+} tap_ctx;
+
+static void tap_compare(void *ctx, const char *stage, const kiln_tensor *t)
+{
+    tap_ctx *c = ctx;
+    char key[128], what[300];
+    snprintf(key, sizeof key, "dbg.vae_decoder.%s", stage);
+    const kiln_st_tensor *ref = kiln_st_find(c->dbg, key);
+    if (!ref)
+        return;
+    snprintf(what, sizeof what, "%s %s", c->cs, key);
+    compare(what, t, ref);
+    c->seen++;
+}
+
+static void check_decoder_stages(const char *cs, const char *ckname)
+{
+    kiln_vae *vae = load_vae(ckname, KILN_VAE_DECODER);
+    kiln_st *ref = open_case(cs, "ref_fp32.safetensors");
+    kiln_st *dbg = open_case(cs, "debug_fp32.safetensors");
+    const kiln_st_tensor *in = ref ? kiln_st_find(ref, "vae_decode_in") : NULL;
+    const kiln_st_tensor *out = ref ? kiln_st_find(ref, "vae_decode_out") : NULL;
+    kiln_tensor z = {0}, img = {0};
+    if (vae && dbg && in && out && !upload_ref(in, &z) &&
+        !kiln_be_alloc(be, &img, be->act_dtype, out->ndim, out->shape)) {
+        tap_ctx ctx = {.dbg = dbg, .cs = cs};
+        kiln_vae_tap tap = {.fn = tap_compare, .ctx = &ctx};
+        kiln_err err = {0};
+        CHECKF(!kiln_vae_decode(vae, &z, &img, &tap, &err), "%s: %s", cs, err.msg);
+        CHECKF(ctx.seen == 3, "%s: compared %d decoder stages, expected conv_in, mid_block, "
+               "up_blocks.0", cs, ctx.seen);
+    }
+    kiln_be_free(be, &z);
+    kiln_be_free(be, &img);
+    kiln_st_close(dbg);
+    kiln_st_close(ref);
+    kiln_vae_free(vae);
+}
+
+static void test_decoder_stages_klein(void) { check_decoder_stages("klein_t2i_256", "klein-tiny"); }
+static void test_decoder_stages_zimage(void)
+{
+    check_decoder_stages("zimage_t2i_256", "zimage-tiny");
+}
+
+static void check_encoder(const char *cs)
+{
+    kiln_vae *vae = load_vae("klein-tiny", KILN_VAE_ENCODER);
+    kiln_st *ref = open_case(cs, "ref_fp32.safetensors");
+    const kiln_st_tensor *in = ref ? kiln_st_find(ref, "ref0.image_preprocessed") : NULL;
+    const kiln_st_tensor *mean = ref ? kiln_st_find(ref, "ref0.vae_latent_mean") : NULL;
+    CHECKF(in && mean, "%s: reference tensors missing", cs);
+    kiln_tensor x = {0}, m = {0};
+    if (vae && in && mean && !upload_ref(in, &x) &&
+        !kiln_be_alloc(be, &m, be->act_dtype, mean->ndim, mean->shape)) {
+        kiln_err err = {0};
+        kiln_status st = kiln_vae_encode_mean(vae, &x, &m, NULL, &err);
+        CHECKF(st == KILN_OK, "%s encode: %s", cs, err.msg);
+        char what[300];
+        snprintf(what, sizeof what, "%s ref0.vae_latent_mean", cs);
+        if (st == KILN_OK)
+            compare(what, &m, mean);
+    }
+    kiln_be_free(be, &x);
+    kiln_be_free(be, &m);
+    kiln_st_close(ref);
+    kiln_vae_free(vae);
+}
+
+static void test_encoder_klein_edit(void) { check_encoder("klein_edit_1ref"); }
+static void test_encoder_klein_kv_edit(void) { check_encoder("klein_kv_edit_1ref"); }
+
+/* --- exposed configuration ------------------------------------------------ */
+
+static void test_info(void)
+{
+    kiln_vae *k = load_vae("klein-tiny", KILN_VAE_DECODER);
+    kiln_vae *zi = load_vae("zimage-tiny", KILN_VAE_DECODER | KILN_VAE_ENCODER);
+    if (k) {
+        const kiln_vae_info *in = kiln_vae_get_info(k);
+        CHECK(in->kind == KILN_VAE_FLUX2);
+        CHECK(in->latent_channels == 8 && in->downscale == 8);
+        CHECK(in->parts == KILN_VAE_DECODER);
+        CHECK(in->bn_channels == 32 && in->patch_h == 2 && in->patch_w == 2);
+        CHECK_NEAR(in->bn_eps, 1e-4, 0);
+        /* The statistics equal the stored buffers (random in the oracle). */
+        char path[1200];
+        kiln_err err = {0};
+        snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae", oracle);
+        kiln_st *st = kiln_st_open(path, "vae", &err);
+        CHECKF(st, "%s", err.msg);
+        const kiln_st_tensor *m = st ? kiln_st_find(st, "bn.running_mean") : NULL;
+        const kiln_st_tensor *v = st ? kiln_st_find(st, "bn.running_var") : NULL;
+        CHECK(m && v && in->bn_mean && in->bn_var);
+        if (m && v && in->bn_mean && in->bn_var) {
+            float hm[32], hv[32];
+            kiln_convert_to_f32(hm, m->data, m->dtype, 32);
+            kiln_convert_to_f32(hv, v->data, v->dtype, 32);
+            CHECK(!memcmp(hm, in->bn_mean, sizeof hm) && !memcmp(hv, in->bn_var, sizeof hv));
+            CHECK(hv[0] > 0 && hm[0] != 0);
+        }
+        kiln_st_close(st);
+        CHECK(kiln_vae_scratch_bytes(k, KILN_VAE_ENCODER, 1, 256, 256) == 0);
+        size_t big = kiln_vae_scratch_bytes(k, KILN_VAE_DECODER, 1, 256, 256);
+        size_t small = kiln_vae_scratch_bytes(k, KILN_VAE_DECODER, 1, 128, 128);
+        CHECKF(small > 0 && big > 3 * small, "scratch %zu vs %zu", big, small);
+        /* 3 slots of 16 ch x 256 x 256 f32 (up_blocks.2's upsample output)
+         * plus 4 token buffers of 32 ch x 32 x 32. */
+        CHECKF(big == 3 * 16 * 256 * 256 * 4 + 4 * 32 * 32 * 32 * 4, "scratch %zu", big);
+        CHECK(kiln_vae_scratch_bytes(k, KILN_VAE_DECODER, 1, 260, 256) == 0);
+    }
+    if (zi) {
+        const kiln_vae_info *in = kiln_vae_get_info(zi);
+        CHECK(in->kind == KILN_VAE_KL);
+        CHECK(in->latent_channels == 4 && in->downscale == 8);
+        CHECK(in->bn_channels == 0 && !in->bn_mean && !in->bn_var);
+        CHECK_NEAR(in->scaling_factor, 0.3611, 1e-12);
+        CHECK_NEAR(in->shift_factor, 0.1159, 1e-12);
+        CHECK(kiln_vae_scratch_bytes(zi, KILN_VAE_ENCODER, 2, 64, 64) > 0);
+    }
+    kiln_vae_free(k);
+    kiln_vae_free(zi);
+}
+
+/* --- bad inputs ------------------------------------------------------------ */
+
+static kiln_status try_decode(kiln_vae *vae, const int64_t zs[4], const int64_t is[4],
+                              kiln_err *err)
+{
+    kiln_tensor z = {0}, img = {0};
+    kiln_status st = kiln_be_alloc(be, &z, be->act_dtype, 4, zs);
+    if (!st)
+        st = kiln_be_alloc(be, &img, be->act_dtype, 4, is);
+    if (!st)
+        st = kiln_vae_decode(vae, &z, &img, NULL, err);
+    kiln_be_free(be, &z);
+    kiln_be_free(be, &img);
+    return st;
+}
+
+static kiln_status try_encode(kiln_vae *vae, const int64_t xs[4], const int64_t ms[4],
+                              kiln_err *err)
+{
+    kiln_tensor x = {0}, m = {0};
+    kiln_status st = kiln_be_alloc(be, &x, be->act_dtype, 4, xs);
+    if (!st)
+        st = kiln_be_alloc(be, &m, be->act_dtype, 4, ms);
+    if (!st)
+        st = kiln_vae_encode_mean(vae, &x, &m, NULL, err);
+    kiln_be_free(be, &x);
+    kiln_be_free(be, &m);
+    return st;
+}
+
+static void test_bad_inputs(void)
+{
+    kiln_vae *vae = load_vae("klein-tiny", KILN_VAE_DECODER | KILN_VAE_ENCODER);
+    if (!vae)
+        return;
+    kiln_err err = {0};
+    CHECK(try_decode(vae, (int64_t[]){1, 4, 8, 8}, (int64_t[]){1, 3, 64, 64}, &err) ==
+          KILN_ERR_INVALID);
+    CHECKF(strstr(err.msg, "4 channels") && strstr(err.msg, "decodes 8"), "%s", err.msg);
+    CHECK(try_decode(vae, (int64_t[]){1, 8, 8, 8}, (int64_t[]){1, 3, 64, 60}, &err) ==
+          KILN_ERR_INVALID);
+    CHECKF(strstr(err.msg, "[1, 3, 64, 60]") && strstr(err.msg, "[1, 3, 64, 64]"), "%s",
+           err.msg);
+    CHECK(try_decode(vae, (int64_t[]){2, 8, 8, 8}, (int64_t[]){1, 3, 64, 64}, &err) ==
+          KILN_ERR_INVALID);
+    CHECK(try_encode(vae, (int64_t[]){1, 3, 130, 64}, (int64_t[]){1, 8, 16, 8}, &err) ==
+          KILN_ERR_INVALID);
+    CHECKF(strstr(err.msg, "130x64") && strstr(err.msg, "multiples of 8"), "%s", err.msg);
+    CHECK(try_encode(vae, (int64_t[]){1, 3, 60, 64}, (int64_t[]){1, 8, 7, 8}, &err) ==
+          KILN_ERR_INVALID);
+    CHECK(try_encode(vae, (int64_t[]){1, 4, 64, 64}, (int64_t[]){1, 8, 8, 8}, &err) ==
+          KILN_ERR_INVALID);
+    CHECKF(strstr(err.msg, "4 channels"), "%s", err.msg);
+    CHECK(try_encode(vae, (int64_t[]){1, 3, 64, 64}, (int64_t[]){1, 16, 8, 8}, &err) ==
+          KILN_ERR_INVALID);
+
+    /* A 3-D latent and a dtype the backend does not compute in. */
+    kiln_tensor z = {0}, img = {0};
+    if (!kiln_be_alloc(be, &z, be->act_dtype, 3, (int64_t[]){8, 8, 8}) &&
+        !kiln_be_alloc(be, &img, be->act_dtype, 4, (int64_t[]){1, 3, 64, 64})) {
+        CHECK(kiln_vae_decode(vae, &z, &img, NULL, &err) == KILN_ERR_INVALID);
+        CHECKF(strstr(err.msg, "4 dims"), "%s", err.msg);
+    }
+    kiln_be_free(be, &z);
+    if (!kiln_be_alloc(be, &z, KILN_I32, 4, (int64_t[]){1, 8, 8, 8})) {
+        CHECK(kiln_vae_decode(vae, &z, &img, NULL, &err) == KILN_ERR_INVALID);
+        CHECKF(strstr(err.msg, "dtype"), "%s", err.msg);
+    }
+    kiln_be_free(be, &z);
+    kiln_be_free(be, &img);
+    kiln_be_check(be, NULL); /* a backend refusing I32 must not linger */
+
+    /* A valid call still works after the refusals. */
+    CHECK(try_decode(vae, (int64_t[]){1, 8, 3, 5}, (int64_t[]){1, 3, 24, 40}, &err) == KILN_OK);
+    kiln_vae_free(vae);
+
+    /* The half that was not loaded. */
+    vae = load_vae("zimage-tiny", KILN_VAE_DECODER);
+    if (vae) {
+        CHECK(try_encode(vae, (int64_t[]){1, 3, 64, 64}, (int64_t[]){1, 4, 8, 8}, &err) ==
+              KILN_ERR_INVALID);
+        CHECKF(strstr(err.msg, "encoder was not loaded"), "%s", err.msg);
+    }
+    kiln_vae_free(vae);
+}
+
+/* Loads klein-tiny's weights with a modified config; returns the status. */
+static kiln_status load_with(const char *key, cJSON *value, kiln_err *err)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae/config.json", oracle);
+    cJSON *cfg = kiln_json_load(path, "config.json", err);
+    snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae", oracle);
+    kiln_st *st = kiln_st_open(path, "vae", err);
+    CHECK(cfg && st);
+    kiln_status rc = KILN_ERR_INTERNAL;
+    if (cfg && st) {
+        if (!cJSON_ReplaceItemInObjectCaseSensitive(cfg, key, value))
+            cJSON_AddItemToObject(cfg, key, value);
+        value = NULL;
+        kiln_vae *vae = kiln_vae_load(be, cfg, st, KILN_VAE_DECODER | KILN_VAE_ENCODER, err);
+        rc = vae ? KILN_OK : err->code;
+        kiln_vae_free(vae);
+    }
+    cJSON_Delete(value);
+    cJSON_Delete(cfg);
+    kiln_st_close(st);
+    return rc;
+}
+
+static void test_bad_configs(void)
+{
+    kiln_err err = {0};
+    CHECK(load_with("_class_name", cJSON_CreateString("AutoencoderTiny"), &err) ==
+          KILN_ERR_UNSUPPORTED);
+    CHECKF(strstr(err.msg, "AutoencoderTiny"), "%s", err.msg);
+    CHECK(load_with("norm_num_groups", cJSON_CreateNumber(3), &err) == KILN_ERR_FORMAT);
+    CHECKF(strstr(err.msg, "norm_num_groups"), "%s", err.msg);
+    CHECK(load_with("act_fn", cJSON_CreateString("gelu"), &err) == KILN_ERR_UNSUPPORTED);
+    CHECK(load_with("layers_per_block", cJSON_CreateString("2"), &err) == KILN_ERR_FORMAT);
+    CHECKF(strstr(err.msg, "vae/config.json") && strstr(err.msg, "layers_per_block"), "%s",
+           err.msg);
+    /* A config that does not match the weights names the first wrong tensor. */
+    CHECK(load_with("latent_channels", cJSON_CreateNumber(16), &err) == KILN_ERR_FORMAT);
+    CHECKF(strstr(err.msg, "bn.running_mean"), "%s", err.msg);
+    CHECK(load_with("layers_per_block", cJSON_CreateNumber(3), &err) == KILN_ERR_NOT_FOUND);
+    CHECKF(strstr(err.msg, "resnets.3"), "%s", err.msg);
+    /* Without the mid attention its weights are simply not read. */
+    kiln_err ok = {0};
+    CHECKF(load_with("mid_block_add_attention", cJSON_CreateFalse(), &ok) == KILN_OK, "%s",
+           ok.msg);
+}
+
+int main(void)
+{
+    const char *shared = getenv("KILN_SHARED");
+    if (!shared) {
+        fprintf(stderr, "KILN_SHARED is not set\n");
+        return 1;
+    }
+    snprintf(oracle, sizeof oracle, "%s/oracle", shared);
+    kiln_err err = {0};
+    be = kiln_backend_create("cpu", 0, &err);
+    if (!be) {
+        fprintf(stderr, "cpu backend: %s\n", err.msg);
+        return 1;
+    }
+    RUN(test_decode_all_cases);
+    RUN(test_decoder_stages_klein);
+    RUN(test_decoder_stages_zimage);
+    RUN(test_encoder_klein_edit);
+    RUN(test_encoder_klein_kv_edit);
+    RUN(test_info);
+    RUN(test_bad_inputs);
+    RUN(test_bad_configs);
+    kiln_backend_destroy(be);
+    return test_finish();
+}
