@@ -1,0 +1,36 @@
+/* Internal to the image module: one encoder and one decoder per codec
+ * (image_png.c, image_jpeg.c, image_webp.c), dispatched from image.c.
+ * Arguments are already validated by the public entry points: images have
+ * pixels and positive sizes, options are in range, limits are non-NULL.
+ * Decoders check the header size against the limits before allocating and
+ * leave `out` zeroed on failure; encoders append to `out` and restore its
+ * length on failure.
+ */
+#ifndef KILN_IMAGE_IMPL_H
+#define KILN_IMAGE_IMPL_H
+
+#include "image.h"
+
+kiln_status kiln_image_png_encode(const kiln_image *img, int level, kiln_png_filter filter,
+                                  kiln_buf *out, kiln_err *err);
+kiln_status kiln_image_jpeg_encode(const kiln_image *img, int quality, kiln_buf *out,
+                                   kiln_err *err);
+kiln_status kiln_image_webp_encode(const kiln_image *img, int quality, kiln_buf *out,
+                                   kiln_err *err);
+
+kiln_status kiln_image_png_decode(const uint8_t *data, size_t len,
+                                  const kiln_image_limits *limits, kiln_image *out,
+                                  kiln_err *err);
+kiln_status kiln_image_jpeg_decode(const uint8_t *data, size_t len,
+                                   const kiln_image_limits *limits, kiln_image *out,
+                                   kiln_err *err);
+kiln_status kiln_image_webp_decode(const uint8_t *data, size_t len,
+                                   const kiln_image_limits *limits, kiln_image *out,
+                                   kiln_err *err);
+
+/* KILN_ERR_INVALID ("<format> image of WxH ...") unless 1 <= width, height
+ * <= limits->max_side and width * height <= limits->max_pixels. */
+kiln_status kiln_image_check_limits(const char *format, int64_t width, int64_t height,
+                                    const kiln_image_limits *limits, kiln_err *err);
+
+#endif
