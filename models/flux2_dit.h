@@ -3,7 +3,7 @@
  *
  *   kiln_flux2_dit *dit = kiln_flux2_dit_load(be, ck, &err);
  *   if (!dit) die(err.msg);
- *   float t = kiln_flux2_time_fp32(tau);      // scheduler timestep -> DiT time
+ *   float t = kiln_sched_flux2_dit_time(tau, be->act_dtype);  // models/scheduler.h
  *   kiln_flux2_dit_input in = {
  *       .x = &latents, .txt = &prompt_embeds, .t = &t,   // B = 1
  *       .img_ids = img_ids, .txt_ids = txt_ids,          // (N, 4), (T, 4)
@@ -19,8 +19,9 @@
  *
  * Time: the pipeline passes diffusers `timestep = tau / 1000` and the network
  * multiplies by 1000 in its own dtype; `t` here is that product, the value
- * the sinusoidal embedding sees.  kiln_flux2_time_fp32 / _bf16 reproduce the
- * roundings of diffusers' fp32 and bf16 pipelines (spec/pipeline.md §6).
+ * the sinusoidal embedding sees.  kiln_sched_flux2_dit_time (models/scheduler.h)
+ * reproduces the roundings of diffusers' fp32 and bf16 pipelines
+ * (spec/pipeline.md §6).
  *
  * Reference K/V cache (klein 9B-kv, spec §6): a forward in
  * KILN_FLUX2_KV_EXTRACT mode takes x = [ref ; img] (the R reference tokens
@@ -143,12 +144,6 @@ kiln_status kiln_flux2_dit_forward(kiln_flux2_dit *m, const kiln_flux2_dit_input
                                    kiln_tensor *out, kiln_err *err);
 
 /* --- host-side helpers (exposed for tests and the pipeline) -------------- */
-
-/* The DiT time of diffusers' fp32 pipeline for scheduler timestep tau:
- * fl32(fl32(tau / 1000) * 1000) (true division, as on the CPU). */
-float kiln_flux2_time_fp32(float tau);
-/* The same for the bf16 pipeline: bf16(bf16(bf16(tau) / 1000) * 1000). */
-float kiln_flux2_time_bf16(float tau);
 
 /* The sinusoidal timestep projection of spec §3.1 in fp32: `channels`
  * (even) values, cos half first.  out has `channels` floats. */

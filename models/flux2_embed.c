@@ -1,27 +1,10 @@
-/* Host-side embeddings of the FLUX.2 DiT: the DiT time, its sinusoidal
- * projection and the RoPE tables (spec/flux2-klein.md §3.1 and §4,
- * spec/pipeline.md §6).  These run on the host in exactly the precision
- * diffusers uses, because near t = 1000 the sinusoid arguments reach 1000 rad
- * and one ulp of a frequency shows in the output. */
+/* Host-side embeddings of the FLUX.2 DiT: the sinusoidal time projection
+ * and the RoPE tables (spec/flux2-klein.md §3.1 and §4).  They run on the
+ * host in exactly the precision diffusers uses, because near t = 1000 the
+ * sinusoid arguments reach 1000 rad and one ulp of a frequency shows. */
 #include "flux2_dit.h"
 
 #include <math.h>
-
-#include "common/tensor.h"
-
-float kiln_flux2_time_fp32(float tau)
-{
-    /* diffusers divides by 1000 in the pipeline (a true division on the CPU,
-     * where the fp32 oracle ran) and multiplies by 1000 in the network. */
-    float sigma = tau / 1000.0f;
-    return sigma * 1000.0f;
-}
-
-float kiln_flux2_time_bf16(float tau)
-{
-    float sigma = kiln_round_bf16(kiln_round_bf16(tau) / 1000.0f);
-    return kiln_round_bf16(sigma * 1000.0f);
-}
 
 void kiln_flux2_time_proj(float t, int64_t channels, float *out)
 {
