@@ -1,0 +1,186 @@
+/* Latent layouts, normalisation and 8-bit conversion (see latents.h).
+ *
+ * Each arithmetic step is one torch/numpy operation and must be rounded on its
+ * own; this file is compiled with -ffp-contract=off (models/meson.build) so
+ * that x * std + mean never becomes a fused multiply-add. */
+#include "models/latents.h"
+
+#include <assert.h>
+#include <math.h>
+
+void kiln_latents_pack(const float *src, float *dst, int64_t B, int64_t C, int64_t h, int64_t w)
+{
+    const int64_t hw = h * w;
+    for (int64_t b = 0; b < B; b++) {
+        const float *s = src + b * C * hw;
+        float *d = dst + b * C * hw;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t n = 0; n < hw; n++)
+                d[n * C + c] = s[c * hw + n];
+    }
+}
+
+void kiln_latents_unpack(const float *src, float *dst, int64_t B, int64_t C, int64_t h,
+                         int64_t w)
+{
+    const int64_t hw = h * w;
+    for (int64_t b = 0; b < B; b++) {
+        const float *s = src + b * C * hw;
+        float *d = dst + b * C * hw;
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t n = 0; n < hw; n++)
+                d[c * hw + n] = s[n * C + c];
+    }
+}
+
+/* Index of latent[b, c, 2y+dy, 2x+dx] in a (B, C, 2h, 2w) buffer, and of
+ * patch[b, 4c+2dy+dx, y, x] in a (B, 4C, h, w) buffer. */
+static int64_t full_index(int64_t b, int64_t c, int64_t yy, int64_t xx, int64_t C, int64_t h,
+                          int64_t w)
+{
+    return ((b * C + c) * 2 * h + yy) * 2 * w + xx;
+}
+
+static int64_t patch_index(int64_t b, int64_t ch, int64_t y, int64_t x, int64_t C, int64_t h,
+                           int64_t w)
+{
+    return ((b * 4 * C + ch) * h + y) * w + x;
+}
+
+void kiln_latents_patchify(const float *src, float *dst, int64_t B, int64_t C, int64_t h,
+                           int64_t w)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t d = 0; d < 4; d++)
+                for (int64_t y = 0; y < h; y++)
+                    for (int64_t x = 0; x < w; x++)
+                        dst[patch_index(b, 4 * c + d, y, x, C, h, w)] =
+                            src[full_index(b, c, 2 * y + d / 2, 2 * x + d % 2, C, h, w)];
+}
+
+void kiln_latents_unpatchify(const float *src, float *dst, int64_t B, int64_t C, int64_t h,
+                             int64_t w)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t d = 0; d < 4; d++)
+                for (int64_t y = 0; y < h; y++)
+                    for (int64_t x = 0; x < w; x++)
+                        dst[full_index(b, c, 2 * y + d / 2, 2 * x + d % 2, C, h, w)] =
+                            src[patch_index(b, 4 * c + d, y, x, C, h, w)];
+}
+
+/* Rounds to the pipeline dtype: identity for fp32, to nearest even for bf16. */
+static float to_dt(float v, int bf16) { return bf16 ? kiln_round_bf16(v) : v; }
+
+/* std_c = sqrt(var_c + eps): `running_var + batch_norm_eps` adds the Python
+ * float as an fp32 scalar, then sqrt, each rounded to the buffers' dtype. */
+static float bn_std(float var, float eps, int bf16)
+{
+    return to_dt(sqrtf(to_dt(var + eps, bf16)), bf16);
+}
+
+void kiln_latents_bn_normalize(float *x, int64_t B, int64_t C, int64_t hw, const float *mean,
+                               const float *var, double eps, kiln_dtype dt)
+{
+    assert(dt == KILN_F32 || dt == KILN_BF16);
+    const int bf16 = dt == KILN_BF16;
+    for (int64_t c = 0; c < C; c++) {
+        const float std = bn_std(var[c], (float)eps, bf16);
+        const float m = mean[c];
+        for (int64_t b = 0; b < B; b++) {
+            float *p = x + (b * C + c) * hw;
+            for (int64_t i = 0; i < hw; i++)
+                p[i] = to_dt(to_dt(p[i] - m, bf16) / std, bf16);
+        }
+    }
+}
+
+void kiln_latents_bn_denormalize(float *x, int64_t B, int64_t C, int64_t hw, const float *mean,
+                                 const float *var, double eps, kiln_dtype dt)
+{
+    assert(dt == KILN_F32 || dt == KILN_BF16);
+    const int bf16 = dt == KILN_BF16;
+    for (int64_t c = 0; c < C; c++) {
+        const float std = bn_std(var[c], (float)eps, bf16);
+        const float m = mean[c];
+        for (int64_t b = 0; b < B; b++) {
+            float *p = x + (b * C + c) * hw;
+            for (int64_t i = 0; i < hw; i++)
+                p[i] = to_dt(to_dt(p[i] * std, bf16) + m, bf16);
+        }
+    }
+}
+
+/* Z-Image's decode(latents / scaling_factor + shift_factor): true division, as
+ * on the CPU; CUDA multiplies by fl32(1/scaling) instead, which changes fp32
+ * results in the last ulp but never a bf16 one (vae.md §5). */
+void kiln_latents_kl_unscale(float *x, int64_t n, double scaling_factor, double shift_factor,
+                             kiln_dtype dt)
+{
+    assert(dt == KILN_F32 || dt == KILN_BF16);
+    const int bf16 = dt == KILN_BF16;
+    const float scale = (float)scaling_factor, shift = (float)shift_factor;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = to_dt(to_dt(to_dt(x[i], bf16) / scale, bf16) + shift, bf16);
+}
+
+static void grid_ids(int64_t *ids, int64_t t, int64_t h, int64_t w)
+{
+    for (int64_t y = 0; y < h; y++)
+        for (int64_t x = 0; x < w; x++) {
+            int64_t *row = ids + 4 * (y * w + x);
+            row[0] = t;
+            row[1] = y;
+            row[2] = x;
+            row[3] = 0;
+        }
+}
+
+void kiln_latents_image_ids(int64_t *ids, int64_t h, int64_t w) { grid_ids(ids, 0, h, w); }
+
+void kiln_latents_ref_ids(int64_t *ids, int k, int64_t h, int64_t w)
+{
+    assert(k >= 0);
+    grid_ids(ids, 10 + 10 * (int64_t)k, h, w);
+}
+
+void kiln_latents_text_ids(int64_t *ids, int64_t T)
+{
+    for (int64_t i = 0; i < T; i++) {
+        ids[4 * i + 0] = 0;
+        ids[4 * i + 1] = 0;
+        ids[4 * i + 2] = 0;
+        ids[4 * i + 3] = i;
+    }
+}
+
+/* One pixel value: `(x / 2 + 0.5).clamp(0, 1)` in the decoder's dtype, then
+ * numpy's `(v * 255).round()` in fp32 (round half to even under the default
+ * rounding mode).  A NaN (a broken decode) becomes 0 instead of the undefined
+ * float-to-integer conversion numpy would do. */
+static uint8_t to_byte(float v, int bf16)
+{
+    v = to_dt(to_dt(v * 0.5f, bf16) + 0.5f, bf16);
+    if (!(v > 0.0f))
+        return 0;
+    if (v > 1.0f)
+        v = 1.0f;
+    return (uint8_t)nearbyintf(v * 255.0f);
+}
+
+void kiln_latents_to_rgb8(const float *x, uint8_t *rgb, int64_t B, int64_t H, int64_t W,
+                          kiln_dtype dt)
+{
+    assert(dt == KILN_F32 || dt == KILN_BF16);
+    const int bf16 = dt == KILN_BF16;
+    const int64_t plane = H * W;
+    for (int64_t b = 0; b < B; b++) {
+        const float *src = x + b * 3 * plane;
+        uint8_t *dst = rgb + b * 3 * plane;
+        for (int64_t i = 0; i < plane; i++)
+            for (int64_t ch = 0; ch < 3; ch++)
+                dst[3 * i + ch] = to_byte(src[ch * plane + i], bf16);
+    }
+}
