@@ -1,6 +1,7 @@
-/* safetensors writer: sorted names, data laid out in name order, header
- * padded with spaces to a multiple of 8 so every tensor starts 8-byte
- * aligned (as the huggingface/safetensors writer does).  The header carries
+/* safetensors writer: sorted names, data laid out contiguously in name
+ * order (the reference loader rejects gaps), header padded with spaces to a
+ * multiple of 8 so the data block starts 8-byte aligned, as the
+ * huggingface/safetensors writer does.  The header carries
  * {"__metadata__": {"format": "pt"}} because transformers refuses files
  * without a recognised format tag. */
 #include <errno.h>
@@ -130,6 +131,8 @@ static kiln_status write_tensor(FILE *f, const kiln_st_entry *e, size_t idx, uin
                                 kiln_st_fill_fn fill, void *ctx, void **chunk, const char *path,
                                 kiln_err *err)
 {
+    if (bytes == 0)
+        return KILN_OK;
     if (e->data)
         return write_all(f, e->data, (size_t)bytes, path, err);
     if (!fill)
