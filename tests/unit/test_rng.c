@@ -182,6 +182,14 @@ static void test_stream_continues(void)
     kiln_rng_seed(g, 1234567);
     CHECK(kiln_randn(g, b, 32, KILN_F32, &err) == KILN_OK);
     CHECK(memcmp(a, b, sizeof(a)) == 0);
+    /* n < 16 draws pairs and keeps the second value in the generator (torch's
+     * cached normal sample): randn(1) twice equals randn(2). */
+    kiln_rng_seed(g, 1234567);
+    CHECK(kiln_randn(g, a, 1, KILN_F32, &err) == KILN_OK);
+    CHECK(kiln_randn(g, a + 1, 1, KILN_F32, &err) == KILN_OK);
+    kiln_rng_seed(g, 1234567);
+    CHECK(kiln_randn(g, b, 2, KILN_F32, &err) == KILN_OK);
+    CHECK(memcmp(a, b, 2 * sizeof(float)) == 0 && a[0] != a[1]);
     kiln_rng_destroy(g);
 }
 
