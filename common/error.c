@@ -25,9 +25,19 @@ kiln_status kiln_err_wrap(kiln_err *err, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    char old[KILN_ERR_MSG_MAX];
-    memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    /* prefix ": " old message, truncated to the buffer. */
+    char joined[KILN_ERR_MSG_MAX];
+    size_t p = strnlen(prefix, sizeof joined - 1);
+    memcpy(joined, prefix, p);
+    const char *sep = ": ";
+    for (size_t i = 0; sep[i] && p < sizeof joined - 1; i++)
+        joined[p++] = sep[i];
+    size_t m = strnlen(err->msg, sizeof err->msg);
+    if (m > sizeof joined - 1 - p)
+        m = sizeof joined - 1 - p;
+    memcpy(joined + p, err->msg, m);
+    joined[p + m] = '\0';
+    memcpy(err->msg, joined, sizeof joined);
     return err->code;
 }
 

@@ -1,0 +1,104 @@
+#include "decode_stage.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/latents.h"
+#include "models/vae.h"
+
+struct kiln_decode_stage {
+    kiln_backend *be;
+    kiln_vae *vae;
+};
+
+kiln_decode_stage *kiln_decode_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
+                                            kiln_err *err)
+{
+    kiln_decode_stage *s = calloc(1, sizeof *s);
+    if (!s) {
+        kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    s->be = be;
+    const cJSON *cfg = kiln_checkpoint_config(ck, "vae", err);
+    kiln_st *st = cfg ? kiln_checkpoint_weights(ck, "vae", err) : NULL;
+    if (!st)
+        goto fail;
+    s->vae = kiln_vae_load(be, cfg, st, KILN_VAE_DECODER, err);
+    kiln_st_close(st);
+    if (!s->vae)
+        goto fail;
+    const kiln_vae_info *info = kiln_vae_get_info(s->vae);
+    if (info->kind != KILN_VAE_FLUX2) {
+        kiln_err_set(err, KILN_ERR_UNSUPPORTED, "vae: the klein pipeline needs AutoencoderKLFlux2");
+        goto fail;
+    }
+    return s;
+fail:
+    kiln_decode_stage_destroy(s);
+    return NULL;
+}
+
+void kiln_decode_stage_destroy(kiln_decode_stage *s)
+{
+    if (!s)
+        return;
+    kiln_vae_free(s->vae);
+    free(s);
+}
+
+kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, int width,
+                            int height, kiln_image *images, float *raw_out, kiln_err *err)
+{
+    kiln_backend *be = s->be;
+    const kiln_vae_info *info = kiln_vae_get_info(s->vae);
+    int64_t h = height / 16, w = width / 16, z = info->latent_channels;
+    int64_t C = (int64_t)info->bn_channels;
+    if (latents->ndim != 3 || latents->shape[1] != h * w || latents->shape[2] != C ||
+        width % 16 || height % 16 || width < 16 || height < 16)
+        return kiln_err_set(err, KILN_ERR_INVALID, "decode: latents do not match %dx%d", width,
+                            height);
+    int64_t B = latents->shape[0], H = height, W = width;
+    size_t n_lat = (size_t)(B * h * w * C), n_img = (size_t)(B * 3 * H * W);
+    float *packed = malloc(n_lat * sizeof(float)), *grid = malloc(n_lat * sizeof(float));
+    float *pix = raw_out ? raw_out : malloc(n_img * sizeof(float));
+    kiln_tensor zt = {0}, img = {0};
+    kiln_status st = KILN_OK;
+    int made = 0;
+    if (!packed || !grid || !pix) {
+        st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory decoding latents");
+        goto done;
+    }
+    kiln_be_download(be, latents, packed);
+    /* pipeline.md section 10: unpack, x * std + mean with the BN statistics,
+     * unpatchify to (B, z, 2h, 2w). */
+    kiln_latents_unpack(packed, grid, B, C, h, w);
+    kiln_latents_bn_denormalize(grid, B, C, h * w, info->bn_mean, info->bn_var, info->bn_eps,
+                                be->act_dtype);
+    kiln_latents_unpatchify(grid, packed, B, z, h, w);
+    if (kiln_be_from_host(be, &zt, 4, (int64_t[]){B, z, 2 * h, 2 * w}, packed, KILN_F32) ||
+        kiln_be_alloc(be, &img, be->act_dtype, 4, (int64_t[]){B, 3, H, W})) {
+        st = kiln_be_check(be, err);
+        goto done;
+    }
+    if ((st = kiln_vae_decode(s->vae, &zt, &img, NULL, err)))
+        goto done;
+    kiln_be_download(be, &img, pix);
+    if ((st = kiln_be_check(be, err)))
+        goto done;
+    for (; made < B; made++) {
+        if ((st = kiln_image_alloc(&images[made], width, height, err)))
+            break;
+        kiln_latents_to_rgb8(pix + (size_t)made * 3 * H * W, images[made].pixels, 1, H, W,
+                             be->act_dtype);
+    }
+done:
+    if (st)
+        for (int i = 0; i < made; i++)
+            kiln_image_free(&images[i]);
+    kiln_be_free(be, &zt), kiln_be_free(be, &img);
+    free(packed), free(grid);
+    if (!raw_out)
+        free(pix);
+    return st;
+}

@@ -1,0 +1,34 @@
+/* The decode stage: packed FLUX.2 latents to 8-bit RGB images (latent
+ * de-normalisation, unpatchify, VAE decoder, clamp and rounding as
+ * diffusers' image processor does).
+ *
+ *   kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
+ *   kiln_image imgs[B];
+ *   if (kiln_decode_run(dec, &latents, width, height, imgs, &err)) ...
+ *   ... kiln_image_free(&imgs[i]); kiln_decode_stage_destroy(dec);
+ *
+ * Thread-safety: a stage uses its backend and scratch memory, so it belongs
+ * to the backend's thread.
+ */
+#ifndef KILN_ENGINE_DECODE_STAGE_H
+#define KILN_ENGINE_DECODE_STAGE_H
+
+#include "common/checkpoint.h"
+#include "common/image.h"
+#include "kernels/backend.h"
+
+typedef struct kiln_decode_stage kiln_decode_stage;
+
+/* Loads the VAE decoder and its latent statistics.  NULL with err set. */
+kiln_decode_stage *kiln_decode_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
+                                            kiln_err *err);
+void kiln_decode_stage_destroy(kiln_decode_stage *s);
+
+/* Decodes latents (B, N, C) with N = (height/16) * (width/16) into B new
+ * images (each freed by the caller with kiln_image_free).  raw_out, when not
+ * NULL, receives the decoder output (B, 3, H, W) as host f32 (tests).  On
+ * failure no image is left allocated. */
+kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, int width,
+                            int height, kiln_image *images, float *raw_out, kiln_err *err);
+
+#endif

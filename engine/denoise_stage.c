@@ -1,0 +1,276 @@
+#include "denoise_stage.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/flux2_dit.h"
+#include "models/latents.h"
+#include "models/rng.h"
+#include "models/scheduler.h"
+
+struct kiln_denoise_stage {
+    kiln_backend *be;
+    kiln_flux2_dit *dit;
+    kiln_flux2_kv_cache *kv;
+    kiln_sched_config sched;
+    kiln_model_traits traits;
+    int64_t channels;
+};
+
+kiln_denoise_stage *kiln_denoise_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
+                                              kiln_err *err)
+{
+    kiln_denoise_stage *s = calloc(1, sizeof *s);
+    if (!s) {
+        kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    s->be = be;
+    const cJSON *sched_json = kiln_checkpoint_config(ck, "scheduler", err);
+    if (!sched_json || kiln_sched_config_parse(sched_json, &s->sched, err))
+        goto fail;
+    s->dit = kiln_flux2_dit_load(be, ck, err);
+    if (!s->dit)
+        goto fail;
+    s->channels = kiln_flux2_dit_get_config(s->dit)->in_channels;
+    s->traits = kiln_model_traits_of(ck);
+    if (s->traits.kv_cache) {
+        s->kv = kiln_flux2_kv_cache_create(s->dit, err);
+        if (!s->kv)
+            goto fail;
+    }
+    return s;
+fail:
+    kiln_denoise_stage_destroy(s);
+    return NULL;
+}
+
+void kiln_denoise_stage_destroy(kiln_denoise_stage *s)
+{
+    if (!s)
+        return;
+    kiln_flux2_kv_cache_destroy(s->kv);
+    kiln_flux2_dit_destroy(s->dit);
+    free(s);
+}
+
+kiln_model_traits kiln_denoise_stage_traits(const kiln_denoise_stage *s) { return s->traits; }
+
+int64_t kiln_denoise_stage_channels(const kiln_denoise_stage *s) { return s->channels; }
+
+kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_job *job,
+                               float *out, kiln_err *err)
+{
+    int64_t h = job->height / 16, w = job->width / 16, c = s->channels;
+    size_t per_row = (size_t)(c * h * w);
+    /* klein draws in the pipeline dtype (spec/pipeline.md section 3). */
+    kiln_dtype dt = s->be->act_dtype == KILN_BF16 && !job->fp32_noise ? KILN_BF16 : KILN_F32;
+    float *grid = malloc(per_row * (size_t)job->B * sizeof *grid);
+    if (!grid)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory for the initial noise");
+    kiln_status st = KILN_OK;
+    kiln_rng *g = kiln_rng_create(job->seeds[0], err);
+    if (!g) {
+        free(grid);
+        return err ? err->code : KILN_ERR_NOMEM;
+    }
+    if (job->batch_noise) {
+        st = kiln_randn(g, grid, per_row * (size_t)job->B, dt, err);
+    } else {
+        for (int64_t b = 0; b < job->B && !st; b++) {
+            kiln_rng_seed(g, job->seeds[b]);
+            st = kiln_randn(g, grid + per_row * (size_t)b, per_row, dt, err);
+        }
+    }
+    kiln_rng_destroy(g);
+    if (!st)
+        kiln_latents_pack(grid, out, job->B, c, h, w);
+    free(grid);
+    return st;
+}
+
+static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job *job,
+                             kiln_err *err)
+{
+    if (job->B < 1 || !job->seeds || !job->embeds || job->embeds->ndim != 3 ||
+        job->embeds->shape[0] != job->B)
+        return kiln_err_set(err, KILN_ERR_INVALID, "denoise: bad batch or embeddings");
+    if (job->width < 16 || job->height < 16 || job->width % 16 || job->height % 16)
+        return kiln_err_set(err, KILN_ERR_INVALID, "denoise: size must be a multiple of 16");
+    if (job->steps < 1 || job->steps > KILN_SCHED_MAX_STEPS)
+        return kiln_err_set(err, KILN_ERR_INVALID, "denoise: bad step count %d", job->steps);
+    if (job->R && (!job->ref_tokens || !job->ref_ids || job->ref_tokens->ndim != 3 ||
+                   job->ref_tokens->shape[1] != job->R || job->ref_tokens->shape[2] != s->channels))
+        return kiln_err_set(err, KILN_ERR_INVALID, "denoise: bad reference tokens");
+    if (s->traits.cfg && job->guidance > 1.0f &&
+        (!job->neg_embeds || job->neg_embeds->ndim != 3 ||
+         memcmp(job->neg_embeds->shape, job->embeds->shape, sizeof job->embeds->shape)))
+        return kiln_err_set(err, KILN_ERR_INVALID, "denoise: CFG needs negative embeddings");
+    return KILN_OK;
+}
+
+/* A view of rows [b, b + 1) of a (B, S, C) backend tensor. */
+static kiln_tensor batch_row(const kiln_tensor *t, int64_t b)
+{
+    kiln_tensor v = *t;
+    v.shape[0] = 1;
+    v.data = (char *)t->data + (size_t)b * (kiln_tensor_nbytes(t) / (size_t)t->shape[0]);
+    return v;
+}
+
+/* Per-forward state shared by the steps of one run. */
+typedef struct loop_ctx {
+    kiln_denoise_stage *s;
+    const kiln_denoise_job *job;
+    int64_t N, T;
+    int32_t *img_ids, *txt_ids, *ids_with_refs, *ids_refs_first;
+    kiln_tensor x_in; /* [x ; ref] (plain edits) or [ref ; x] (KV extract) */
+    kiln_tensor v_all, v, v_neg;
+    float *t;
+} loop_ctx;
+
+static kiln_status forward(loop_ctx *c, const kiln_tensor *txt, int step, kiln_tensor *x,
+                           kiln_tensor *v_out, kiln_err *err)
+{
+    kiln_denoise_stage *s = c->s;
+    kiln_backend *be = s->be;
+    const kiln_denoise_job *job = c->job;
+    kiln_flux2_dit_input in = {.txt = txt, .t = c->t, .txt_ids = c->txt_ids};
+    if (!job->R) {
+        in.x = x, in.img_ids = c->img_ids;
+        return kiln_flux2_dit_forward(s->dit, &in, v_out, err);
+    }
+    if (s->traits.kv_cache) {
+        if (step == 0) {
+            /* Reference tokens first, then the image (spec flux2-klein.md §6). */
+            kiln_be_copy_rows(be, &c->x_in, job->R, x, 0, c->N);
+            in.x = &c->x_in, in.img_ids = c->ids_refs_first;
+            in.kv_mode = KILN_FLUX2_KV_EXTRACT, in.num_ref = job->R, in.kv = s->kv;
+        } else {
+            in.x = x, in.img_ids = c->img_ids;
+            in.kv_mode = KILN_FLUX2_KV_CACHED, in.kv = s->kv;
+        }
+        return kiln_flux2_dit_forward(s->dit, &in, v_out, err);
+    }
+    /* Plain edit: [x ; ref] every step, the reference rows of the output are
+     * dropped. */
+    kiln_be_copy_rows(be, &c->x_in, 0, x, 0, c->N);
+    in.x = &c->x_in, in.img_ids = c->ids_with_refs;
+    if (kiln_flux2_dit_forward(s->dit, &in, &c->v_all, err))
+        return err ? err->code : KILN_ERR_INTERNAL;
+    kiln_be_copy_rows(be, v_out, 0, &c->v_all, 0, c->N);
+    return kiln_be_check(be, err);
+}
+
+static kiln_status prepare(loop_ctx *c, kiln_err *err)
+{
+    kiln_denoise_stage *s = c->s;
+    kiln_backend *be = s->be;
+    const kiln_denoise_job *job = c->job;
+    int64_t B = job->B, N = c->N, R = job->R, C = s->channels, T = c->T;
+    c->img_ids = malloc((size_t)N * 4 * sizeof(int32_t));
+    c->txt_ids = malloc((size_t)T * 4 * sizeof(int32_t));
+    c->ids_with_refs = malloc((size_t)(N + R) * 4 * sizeof(int32_t));
+    c->ids_refs_first = malloc((size_t)(N + R) * 4 * sizeof(int32_t));
+    c->t = malloc((size_t)B * sizeof(float));
+    if (!c->img_ids || !c->txt_ids || !c->ids_with_refs || !c->ids_refs_first || !c->t)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    int64_t *ids64 = malloc((size_t)(N > T ? N : T) * 4 * sizeof *ids64);
+    if (!ids64)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    kiln_latents_image_ids(ids64, job->height / 16, job->width / 16);
+    for (int64_t i = 0; i < N * 4; i++)
+        c->img_ids[i] = (int32_t)ids64[i];
+    kiln_latents_text_ids(ids64, T);
+    for (int64_t i = 0; i < T * 4; i++)
+        c->txt_ids[i] = (int32_t)ids64[i];
+    free(ids64);
+    memcpy(c->ids_with_refs, c->img_ids, (size_t)N * 4 * sizeof(int32_t));
+    if (R) {
+        memcpy(c->ids_with_refs + N * 4, job->ref_ids, (size_t)R * 4 * sizeof(int32_t));
+        memcpy(c->ids_refs_first, job->ref_ids, (size_t)R * 4 * sizeof(int32_t));
+        memcpy(c->ids_refs_first + R * 4, c->img_ids, (size_t)N * 4 * sizeof(int32_t));
+        int64_t shape[] = {B, N + R, C};
+        if (kiln_be_alloc(be, &c->x_in, be->act_dtype, 3, shape) ||
+            (!s->traits.kv_cache && kiln_be_alloc(be, &c->v_all, be->act_dtype, 3, shape)))
+            return kiln_be_check(be, err);
+        /* The reference rows never change during the loop: place them once. */
+        int64_t ref_row = s->traits.kv_cache ? 0 : N;
+        for (int64_t b = 0; b < B; b++) {
+            kiln_tensor row = batch_row(&c->x_in, b);
+            kiln_be_copy_rows(be, &row, ref_row, job->ref_tokens, 0, R);
+        }
+    }
+    int64_t vshape[] = {B, N, C};
+    kiln_be_alloc(be, &c->v, be->act_dtype, 3, vshape);
+    if (s->traits.cfg && job->guidance > 1.0f)
+        kiln_be_alloc(be, &c->v_neg, be->act_dtype, 3, vshape);
+    return kiln_be_check(be, err);
+}
+
+static void release(loop_ctx *c)
+{
+    kiln_backend *be = c->s->be;
+    free(c->img_ids), free(c->txt_ids), free(c->ids_with_refs), free(c->ids_refs_first);
+    free(c->t);
+    kiln_be_free(be, &c->x_in), kiln_be_free(be, &c->v_all);
+    kiln_be_free(be, &c->v), kiln_be_free(be, &c->v_neg);
+}
+
+kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_tensor *out,
+                             kiln_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (check_job(s, job, err))
+        return err ? err->code : KILN_ERR_INVALID;
+    kiln_backend *be = s->be;
+    int64_t B = job->B, C = s->channels;
+    int64_t N = (int64_t)(job->height / 16) * (job->width / 16);
+    float sigmas[KILN_SCHED_MAX_STEPS + 1], timesteps[KILN_SCHED_MAX_STEPS];
+    double mu;
+    /* mu counts image tokens only, never reference tokens (pipeline.md §5). */
+    if (kiln_sched_flux2(&s->sched, N, job->steps, sigmas, timesteps, &mu, err))
+        return err ? err->code : KILN_ERR_INVALID;
+
+    loop_ctx c = {.s = s, .job = job, .N = N, .T = job->embeds->shape[1]};
+    float *x0 = malloc((size_t)(B * N * C) * sizeof *x0);
+    if (!x0) {
+        release(&c);
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    }
+    kiln_status st = KILN_OK;
+    if (job->latents_in)
+        memcpy(x0, job->latents_in, (size_t)(B * N * C) * sizeof *x0);
+    else
+        st = kiln_denoise_noise(s, job, x0, err);
+    if (!st)
+        st = prepare(&c, err);
+    if (!st && kiln_be_from_host(be, out, 3, (int64_t[]){B, N, C}, x0, KILN_F32))
+        st = kiln_be_check(be, err);
+    free(x0);
+    int use_cfg = s->traits.cfg && job->guidance > 1.0f;
+    for (int i = 0; i < job->steps && !st; i++) {
+        if (job->cancelled && job->cancelled(job->user)) {
+            st = kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
+            break;
+        }
+        float t = kiln_sched_flux2_dit_time(timesteps[i], be->act_dtype);
+        for (int64_t b = 0; b < B; b++)
+            c.t[b] = t;
+        st = forward(&c, job->embeds, i, out, &c.v, err);
+        if (!st && use_cfg) {
+            /* diffusers runs the negative prompt as a second forward with the
+             * same latents; the KV cache is filled by the first one. */
+            st = forward(&c, job->neg_embeds, s->traits.kv_cache ? 1 : i, out, &c.v_neg, err);
+            kiln_be_cfg(be, &c.v, &c.v, &c.v_neg, job->guidance);
+        }
+        if (!st) {
+            kiln_be_euler_step(be, out, &c.v, sigmas[i + 1] - sigmas[i]);
+            st = kiln_be_check(be, err);
+        }
+    }
+    release(&c);
+    if (st)
+        kiln_be_free(be, out);
+    return st;
+}

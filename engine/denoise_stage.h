@@ -1,0 +1,74 @@
+/* The denoise stage: initial noise, the flow-matching schedule and the
+ * FLUX.2 DiT loop (text-to-image, edits, the 9B-kv reference cache and
+ * classifier-free guidance for base checkpoints).
+ *
+ *   kiln_denoise_stage *dn = kiln_denoise_stage_create(be, ck, &err);
+ *   kiln_denoise_job job = {.B = 1, .embeds = &emb, .width = 512, .height = 512,
+ *                           .steps = 4, .guidance = 1.0f, .seeds = &seed};
+ *   kiln_tensor lat;                                  // (B, N, C) packed latents
+ *   if (kiln_denoise_run(dn, &job, &lat, &err)) ...
+ *   ... kiln_be_free(be, &lat); kiln_denoise_stage_destroy(dn);
+ *
+ * Rows never interact: row b's noise is drawn alone from seeds[b] (unless
+ * batch_noise asks for diffusers' single-generator draw) and every op
+ * treats rows independently, so a row's latents do not depend on the batch
+ * it ran in.
+ *
+ * Thread-safety: a stage uses its backend and scratch memory, so it belongs
+ * to the backend's thread.
+ */
+#ifndef KILN_ENGINE_DENOISE_STAGE_H
+#define KILN_ENGINE_DENOISE_STAGE_H
+
+#include <stdint.h>
+
+#include "common/checkpoint.h"
+#include "kernels/backend.h"
+#include "request.h"
+
+typedef struct kiln_denoise_stage kiln_denoise_stage;
+
+typedef struct kiln_denoise_job {
+    int64_t B;                     /* rows */
+    const kiln_tensor *embeds;     /* (B, T, J) prompt embeddings */
+    const kiln_tensor *neg_embeds; /* (B, T, J) negative embeddings, used when CFG runs */
+    int width, height;             /* output pixels, multiples of 16 */
+    int steps;
+    float guidance;                /* CFG runs when > 1 on a base checkpoint */
+    const uint64_t *seeds;         /* [B] per-row seeds */
+    int batch_noise;               /* one draw for all rows from seeds[0] */
+    int fp32_noise;                /* draw fp32 noise even on a bf16 backend (oracle runs) */
+    const float *latents_in;       /* optional host (B, N, C) initial latents instead of noise */
+    const kiln_tensor *ref_tokens; /* (1, R, C) edit references, or NULL */
+    const int32_t *ref_ids;        /* (R, 4) */
+    int64_t R;
+    /* Polled before each step; a non-zero return stops the run with
+     * KILN_ERR_CANCELLED. */
+    int (*cancelled)(void *user);
+    void *user;
+} kiln_denoise_job;
+
+/* Loads the transformer and the scheduler config.  NULL with err set. */
+kiln_denoise_stage *kiln_denoise_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
+                                              kiln_err *err);
+void kiln_denoise_stage_destroy(kiln_denoise_stage *s);
+
+/* The request defaults this checkpoint implies (CFG, KV cache, steps). */
+kiln_model_traits kiln_denoise_stage_traits(const kiln_denoise_stage *s);
+/* Packed latent channels C (the DiT's in_channels). */
+int64_t kiln_denoise_stage_channels(const kiln_denoise_stage *s);
+
+/* Draws the initial noise as diffusers does for the packed shape: (B, C,
+ * H/16, W/16) per row (or for the whole batch with batch_noise), in the
+ * backend's dtype (bf16 draw on bf16 backends unless fp32_noise), packed to
+ * host (B, N, C) f32 in `out`. */
+kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_job *job,
+                               float *out, kiln_err *err);
+
+/* Runs the whole loop.  `out` is allocated here as (B, N, C) of
+ * be->act_dtype (caller frees with kiln_be_free).  Errors: KILN_ERR_INVALID
+ * for inconsistent job fields, KILN_ERR_CANCELLED, backend failures. */
+kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_tensor *out,
+                             kiln_err *err);
+
+#endif

@@ -1,0 +1,59 @@
+/* The encode stage: prompts to FLUX.2 klein text embeddings (tokenizer +
+ * Qwen3), and edit reference images to packed latent tokens (VAE encoder).
+ *
+ *   kiln_encode_opts o = KILN_ENCODE_DEFAULTS;      // layers 9, 18, 27
+ *   kiln_encode_stage *enc = kiln_encode_stage_create(be, ck, &o, &err);
+ *   kiln_tensor emb;                                 // (B, T, J) in backend memory
+ *   if (kiln_encode_prompts(enc, prompts, B, 512, &emb, &err)) ...
+ *   ... kiln_be_free(be, &emb); kiln_encode_stage_destroy(enc);
+ *
+ * Thread-safety: a stage uses its backend and scratch memory, so it belongs
+ * to the backend's thread.
+ */
+#ifndef KILN_ENGINE_ENCODE_STAGE_H
+#define KILN_ENGINE_ENCODE_STAGE_H
+
+#include <stdint.h>
+
+#include "common/checkpoint.h"
+#include "common/image.h"
+#include "kernels/backend.h"
+#include "request.h"
+
+typedef struct kiln_encode_opts {
+    int out_layers[KILN_MAX_OUT_LAYERS]; /* text_encoder_out_layers */
+    int n_out_layers;
+    int with_references; /* also load the VAE encoder, for edits */
+} kiln_encode_opts;
+
+/* diffusers' Flux2KleinPipeline default text_encoder_out_layers. */
+#define KILN_ENCODE_DEFAULTS ((kiln_encode_opts){{9, 18, 27}, 3, 1})
+
+typedef struct kiln_encode_stage kiln_encode_stage;
+
+/* Loads the tokenizer, the Qwen3 layers the requested hidden states need
+ * and, with with_references, the VAE encoder.  NULL with err set (a missing
+ * component is named).  The caller owns the stage; `be` must outlive it. */
+kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
+                                            const kiln_encode_opts *opts, kiln_err *err);
+void kiln_encode_stage_destroy(kiln_encode_stage *s);
+
+/* Text embedding width J (= n_out_layers * hidden size). */
+int64_t kiln_encode_stage_width(const kiln_encode_stage *s);
+
+/* Encodes B prompts with the klein chat template, truncated / padded to
+ * max_seq tokens, into `out`, allocated here as (B, max_seq, J) of
+ * be->act_dtype (caller frees with kiln_be_free).  ids_out, when not NULL,
+ * receives the B * max_seq token ids.  Invalid UTF-8 is KILN_ERR_INVALID. */
+kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts, int B,
+                                int max_seq, kiln_tensor *out, int32_t *ids_out, kiln_err *err);
+
+/* Prepares (spec/pipeline.md section 8), VAE-encodes, patchifies,
+ * BN-normalises and packs n reference images in order.  `tokens` is
+ * allocated here as (1, R, 4z) of be->act_dtype and `ids` as a malloc'd
+ * (R, 4) array with t = 10 + 10k for reference k; the caller frees both.
+ * Needs with_references.  Bad images are KILN_ERR_INVALID. */
+kiln_status kiln_encode_references(kiln_encode_stage *s, const kiln_image *refs, int n,
+                                   kiln_tensor *tokens, int32_t **ids, int64_t *R, kiln_err *err);
+
+#endif

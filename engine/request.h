@@ -1,0 +1,88 @@
+/* kiln generation requests: the parameters of one text-to-image or edit
+ * request, their defaults per model family and their validation.  Shared by
+ * the CLI and the HTTP gateway so both accept and refuse the same things.
+ *
+ *   kiln_request req;
+ *   kiln_request_init(&req);
+ *   req.prompt = "a cat"; req.width = 512; req.height = 512;
+ *   kiln_limits lim = KILN_LIMITS_SERVICE;
+ *   if (kiln_request_resolve(&req, &model, &lim, &err)) -> 400 with err.msg
+ *
+ * A kiln_request borrows its strings and reference images; it owns nothing.
+ * Resolution is pure (no I/O), thread-safe on distinct requests.
+ */
+#ifndef KILN_ENGINE_REQUEST_H
+#define KILN_ENGINE_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/checkpoint.h"
+#include "common/error.h"
+#include "common/image.h"
+
+#define KILN_MAX_OUT_LAYERS 8
+#define KILN_MAX_REFS 8
+
+/* What a loaded checkpoint implies for defaults (see kiln_model_traits_of). */
+typedef struct kiln_model_traits {
+    int cfg;           /* base checkpoint: classifier-free guidance with a negative prompt */
+    int kv_cache;      /* Flux2KleinKVPipeline */
+    int default_steps; /* 4 distilled/kv, 50 base */
+    float default_guidance;
+} kiln_model_traits;
+
+/* The defaults a checkpoint implies: the KV pipeline always runs without CFG;
+ * klein's distilled and base checkpoints differ by model_index.json's
+ * is_distilled.  Steps follow the model cards: 4 for the distilled models,
+ * 50 (with diffusers' guidance 4.0) for base. */
+kiln_model_traits kiln_model_traits_of(const kiln_checkpoint *ck);
+
+/* Bounds a request must respect. */
+typedef struct kiln_limits {
+    int min_side, max_side; /* pixels, multiples of 16 */
+    int max_n;              /* images per request */
+    int max_steps;
+    int max_refs;
+    size_t max_prompt_bytes;
+} kiln_limits;
+
+/* The CLI accepts 64..4096 per side; the service's default range is
+ * 256..2048 (configurable with --min-size / --max-size). */
+#define KILN_LIMITS_CLI ((kiln_limits){64, 4096, 64, 1000, KILN_MAX_REFS, 1u << 20})
+#define KILN_LIMITS_SERVICE ((kiln_limits){256, 2048, 10, 200, KILN_MAX_REFS, 1u << 16})
+
+typedef struct kiln_request {
+    const char *prompt;
+    const char *negative_prompt; /* base checkpoints; NULL = "" as diffusers */
+    int n;                       /* images; 0 = 1 */
+    int width, height;           /* 0 = default (1024, or the first reference's size) */
+    uint64_t seed;               /* image i uses seed + i */
+    int steps;                   /* 0 = the model's default */
+    float guidance;              /* < 0 = the model's default */
+    int max_sequence_length;     /* 0 = 512 */
+    int batch_noise;             /* draw one noise tensor for the batch, as diffusers does
+                                    with a single generator */
+    const kiln_image *refs;      /* edits: decoded references, 1..max_refs */
+    int n_refs;
+    kiln_image_format format;
+    int compression;             /* 0..100, OpenAI output_compression; -1 = default */
+} kiln_request;
+
+void kiln_request_init(kiln_request *req);
+
+/* Fills defaults and validates against the model and the limits: sizes
+ * multiples of 16 inside the limits, n, steps, guidance, sequence length,
+ * prompt present, valid UTF-8 and within max_prompt_bytes, references within
+ * the limits.  For an edit without a size the output size is the first
+ * reference's prepared size (shared/spec/pipeline.md section 8,
+ * kiln_image_flux2_ref_size).  Returns KILN_ERR_INVALID with a message naming
+ * the field. */
+kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *model,
+                                 const kiln_limits *lim, kiln_err *err);
+
+/* 1 when s[0..len) is well-formed UTF-8 (no overlongs, surrogates or code
+ * points past U+10FFFF). */
+int kiln_utf8_valid(const char *s, size_t len);
+
+#endif

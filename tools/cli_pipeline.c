@@ -1,0 +1,368 @@
+#include "cli_pipeline.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/checkpoint.h"
+#include "common/image.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "engine/decode_stage.h"
+#include "engine/denoise_stage.h"
+#include "engine/encode_stage.h"
+
+static void usage(FILE *f, int edit)
+{
+    fprintf(f,
+            "usage: kiln %s --model DIR%s --prompt TEXT [--prompt TEXT ...] --out FILE.png\n"
+            "  [--seed N] [--width W --height H] [--steps S] [--guidance G] [-n N]\n"
+            "  [--negative-prompt TEXT] [--max-sequence-length L]\n"
+            "  [--text-encoder-out-layers A,B,C] [--batch-noise] [--fp32-noise]\n"
+            "  [--latents-in FILE.safetensors] [--latents-out FILE.safetensors]\n"
+            "  [--device cpu|cuda] [--gpu N]\n"
+            "Image i of the run uses seed + i, drawn alone (--batch-noise: one draw for the\n"
+            "batch, as diffusers with a single generator).  Several images are written as\n"
+            "FILE-0.png, FILE-1.png, ...; the format follows the extension (.png, .jpg,\n"
+            ".webp).\n",
+            edit ? "edit" : "generate", edit ? " --image A.png [--image B.jpg ...]" : "");
+}
+
+static int parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_layers(const char *s, cli_gen_opts *o)
+{
+    o->n_out_layers = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (o->n_out_layers == KILN_MAX_OUT_LAYERS ||
+            parse_int(tok, -1000, 1000, &o->out_layers[o->n_out_layers]))
+            return -1;
+        o->n_out_layers++;
+    }
+    return o->n_out_layers ? 0 : -1;
+}
+
+int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
+{
+    enum { O_NEG = 256, O_MAXSEQ, O_LAYERS, O_BATCH, O_FP32, O_LIN, O_LOUT, O_DEVICE, O_GPU };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
+        {"out", required_argument, 0, 'o'},     {"seed", required_argument, 0, 's'},
+        {"width", required_argument, 0, 'W'},   {"height", required_argument, 0, 'H'},
+        {"steps", required_argument, 0, 'S'},   {"guidance", required_argument, 0, 'g'},
+        {"image", required_argument, 0, 'i'},   {"negative-prompt", required_argument, 0, O_NEG},
+        {"max-sequence-length", required_argument, 0, O_MAXSEQ},
+        {"text-encoder-out-layers", required_argument, 0, O_LAYERS},
+        {"batch-noise", no_argument, 0, O_BATCH}, {"fp32-noise", no_argument, 0, O_FP32},
+        {"latents-in", required_argument, 0, O_LIN}, {"latents-out", required_argument, 0, O_LOUT},
+        {"device", required_argument, 0, O_DEVICE}, {"gpu", required_argument, 0, O_GPU},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof *o);
+    kiln_request_init(&o->req);
+    o->device = "cpu";
+    o->out_layers[0] = 9, o->out_layers[1] = 18, o->out_layers[2] = 27, o->n_out_layers = 3;
+    const char *cmd = edit ? "edit" : "generate";
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "n:h", longopts, NULL)) != -1) {
+        int bad = 0;
+        char *end;
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'o': o->out = optarg; break;
+        case 'p':
+            if (o->n_prompts == CLI_MAX_PROMPTS)
+                bad = 1;
+            else
+                o->prompts[o->n_prompts++] = optarg;
+            break;
+        case 'i':
+            if (!edit || o->n_images == KILN_MAX_REFS)
+                bad = 1;
+            else
+                o->images[o->n_images++] = optarg;
+            break;
+        case 's':
+            errno = 0;
+            o->req.seed = strtoull(optarg, &end, 10);
+            bad = errno || *end || end == optarg || optarg[0] == '-';
+            break;
+        case 'W': bad = parse_int(optarg, 1, 1 << 16, &o->req.width); break;
+        case 'H': bad = parse_int(optarg, 1, 1 << 16, &o->req.height); break;
+        case 'S': bad = parse_int(optarg, 1, 100000, &o->req.steps); break;
+        case 'n': bad = parse_int(optarg, 1, 1000, &o->req.n); break;
+        case 'g':
+            o->req.guidance = strtof(optarg, &end);
+            bad = *end || end == optarg || o->req.guidance < 0;
+            break;
+        case O_NEG: o->req.negative_prompt = optarg; break;
+        case O_MAXSEQ: bad = parse_int(optarg, 1, 1 << 20, &o->req.max_sequence_length); break;
+        case O_LAYERS: bad = parse_layers(optarg, o); break;
+        case O_BATCH: o->req.batch_noise = 1; break;
+        case O_FP32: o->fp32_noise = 1; break;
+        case O_LIN: o->latents_in = optarg; break;
+        case O_LOUT: o->latents_out = optarg; break;
+        case O_DEVICE: o->device = optarg; break;
+        case O_GPU: bad = parse_int(optarg, 0, 64, &o->gpu); break;
+        case 'h': usage(stdout, edit); exit(0);
+        default: bad = 1;
+        }
+        if (bad) {
+            if (c != '?')
+                fprintf(stderr, "kiln %s: invalid value '%s' for %s\n", cmd,
+                        optarg ? optarg : "", argv[optind - 1]);
+            usage(stderr, edit);
+            return 2;
+        }
+    }
+    if (optind < argc || !o->model || !o->out || !o->n_prompts || (edit && !o->n_images)) {
+        fprintf(stderr, "kiln %s: %s\n", cmd,
+                optind < argc ? "unexpected argument"
+                              : "--model, --prompt and --out are required" );
+        usage(stderr, edit);
+        return 2;
+    }
+    return 0;
+}
+
+static int fail(const char *cmd, const kiln_err *err)
+{
+    fprintf(stderr, "kiln %s: %s\n", cmd, err->msg);
+    return 1;
+}
+
+static kiln_image_format format_of(const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    kiln_image_format f = KILN_IMAGE_PNG;
+    if (dot && kiln_image_format_parse(dot + 1, &f) == 0)
+        return f;
+    return KILN_IMAGE_PNG;
+}
+
+/* FILE.png for one image, FILE-i.png for several. */
+static void output_name(char *buf, size_t len, const char *out, int i, int total)
+{
+    if (total == 1) {
+        snprintf(buf, len, "%s", out);
+        return;
+    }
+    const char *dot = strrchr(out, '.');
+    const char *slash = strrchr(out, '/');
+    if (!dot || (slash && dot < slash))
+        snprintf(buf, len, "%s-%d", out, i);
+    else
+        snprintf(buf, len, "%.*s-%d%s", (int)(dot - out), out, i, dot);
+}
+
+/* rows (B, T, J) <- prompt rows (P, T, J), prompt-major: row b is prompt b / n. */
+static void repeat_rows(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src, int n)
+{
+    size_t row = kiln_tensor_nbytes(src) / (size_t)src->shape[0];
+    for (int64_t b = 0; b < dst->shape[0]; b++) {
+        kiln_tensor d = *dst, s = *src;
+        d.shape[0] = s.shape[0] = 1;
+        d.data = (char *)dst->data + (size_t)b * row;
+        s.data = (char *)src->data + (size_t)(b / n) * row;
+        kiln_be_copy(be, &d, &s);
+    }
+}
+
+static kiln_status read_latents(const char *path, int64_t B, int64_t N, int64_t C, float **out,
+                                kiln_err *err)
+{
+    kiln_st *st = kiln_st_open(path, "--latents-in", err);
+    if (!st)
+        return err->code;
+    const kiln_st_tensor *t = kiln_st_expect(st, "latents", 3, (int64_t[]){B, N, C}, err);
+    kiln_status rc = t ? KILN_OK : err->code;
+    if (t) {
+        *out = malloc((size_t)(B * N * C) * sizeof **out);
+        if (!*out)
+            rc = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        else if (kiln_convert_to_f32(*out, t->data, t->dtype, (size_t)(B * N * C)))
+            rc = kiln_err_set(err, KILN_ERR_FORMAT, "--latents-in: unsupported dtype");
+    }
+    kiln_st_close(st);
+    return rc;
+}
+
+static kiln_status write_latents(kiln_backend *be, const char *path, const kiln_tensor *lat,
+                                 kiln_err *err)
+{
+    float *host = malloc(kiln_tensor_numel(lat) * sizeof *host);
+    if (!host)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    kiln_be_download(be, lat, host);
+    kiln_status rc = kiln_be_check(be, err);
+    if (!rc) {
+        kiln_st_entry e = {.name = "latents", .dtype = KILN_F32, .ndim = 3, .data = host};
+        memcpy(e.shape, lat->shape, sizeof e.shape);
+        rc = kiln_st_write(path, &e, 1, err);
+    }
+    free(host);
+    return rc;
+}
+
+typedef struct cli_run {
+    kiln_checkpoint *ck;
+    kiln_backend *be;
+    kiln_encode_stage *enc;
+    kiln_denoise_stage *den;
+    kiln_decode_stage *dec;
+    kiln_image refs[KILN_MAX_REFS];
+    kiln_image *out_images;
+    kiln_tensor emb_p, emb, neg_p, neg, ref_tokens, latents;
+    int32_t *ref_ids;
+    uint64_t *seeds;
+    float *latents_in;
+    int64_t B;
+} cli_run;
+
+static void cli_run_free(cli_run *r, const cli_gen_opts *o)
+{
+    kiln_backend *be = r->be;
+    if (be) {
+        kiln_be_free(be, &r->emb_p), kiln_be_free(be, &r->emb), kiln_be_free(be, &r->neg_p);
+        kiln_be_free(be, &r->neg), kiln_be_free(be, &r->ref_tokens), kiln_be_free(be, &r->latents);
+    }
+    for (int i = 0; i < o->n_images; i++)
+        kiln_image_free(&r->refs[i]);
+    if (r->out_images)
+        for (int64_t i = 0; i < r->B; i++)
+            kiln_image_free(&r->out_images[i]);
+    free(r->out_images), free(r->ref_ids), free(r->seeds), free(r->latents_in);
+    kiln_encode_stage_destroy(r->enc);
+    kiln_denoise_stage_destroy(r->den);
+    kiln_decode_stage_destroy(r->dec);
+    kiln_backend_destroy(be);
+    kiln_checkpoint_close(r->ck);
+}
+
+static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
+{
+    r->ck = kiln_checkpoint_open(o->model, err);
+    if (!r->ck)
+        return err->code;
+    kiln_pipeline_kind kind = kiln_checkpoint_pipeline(r->ck);
+    if (kind != KILN_PIPE_FLUX2_KLEIN && kind != KILN_PIPE_FLUX2_KLEIN_KV)
+        return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "this command runs FLUX.2 klein checkpoints");
+    for (int i = 0; i < o->n_images; i++)
+        if (kiln_image_read_file(o->images[i], NULL, &r->refs[i], err))
+            return kiln_err_wrap(err, "--image %s", o->images[i]);
+    kiln_model_traits traits = kiln_model_traits_of(r->ck);
+    kiln_limits lim = KILN_LIMITS_CLI;
+    o->req.refs = r->refs, o->req.n_refs = o->n_images;
+    o->req.format = format_of(o->out);
+    for (int p = 0; p < o->n_prompts; p++) {
+        o->req.prompt = o->prompts[p];
+        if (kiln_request_resolve(&o->req, &traits, &lim, err))
+            return err->code;
+    }
+    kiln_request *q = &o->req;
+    int P = o->n_prompts;
+    r->B = (int64_t)P * q->n;
+    r->be = kiln_backend_create(o->device, o->gpu, err);
+    if (!r->be)
+        return err->code;
+    kiln_backend *be = r->be;
+
+    double t0 = kiln_now_ms();
+    kiln_encode_opts eo = {.n_out_layers = o->n_out_layers, .with_references = o->n_images > 0};
+    memcpy(eo.out_layers, o->out_layers, sizeof eo.out_layers);
+    r->enc = kiln_encode_stage_create(be, r->ck, &eo, err);
+    if (!r->enc)
+        return err->code;
+    int T = q->max_sequence_length;
+    if (kiln_encode_prompts(r->enc, o->prompts, P, T, &r->emb_p, NULL, err))
+        return err->code;
+    int64_t shape[] = {r->B, T, kiln_encode_stage_width(r->enc)};
+    if (kiln_be_alloc(be, &r->emb, be->act_dtype, 3, shape))
+        return kiln_be_check(be, err);
+    repeat_rows(be, &r->emb, &r->emb_p, q->n);
+    int use_cfg = traits.cfg && q->guidance > 1.0f;
+    if (use_cfg) {
+        const char *neg = q->negative_prompt ? q->negative_prompt : "";
+        if (kiln_encode_prompts(r->enc, &neg, 1, T, &r->neg_p, NULL, err) ||
+            kiln_be_alloc(be, &r->neg, be->act_dtype, 3, shape))
+            return err->code ? err->code : kiln_be_check(be, err);
+        repeat_rows(be, &r->neg, &r->neg_p, (int)r->B);
+    }
+    int64_t R = 0;
+    if (o->n_images &&
+        kiln_encode_references(r->enc, r->refs, o->n_images, &r->ref_tokens, &r->ref_ids, &R, err))
+        return err->code;
+    if (kiln_be_check(be, err))
+        return err->code;
+    double t1 = kiln_now_ms();
+
+    r->den = kiln_denoise_stage_create(be, r->ck, err);
+    if (!r->den)
+        return err->code;
+    r->seeds = malloc((size_t)r->B * sizeof *r->seeds);
+    if (!r->seeds)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < r->B; i++)
+        r->seeds[i] = q->seed + (uint64_t)i;
+    int64_t N = (int64_t)(q->height / 16) * (q->width / 16);
+    if (o->latents_in &&
+        read_latents(o->latents_in, r->B, N, kiln_denoise_stage_channels(r->den), &r->latents_in, err))
+        return err->code;
+    kiln_denoise_job job = {
+        .B = r->B, .embeds = &r->emb, .neg_embeds = use_cfg ? &r->neg : NULL,
+        .width = q->width, .height = q->height, .steps = q->steps, .guidance = q->guidance,
+        .seeds = r->seeds, .batch_noise = q->batch_noise, .fp32_noise = o->fp32_noise,
+        .latents_in = r->latents_in, .ref_tokens = R ? &r->ref_tokens : NULL,
+        .ref_ids = r->ref_ids, .R = R,
+    };
+    if (kiln_denoise_run(r->den, &job, &r->latents, err))
+        return err->code;
+    double t2 = kiln_now_ms();
+    if (o->latents_out && write_latents(be, o->latents_out, &r->latents, err))
+        return err->code;
+
+    r->dec = kiln_decode_stage_create(be, r->ck, err);
+    if (!r->dec)
+        return err->code;
+    r->out_images = calloc((size_t)r->B, sizeof *r->out_images);
+    if (!r->out_images)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    if (kiln_decode_run(r->dec, &r->latents, q->width, q->height, r->out_images, NULL, err))
+        return err->code;
+    kiln_image_encode_opts eopts = KILN_IMAGE_ENCODE_DEFAULTS;
+    eopts.format = q->format;
+    eopts.quality = q->compression;
+    for (int64_t i = 0; i < r->B; i++) {
+        char name[4096];
+        output_name(name, sizeof name, o->out, (int)i, (int)r->B);
+        if (kiln_image_write_file(name, &r->out_images[i], &eopts, err))
+            return err->code;
+    }
+    double t3 = kiln_now_ms();
+    KILN_LOG_INFO("%lld image(s) %dx%d, %d steps: encode %.1f ms, denoise %.1f ms, decode %.1f ms",
+                  (long long)r->B, q->width, q->height, q->steps, t1 - t0, t2 - t1, t3 - t2);
+    return KILN_OK;
+}
+
+int cli_run_pipeline(const char *cmd, cli_gen_opts *o)
+{
+    kiln_err err = {0};
+    cli_run r = {0};
+    kiln_status st = run(&r, o, &err);
+    cli_run_free(&r, o);
+    return st ? fail(cmd, &err) : 0;
+}
