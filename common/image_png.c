@@ -153,8 +153,8 @@ static kiln_status png_decode_run(png_dec *d, const kiln_image_limits *limits)
         png_set_expand_gray_1_2_4_to_8(d->png);
     if (depth == 16 && !gray16)
         png_set_strip_16(d->png); /* keeps the high byte, like PIL's "RGB;16B" unpacker */
-    if (color & PNG_COLOR_MASK_ALPHA)
-        png_set_strip_alpha(d->png);
+    /* Also for palettes, whose tRNS chunk the expansion turns into alpha. */
+    png_set_strip_alpha(d->png);
     if ((color == PNG_COLOR_TYPE_GRAY && !gray16) || color == PNG_COLOR_TYPE_GRAY_ALPHA)
         png_set_gray_to_rgb(d->png);
     png_set_interlace_handling(d->png);

@@ -1,11 +1,11 @@
 /* LANCZOS resampling, bit-exact with Pillow's Image.resize on 8-bit RGB
  * (libImaging/Resample.c: precompute_coeffs, normalize_coeffs_8bpc,
  * ImagingResampleHorizontal_8bpc / Vertical_8bpc, ImagingResampleInner).
- * Every floating-point expression keeps Pillow's operation order (for
- * example the tap position is multiplied by 1/filterscale, not divided by
- * filterscale) because a one-ulp difference in a weight can move its 22-bit
- * fixed-point rounding.  spec/pipeline.md section 8 describes the same
- * algorithm. */
+ * Every floating-point expression keeps Pillow's operation order (the tap
+ * position is multiplied by 1/filterscale, not divided by filterscale) so
+ * the double weights are the same bits: a one-ulp difference could move a
+ * 22-bit fixed-point rounding.  spec/pipeline.md section 8 describes the
+ * same algorithm. */
 #include "image.h"
 
 #include <math.h>
