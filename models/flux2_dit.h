@@ -39,6 +39,7 @@
 #ifndef KILN_MODELS_FLUX2_DIT_H
 #define KILN_MODELS_FLUX2_DIT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -89,6 +90,9 @@ kiln_flux2_dit *kiln_flux2_dit_load(kiln_backend *be, const kiln_checkpoint *ck,
 void kiln_flux2_dit_destroy(kiln_flux2_dit *m);
 
 const kiln_flux2_dit_config *kiln_flux2_dit_get_config(const kiln_flux2_dit *m);
+/* Bytes of backend scratch memory held for activations: it grows with the
+ * first forward of a larger shape and stays put for repeats of a shape. */
+size_t kiln_flux2_dit_scratch_bytes(const kiln_flux2_dit *m);
 
 /* --- reference K/V cache ------------------------------------------------ */
 

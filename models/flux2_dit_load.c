@@ -298,3 +298,8 @@ const kiln_flux2_dit_config *kiln_flux2_dit_get_config(const kiln_flux2_dit *m)
 {
     return &m->cfg;
 }
+
+size_t kiln_flux2_dit_scratch_bytes(const kiln_flux2_dit *m)
+{
+    return kiln_arena_capacity(m->fwd) + kiln_arena_capacity(m->blk);
+}

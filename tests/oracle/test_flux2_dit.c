@@ -426,6 +426,7 @@ static void run_case(const case_info *ci)
         goto out;
     const int64_t B = cd.B, N = cd.N, R = cd.R, C = 32;
     int call = 0;
+    size_t scratch = 0;
     for (int64_t i = 0; i < cd.steps; i++) {
         float *lat = cd.lat_init;
         char key[64];
@@ -474,6 +475,12 @@ static void run_case(const case_info *ci)
                 fprintf(stderr, "  %-40s rel err %.3g\n", what, compare(&out, want, n, what));
             }
             free(want);
+            /* Calls after the second find their scratch memory in place
+             * (the first reset after a first forward merges its blocks). */
+            size_t now = kiln_flux2_dit_scratch_bytes(m);
+            CHECKF(call < 2 || now == scratch, "call %d: scratch %zu -> %zu bytes", call,
+                   scratch, now);
+            scratch = now;
         }
         if (mode == KILN_FLUX2_KV_EXTRACT)
             CHECK(kiln_flux2_kv_cache_tokens(kv) == R);
