@@ -84,11 +84,13 @@ static kiln_status check_act(const kiln_flux2_dit *m, const kiln_tensor *t, cons
 {
     char buf[96];
     if (t->ndim != 3 || t->dtype != m->be->act_dtype || t->shape[0] < 1 || t->shape[1] < 1 ||
-        (B && t->shape[0] != B) || t->shape[2] != cols || !t->data)
+        (B && t->shape[0] != B) || t->shape[2] != cols || !t->data) {
+        const char *dt = kiln_dtype_name(t->dtype);
         return kiln_err_set(err, KILN_ERR_INVALID,
                             "flux2 dit: %s has shape %s %s, expected (%s, rows, %lld) %s", what,
-                            kiln_tensor_shape_str(t, buf, sizeof buf), kiln_dtype_name(t->dtype),
+                            kiln_tensor_shape_str(t, buf, sizeof buf), dt ? dt : "?",
                             B ? "B" : "batch", (long long)cols, kiln_dtype_name(m->be->act_dtype));
+    }
     return KILN_OK;
 }
 
