@@ -83,7 +83,10 @@ kiln_status kiln_image_encode(const kiln_image *img, const kiln_image_encode_opt
         if (o.png_filter < KILN_PNG_FILTER_NONE || o.png_filter > KILN_PNG_FILTER_ADAPTIVE)
             return kiln_err_set(err, KILN_ERR_INVALID, "unknown PNG filter %d",
                                 (int)o.png_filter);
-        return kiln_image_png_encode(img, o.png_level, o.png_filter, out, err);
+        if (o.png_strategy != KILN_PNG_STRATEGY_RLE && o.png_strategy != KILN_PNG_STRATEGY_LZ77)
+            return kiln_err_set(err, KILN_ERR_INVALID, "unknown PNG strategy %d",
+                                (int)o.png_strategy);
+        return kiln_image_png_encode(img, o.png_level, o.png_filter, o.png_strategy, out, err);
     case KILN_IMAGE_JPEG:
     case KILN_IMAGE_WEBP:
         if (o.quality < 0 || o.quality > 100)

@@ -12,7 +12,7 @@
 #include "image.h"
 
 kiln_status kiln_image_png_encode(const kiln_image *img, int level, kiln_png_filter filter,
-                                  kiln_buf *out, kiln_err *err);
+                                  kiln_png_strategy strategy, kiln_buf *out, kiln_err *err);
 kiln_status kiln_image_jpeg_encode(const kiln_image *img, int quality, kiln_buf *out,
                                    kiln_err *err);
 kiln_status kiln_image_webp_encode(const kiln_image *img, int quality, kiln_buf *out,

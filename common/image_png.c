@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 /* ---- shared ---- */
 
@@ -59,7 +60,7 @@ static void enc_flush(png_structp png)
 }
 
 static kiln_status png_encode_run(png_enc *e, const kiln_image *img, int level,
-                                  kiln_png_filter filter)
+                                  kiln_png_filter filter, kiln_png_strategy strategy)
 {
     static const int filters[] = {
         [KILN_PNG_FILTER_NONE] = PNG_FILTER_NONE, [KILN_PNG_FILTER_SUB] = PNG_FILTER_SUB,
@@ -70,6 +71,8 @@ static kiln_status png_encode_run(png_enc *e, const kiln_image *img, int level,
         return e->c.st ? e->c.st : kiln_err_set(e->c.err, KILN_ERR_INTERNAL, "PNG encoder failed");
     png_set_write_fn(e->png, e, enc_write, enc_flush);
     png_set_compression_level(e->png, level);
+    if (strategy == KILN_PNG_STRATEGY_RLE)
+        png_set_compression_strategy(e->png, Z_RLE);
     png_set_filter(e->png, PNG_FILTER_TYPE_BASE, filters[filter]);
     /* No tIME, text or gamma chunks: the bytes depend on the pixels only. */
     png_set_IHDR(e->png, e->info, (png_uint_32)img->width, (png_uint_32)img->height, 8,
@@ -84,7 +87,7 @@ static kiln_status png_encode_run(png_enc *e, const kiln_image *img, int level,
 }
 
 kiln_status kiln_image_png_encode(const kiln_image *img, int level, kiln_png_filter filter,
-                                  kiln_buf *out, kiln_err *err)
+                                  kiln_png_strategy strategy, kiln_buf *out, kiln_err *err)
 {
     png_enc e = {.c = {.err = err, .lib_code = KILN_ERR_INTERNAL, .what = "PNG encoder"},
                  .out = out};
@@ -93,7 +96,7 @@ kiln_status kiln_image_png_encode(const kiln_image *img, int level, kiln_png_fil
     if (!e.png)
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory creating a PNG encoder");
     e.info = png_create_info_struct(e.png);
-    kiln_status st = e.info ? png_encode_run(&e, img, level, filter)
+    kiln_status st = e.info ? png_encode_run(&e, img, level, filter, strategy)
                             : kiln_err_set(err, KILN_ERR_NOMEM, "out of memory creating a PNG encoder");
     png_destroy_write_struct(&e.png, &e.info);
     if (st)
