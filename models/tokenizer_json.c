@@ -61,7 +61,7 @@ static kiln_status check_pipeline(const cJSON *root, const cJSON *model, kiln_er
         return unsupported(err, "the pre_tokenizer");
     const cJSON *post = get(root, "post_processor");
     if (post && !cJSON_IsNull(post) && !is_type(post, "ByteLevel"))
-        return unsupported(err, "the post_processor (it would add tokens)");
+        return unsupported(err, "the post_processor");
     if (!is_type(model, "BPE"))
         return unsupported(err, "model.type");
     static const char *const opts[] = {"dropout", "byte_fallback", "ignore_merges",
