@@ -1,0 +1,210 @@
+/* The whole klein pipeline (engine stages on the CPU backend) against every
+ * klein case of the diffusers fp32 oracle: prompt embeddings, reference
+ * tokens, initial noise (bit for bit), final latents (relative error < 1e-4)
+ * and the 8-bit image (PSNR >= 50 dB against the reference PNG).
+ * Usage: test_pipeline CASE */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/image.h"
+#include "common/json.h"
+#include "engine/decode_stage.h"
+#include "engine/denoise_stage.h"
+#include "engine/encode_stage.h"
+#include "oracle_util.h"
+#include "tests/test.h"
+
+static kiln_backend *be;
+
+static double compare_dev(const kiln_tensor *t, const float *ref, const char *what)
+{
+    int64_t n = kiln_tensor_numel(t);
+    float *host = malloc((size_t)n * sizeof *host);
+    kiln_be_download(be, t, host);
+    double e = test_rel_err(host, ref, (size_t)n);
+    fprintf(stderr, "  %-22s rel err %.3g\n", what, e);
+    free(host);
+    return e;
+}
+
+/* The KV pipeline is chosen by model_index.json, so the KV case runs a copy
+ * of klein-tiny whose index names Flux2KleinKVPipeline (components linked). */
+static const char *kv_checkpoint(const char *src, char *dir)
+{
+    snprintf(dir, PATH_MAX, "/tmp/kiln-kv-ckpt-XXXXXX");
+    if (!mkdtemp(dir))
+        return NULL;
+    const char *parts[] = {"text_encoder", "tokenizer", "transformer", "vae", "scheduler"};
+    char a[PATH_MAX], b[PATH_MAX];
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+        if (snprintf(a, sizeof a, "%s/%s", src, parts[i]) >= (int)sizeof a ||
+            snprintf(b, sizeof b, "%s/%s", dir, parts[i]) >= (int)sizeof b || symlink(a, b))
+            return NULL;
+    }
+    if (snprintf(b, sizeof b, "%s/model_index.json", dir) >= (int)sizeof b)
+        return NULL;
+    FILE *f = fopen(b, "w");
+    if (!f)
+        return NULL;
+    fputs("{\"_class_name\": \"Flux2KleinKVPipeline\", \"scheduler\": [\"diffusers\", "
+          "\"FlowMatchEulerDiscreteScheduler\"], \"text_encoder\": [\"transformers\", "
+          "\"Qwen3ForCausalLM\"], \"tokenizer\": [\"transformers\", \"Qwen2TokenizerFast\"], "
+          "\"transformer\": [\"diffusers\", \"Flux2Transformer2DModel\"], \"vae\": "
+          "[\"diffusers\", \"AutoencoderKLFlux2\"]}\n", f);
+    fclose(f);
+    return dir;
+}
+
+static void run_case(const char *name)
+{
+    cJSON *meta = oracle_meta(name);
+    kiln_err err = {0};
+    char ckpt_src[PATH_MAX], kv_dir[PATH_MAX];
+    snprintf(ckpt_src, sizeof ckpt_src, "%s",
+             oracle_path(cJSON_GetObjectItem(meta, "checkpoint")->valuestring));
+    int kv = !strcmp(cJSON_GetObjectItem(meta, "pipeline")->valuestring, "klein_kv");
+    const char *ckpt = kv ? kv_checkpoint(ckpt_src, kv_dir) : ckpt_src;
+    CHECK(ckpt != NULL);
+    kiln_checkpoint *ck = kiln_checkpoint_open(ckpt, &err);
+    CHECKF(ck != NULL, "%s", err.msg);
+    kiln_st *ref = oracle_open(name, "ref_fp32.safetensors");
+
+    cJSON *prompts = cJSON_GetObjectItem(meta, "prompts");
+    int P = cJSON_GetArraySize(prompts);
+    const char *texts[8];
+    for (int i = 0; i < P && i < 8; i++)
+        texts[i] = cJSON_GetArrayItem(prompts, i)->valuestring;
+    int height = cJSON_GetObjectItem(meta, "output_hw")->child->valueint;
+    int width = cJSON_GetObjectItem(meta, "output_hw")->child->next->valueint;
+    int steps = cJSON_GetObjectItem(meta, "steps")->valueint;
+    cJSON *g = cJSON_GetObjectItem(meta, "guidance");
+    float guidance = g ? (float)g->valuedouble : 1.0f;
+    int max_seq = cJSON_GetObjectItem(meta, "max_seq")->valueint;
+    cJSON *refs_wh = cJSON_GetObjectItem(meta, "ref_sizes_wh");
+    int n_refs = refs_wh ? cJSON_GetArraySize(refs_wh) : 0;
+
+    kiln_encode_opts eo = {.with_references = n_refs > 0};
+    cJSON *layer;
+    cJSON_ArrayForEach(layer, cJSON_GetObjectItem(meta, "text_encoder_out_layers"))
+        eo.out_layers[eo.n_out_layers++] = layer->valueint;
+    kiln_encode_stage *enc = kiln_encode_stage_create(be, ck, &eo, &err);
+    CHECKF(enc != NULL, "%s", err.msg);
+    kiln_model_traits traits = kiln_model_traits_of(ck);
+    CHECK(traits.kv_cache == kv);
+
+    kiln_tensor emb = {0}, neg = {0}, ref_tokens = {0}, lat = {0};
+    CHECKF(kiln_encode_prompts(enc, texts, P, max_seq, &emb, NULL, &err) == KILN_OK, "%s", err.msg);
+    float *want = oracle_f32(ref, "prompt_embeds", NULL);
+    CHECK(compare_dev(&emb, want, "prompt_embeds") < 1e-4);
+    free(want);
+    int cfg = traits.cfg && guidance > 1.0f;
+    if (cfg) {
+        const char *empty = "";
+        CHECK(kiln_encode_prompts(enc, &empty, 1, max_seq, &neg, NULL, &err) == KILN_OK);
+        want = oracle_f32(ref, "neg_prompt_embeds", NULL);
+        CHECK(want && compare_dev(&neg, want, "neg_prompt_embeds") < 1e-4);
+        free(want);
+    }
+
+    kiln_image images[8] = {{0}};
+    int32_t *ref_ids = NULL;
+    int64_t R = 0;
+    for (int k = 0; k < n_refs; k++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "cases/%s/input_ref%d.png", name, k);
+        CHECK(kiln_image_read_file(oracle_path(rel), NULL, &images[k], &err) == KILN_OK);
+    }
+    if (n_refs) {
+        CHECKF(kiln_encode_references(enc, images, n_refs, &ref_tokens, &ref_ids, &R, &err) ==
+                   KILN_OK, "%s", err.msg);
+        want = oracle_f32(ref, "image_latents_packed", NULL);
+        CHECK(compare_dev(&ref_tokens, want, "image_latents_packed") < 1e-4);
+        free(want);
+        float *ids = oracle_f32(ref, "image_latent_ids", NULL);
+        for (int64_t i = 0; i < R * 4; i++)
+            CHECK(ids[i] == (float)ref_ids[i]);
+        free(ids);
+    }
+
+    kiln_denoise_stage *den = kiln_denoise_stage_create(be, ck, &err);
+    CHECKF(den != NULL, "%s", err.msg);
+    uint64_t seeds[8];
+    for (int b = 0; b < P; b++)
+        seeds[b] = (uint64_t)cJSON_GetObjectItem(meta, "seed")->valuedouble;
+    /* The oracle draws the batch from one generator. */
+    kiln_denoise_job job = {.B = P, .embeds = &emb, .neg_embeds = cfg ? &neg : NULL,
+                            .width = width, .height = height, .steps = steps,
+                            .guidance = guidance, .seeds = seeds, .batch_noise = 1,
+                            .ref_tokens = R ? &ref_tokens : NULL, .ref_ids = ref_ids, .R = R};
+    int64_t N = (int64_t)(height / 16) * (width / 16), C = kiln_denoise_stage_channels(den);
+    float *noise = malloc((size_t)(P * N * C) * sizeof *noise);
+    CHECK(kiln_denoise_noise(den, &job, noise, &err) == KILN_OK);
+    want = oracle_f32(ref, "latents_init_packed", NULL);
+    CHECKF(memcmp(noise, want, (size_t)(P * N * C) * sizeof *noise) == 0,
+           "initial noise is not bit-identical");
+    free(want), free(noise);
+
+    CHECKF(kiln_denoise_run(den, &job, &lat, &err) == KILN_OK, "%s", err.msg);
+    char key[64];
+    snprintf(key, sizeof key, "latents_step.%d", steps - 1);
+    want = oracle_f32(ref, key, NULL);
+    CHECK(compare_dev(&lat, want, "final latents") < 1e-4);
+    free(want);
+
+    kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
+    CHECKF(dec != NULL, "%s", err.msg);
+    kiln_image out[8] = {{0}};
+    CHECKF(kiln_decode_run(dec, &lat, width, height, out, NULL, &err) == KILN_OK, "%s", err.msg);
+    for (int b = 0; b < P; b++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "cases/%s/image_fp32_%d.png", name, b);
+        kiln_image png = {0};
+        CHECK(kiln_image_read_file(oracle_path(rel), NULL, &png, &err) == KILN_OK);
+        double psnr = oracle_psnr_u8(out[b].pixels, png.pixels, (size_t)width * height * 3);
+        fprintf(stderr, "  image %d PSNR %.2f dB\n", b, psnr);
+        CHECK(psnr >= 50.0);
+        kiln_image_free(&png);
+        kiln_image_free(&out[b]);
+    }
+
+    for (int k = 0; k < n_refs; k++)
+        kiln_image_free(&images[k]);
+    kiln_be_free(be, &emb), kiln_be_free(be, &neg), kiln_be_free(be, &ref_tokens);
+    kiln_be_free(be, &lat);
+    free(ref_ids);
+    kiln_decode_stage_destroy(dec);
+    kiln_denoise_stage_destroy(den);
+    kiln_encode_stage_destroy(enc);
+    kiln_st_close(ref);
+    kiln_checkpoint_close(ck);
+    cJSON_Delete(meta);
+    if (kv) {
+        const char *parts[] = {"text_encoder", "tokenizer", "transformer", "vae", "scheduler",
+                               "model_index.json"};
+        char p[PATH_MAX];
+        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+            if (snprintf(p, sizeof p, "%s/%s", kv_dir, parts[i]) < (int)sizeof p)
+                unlink(p);
+        }
+        rmdir(kv_dir);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_pipeline CASE\n");
+        return 2;
+    }
+    kiln_err err = {0};
+    be = kiln_backend_create("cpu", 0, &err);
+    if (!be)
+        return 1;
+    run_case(argv[1]);
+    kiln_backend_destroy(be);
+    return test_finish();
+}
