@@ -1,0 +1,167 @@
+/* The CUDA backend: bf16 activations and weights, fp32 accumulation, one
+ * stream per instance.  This file creates and destroys instances and holds
+ * the error plumbing; the ops live in the other files of kernels/cuda/. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+
+int cuda_ok(kiln_backend *be, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 1;
+    kiln_be_fail(be, KILN_ERR_DEVICE, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+    return 0;
+}
+
+int cuda_launched(kiln_backend *be, const char *kernel)
+{
+    return cuda_ok(be, cudaGetLastError(), kernel);
+}
+
+int cuda_enter(kiln_backend *be)
+{
+    return cuda_ok(be, cudaSetDevice(cuda_of(be)->device), "cudaSetDevice");
+}
+
+void *cuda_scratch(kiln_backend *be, size_t bytes)
+{
+    cuda_impl *c = cuda_of(be);
+    if (bytes <= c->scratch_bytes)
+        return c->scratch;
+    /* Earlier ops on the stream may still read the old buffer. */
+    if (!cuda_ok(be, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize") ||
+        !cuda_ok(be, cudaFree(c->scratch), "cudaFree"))
+        return NULL;
+    c->scratch = NULL;
+    c->scratch_bytes = 0;
+    size_t want = bytes < (1u << 16) ? (1u << 16) : bytes;
+    if (!cuda_ok(be, cudaMalloc(&c->scratch, want), "cudaMalloc(scratch)"))
+        return NULL;
+    c->scratch_bytes = want;
+    return c->scratch;
+}
+
+static void cuda_destroy(kiln_backend *be)
+{
+    cuda_impl *c = cuda_of(be);
+    if (c) {
+        /* Teardown is best effort: a failing device must not leak the host side. */
+        cudaSetDevice(c->device);
+        if (c->stream)
+            cudaStreamSynchronize(c->stream);
+        cuda_linear_fini(be);
+        if (c->lt)
+            cublasLtDestroy(c->lt);
+        cudaFree(c->lt_workspace);
+        cudaFree(c->scratch);
+        if (c->stream)
+            cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(be);
+}
+
+static const kiln_backend_ops cuda_ops = {
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .sync = cuda_sync,
+    .linear = cuda_linear,
+    .rms_norm = cuda_rms_norm,
+    .layer_norm_mod = cuda_layer_norm_mod,
+    .group_norm = cuda_group_norm,
+    .rope = cuda_rope,
+    .attention = cuda_attention,
+    .silu = cuda_silu,
+    .swiglu = cuda_swiglu,
+    .add = cuda_add,
+    .gated_add = cuda_gated_add,
+    .euler_step = cuda_euler_step,
+    .cfg = cuda_cfg,
+    .copy_rows = cuda_copy_rows,
+    .copy_cols = cuda_copy_cols,
+    .transpose = cuda_transpose,
+    .conv2d = cuda_conv2d,
+    .upsample_nearest2x = cuda_upsample_nearest2x,
+    .destroy = cuda_destroy,
+};
+
+/* 32 MiB covers cuBLASLt's largest Hopper kernels' split-K workspace. */
+#define LT_WORKSPACE_BYTES (32u << 20)
+
+/* Creation errors: KILN_ERR_UNAVAILABLE when the machine has no usable CUDA
+ * device or driver (callers and tests treat that as "no GPU here"),
+ * KILN_ERR_INVALID for a device index out of range, KILN_ERR_DEVICE for any
+ * other CUDA failure, including a build whose kernels do not match the GPU.
+ * Declared in kernels/backend_impl.h (only under KILN_HAVE_CUDA, which the C
+ * side of the build defines), hence the explicit C linkage here. */
+extern "C" kiln_backend *kiln_cuda_backend_create(int device, kiln_err *err)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || (e == cudaSuccess && !count)) {
+        kiln_err_set(err, KILN_ERR_UNAVAILABLE, "no usable CUDA device: %s",
+                     e == cudaSuccess ? "none found" : cudaGetErrorString(e));
+        return NULL;
+    }
+    if (e != cudaSuccess) {
+        kiln_err_set(err, KILN_ERR_DEVICE, "cuda: cudaGetDeviceCount: %s", cudaGetErrorString(e));
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        kiln_err_set(err, KILN_ERR_INVALID, "CUDA device %d does not exist (%d found)", device,
+                     count);
+        return NULL;
+    }
+    kiln_backend *be = (kiln_backend *)calloc(1, sizeof *be);
+    cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    be->ops = &cuda_ops;
+    be->name = "cuda";
+    be->act_dtype = KILN_BF16;
+    be->device = device;
+    be->impl = c;
+    c->device = device;
+    c->lt_workspace_bytes = LT_WORKSPACE_BYTES;
+
+    cudaDeviceProp prop;
+    if (cuda_enter(be) && cuda_ok(be, cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties")) {
+        c->num_sms = prop.multiProcessorCount;
+        /* mma.sync bf16 and cp.async need compute capability 8.0 or newer. */
+        if (prop.major < 8)
+            kiln_be_fail(be, KILN_ERR_UNSUPPORTED,
+                         "CUDA device %d (%s) has compute capability %d.%d; kiln needs 8.0+",
+                         device, prop.name, prop.major, prop.minor);
+    }
+    if (!be->error.code &&
+        cuda_ok(be, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
+                "cudaStreamCreate") &&
+        cuda_ok(be, cudaMalloc(&c->lt_workspace, c->lt_workspace_bytes), "cudaMalloc(workspace)")) {
+        cublasStatus_t bs = cublasLtCreate(&c->lt);
+        if (bs != CUBLAS_STATUS_SUCCESS)
+            kiln_be_fail(be, KILN_ERR_DEVICE, "cublasLtCreate: %s", cublasLtGetStatusString(bs));
+    }
+    /* These also prove that the build holds kernels for this GPU: a missing
+     * image fails here, with a clear message, instead of at the first op. */
+    if (!be->error.code && cuda_linear_init(be) && cuda_attention_init(be))
+        cuda_conv_init(be);
+    if (be->error.code) {
+        kiln_err_set(err, be->error.code, "%s", be->error.msg);
+        if (strstr(err->msg, "no kernel image") || strstr(err->msg, "NoKernelImage"))
+            kiln_err_wrap(err, "this kiln was built for other GPUs (meson -Dgpu_gencode=...)");
+        cuda_destroy(be);
+        return NULL;
+    }
+    return be;
+}

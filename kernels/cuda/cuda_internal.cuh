@@ -1,0 +1,173 @@
+/* Internals shared by the CUDA backend's files (kernels/cuda/): the instance
+ * state, error plumbing and small device helpers.
+ *
+ *   void cuda_silu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
+ *   {
+ *       if (!cuda_enter(be) || CUDA_REQUIRE(be, kiln_tensor_numel(y) == n)) return;
+ *       silu_kernel<<<grid, 256, 0, cuda_stream(be)>>>(...);
+ *       cuda_launched(be, "silu");
+ *   }
+ *
+ * Every op runs asynchronously on the instance's one stream; only download()
+ * and sync() wait.  A CUDA/cuBLAS failure or a caller bug becomes the sticky
+ * error of kernels/backend.h (first one wins), and later ops are skipped by
+ * the kiln_be_* wrappers.  One instance is used by one thread at a time. */
+#ifndef KILN_CUDA_INTERNAL_CUH
+#define KILN_CUDA_INTERNAL_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "kernels/backend.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+struct cuda_linear_cache; /* cuda_linear.cu */
+
+typedef struct cuda_impl {
+    int device;
+    int num_sms;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_workspace; /* allocated once at creation */
+    size_t lt_workspace_bytes;
+    struct cuda_linear_cache *linear_cache;
+    void *scratch; /* small per-op scratch (group-norm partials), grows on demand */
+    size_t scratch_bytes;
+} cuda_impl;
+
+static inline cuda_impl *cuda_of(kiln_backend *be) { return (cuda_impl *)be->impl; }
+static inline cudaStream_t cuda_stream(kiln_backend *be) { return cuda_of(be)->stream; }
+
+/* Records `e` as the sticky KILN_ERR_DEVICE error; returns 1 when e is
+ * cudaSuccess (so calls read `if (!cuda_ok(be, cudaX(...), "cudaX")) return;`). */
+int cuda_ok(kiln_backend *be, cudaError_t e, const char *what);
+/* Checks the launch of the kernel just queued (bad configuration, missing
+ * kernel image).  Returns 1 when it was queued. */
+int cuda_launched(kiln_backend *be, const char *kernel);
+/* Makes the instance's device current for the calling thread; 0 on failure. */
+int cuda_enter(kiln_backend *be);
+/* Scratch device memory of at least `bytes`, valid until the next call.
+ * Growing waits for the stream; steady-state calls allocate nothing. */
+void *cuda_scratch(kiln_backend *be, size_t bytes);
+
+#define CUDA_REQUIRE(be, cond)                                                           \
+    ((cond) ? 0                                                                          \
+            : (kiln_be_fail((be), KILN_ERR_INTERNAL, "cuda backend: %s: check failed: %s", \
+                            __func__, #cond),                                            \
+               1))
+
+/* Grid size for a grid-stride loop over n elements with 256-thread blocks. */
+static inline unsigned cuda_blocks(kiln_backend *be, int64_t n)
+{
+    int64_t want = (n + 255) / 256, cap = (int64_t)cuda_of(be)->num_sms * 32;
+    if (want < 1)
+        want = 1;
+    return (unsigned)(want < cap ? want : cap);
+}
+
+/* --- device helpers ------------------------------------------------------ */
+
+/* Elementwise ops accept BF16 or F32 tensors per operand; the flag is
+ * uniform across the grid, so the branch costs nothing next to the load. */
+__device__ __forceinline__ float ld_act(const void *p, int64_t i, int is_bf16)
+{
+    return is_bf16 ? __bfloat162float(((const bf16 *)p)[i]) : ((const float *)p)[i];
+}
+
+__device__ __forceinline__ void st_act(void *p, int64_t i, float v, int is_bf16)
+{
+    if (is_bf16)
+        ((bf16 *)p)[i] = __float2bfloat16_rn(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* Rounds to bf16 when the op's output is bf16: intermediate results that
+ * PyTorch materialises as bf16 tensors in the bf16 pipeline are rounded at
+ * the same points, so our outputs track diffusers' bit patterns closely. */
+__device__ __forceinline__ float rnd_act(float v, int is_bf16)
+{
+    return is_bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over a block of blockDim.x threads (a multiple of 32, at most 1024);
+ * every thread gets the result.  `red` holds 32 floats of shared memory. */
+__device__ __forceinline__ float block_sum(float v, float *red)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+static inline int is_bf16(const kiln_tensor *t) { return t->dtype == KILN_BF16; }
+static inline int is_act(const kiln_tensor *t)
+{
+    return t->dtype == KILN_BF16 || t->dtype == KILN_F32;
+}
+
+/* --- ops (one file per family) ------------------------------------------- */
+
+kiln_status cuda_alloc(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim,
+                       const int64_t *shape);
+void cuda_free(kiln_backend *be, kiln_tensor *t);
+void cuda_upload(kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype host_dtype);
+void cuda_download(kiln_backend *be, const kiln_tensor *src, float *host);
+void cuda_copy(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src);
+void cuda_sync(kiln_backend *be);
+
+int cuda_linear_init(kiln_backend *be);
+void cuda_linear_fini(kiln_backend *be);
+void cuda_linear(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                 const kiln_tensor *bias);
+
+void cuda_rms_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                   float eps);
+void cuda_layer_norm_mod(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                         const kiln_tensor *shift, const kiln_tensor *scale, float eps);
+void cuda_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                     const kiln_tensor *b, int groups, float eps, int silu);
+
+void cuda_rope(kiln_backend *be, kiln_tensor *x, const kiln_tensor *cos, const kiln_tensor *sin,
+               kiln_rope_mode mode);
+int cuda_attention_init(kiln_backend *be);
+void cuda_attention(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q, const kiln_tensor *k,
+                    const kiln_tensor *v, const kiln_attn_opts *opts);
+
+void cuda_silu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+void cuda_swiglu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+void cuda_add(kiln_backend *be, kiln_tensor *y, const kiln_tensor *a, const kiln_tensor *b);
+void cuda_gated_add(kiln_backend *be, kiln_tensor *x, const kiln_tensor *gate,
+                    const kiln_tensor *y);
+void cuda_euler_step(kiln_backend *be, kiln_tensor *x, const kiln_tensor *v, float dt);
+void cuda_cfg(kiln_backend *be, kiln_tensor *out, const kiln_tensor *pos, const kiln_tensor *neg,
+              float g);
+
+void cuda_copy_rows(kiln_backend *be, kiln_tensor *dst, int64_t dst_row0, const kiln_tensor *src,
+                    int64_t src_row0, int64_t n);
+void cuda_copy_cols(kiln_backend *be, kiln_tensor *dst, int64_t dst_col0, const kiln_tensor *src,
+                    int64_t src_col0, int64_t n);
+void cuda_transpose(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+void cuda_upsample_nearest2x(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+
+int cuda_conv_init(kiln_backend *be);
+void cuda_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                 const kiln_tensor *bias, int stride, const int pad[4]);
+
+#endif

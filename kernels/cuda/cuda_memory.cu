@@ -1,0 +1,257 @@
+/* CUDA backend memory and data movement: alloc/free, host transfers with dtype
+ * conversion, copies, row/column slices, batched transpose, nearest 2x
+ * upsampling.  Copies are byte moves, so they take tensors of any dtype. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+kiln_status cuda_alloc(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim,
+                       const int64_t *shape)
+{
+    memset(t, 0, sizeof *t);
+    if (ndim < 0 || ndim > KILN_MAX_DIMS || !kiln_dtype_size(dt)) {
+        kiln_be_fail(be, KILN_ERR_INTERNAL, "cuda backend: bad tensor spec (ndim %d, dtype %d)",
+                     ndim, (int)dt);
+        return KILN_ERR_INTERNAL;
+    }
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || (shape[i] && n > INT64_MAX / 8 / shape[i])) {
+            kiln_be_fail(be, KILN_ERR_INVALID, "cuda backend: bad tensor shape");
+            return KILN_ERR_INVALID;
+        }
+        n *= shape[i];
+    }
+    kiln_tensor_set_shape(t, dt, ndim, shape);
+    t->on_device = 1;
+    size_t bytes = kiln_tensor_nbytes(t);
+    if (!bytes || !cuda_enter(be))
+        return be->error.code;
+    cudaError_t e = cudaMalloc(&t->data, bytes);
+    if (e != cudaSuccess) {
+        t->data = NULL;
+        cudaGetLastError(); /* an allocation failure is not sticky in the runtime */
+        kiln_be_fail(be, e == cudaErrorMemoryAllocation ? KILN_ERR_NOMEM : KILN_ERR_DEVICE,
+                     "cuda: cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
+        return be->error.code;
+    }
+    return KILN_OK;
+}
+
+void cuda_free(kiln_backend *be, kiln_tensor *t)
+{
+    if (t->data && cuda_enter(be))
+        cuda_ok(be, cudaFree(t->data), "cudaFree");
+    t->data = NULL;
+}
+
+/* Host data is converted on the host into dst's dtype, then copied.  Uploads
+ * are weights and request inputs, off the per-step path, so they wait for
+ * the copy (which also lets the staging buffer go at once). */
+void cuda_upload(kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype host_dtype)
+{
+    size_t n = (size_t)kiln_tensor_numel(dst), bytes = kiln_tensor_nbytes(dst);
+    if (!n || !cuda_enter(be))
+        return;
+    const void *src = host;
+    void *staging = NULL;
+    if (host_dtype != dst->dtype) {
+        if (CUDA_REQUIRE(be, is_act(dst)))
+            return;
+        float *f = (float *)malloc(n * sizeof(float));
+        if (!f) {
+            kiln_be_fail(be, KILN_ERR_NOMEM, "cuda upload: out of host memory");
+            return;
+        }
+        if (kiln_convert_to_f32(f, host, host_dtype, n)) {
+            free(f);
+            kiln_be_fail(be, KILN_ERR_INTERNAL, "cuda upload: cannot convert from %s",
+                         kiln_dtype_name(host_dtype));
+            return;
+        }
+        if (dst->dtype == KILN_BF16) {
+            uint16_t *h = (uint16_t *)f; /* in place: element i is read before it is written */
+            for (size_t i = 0; i < n; i++)
+                h[i] = kiln_f32_to_bf16(f[i]);
+        }
+        staging = f;
+        src = f;
+    }
+    if (cuda_ok(be, cudaMemcpyAsync(dst->data, src, bytes, cudaMemcpyHostToDevice, cuda_stream(be)),
+                "cudaMemcpyAsync(upload)"))
+        cuda_ok(be, cudaStreamSynchronize(cuda_stream(be)), "cudaStreamSynchronize(upload)");
+    free(staging);
+}
+
+void cuda_download(kiln_backend *be, const kiln_tensor *src, float *host)
+{
+    size_t n = (size_t)kiln_tensor_numel(src), bytes = kiln_tensor_nbytes(src);
+    if (!n || !cuda_enter(be))
+        return;
+    void *raw = src->dtype == KILN_F32 ? (void *)host : malloc(bytes);
+    if (!raw) {
+        kiln_be_fail(be, KILN_ERR_NOMEM, "cuda download: out of host memory");
+        return;
+    }
+    if (cuda_ok(be, cudaMemcpyAsync(raw, src->data, bytes, cudaMemcpyDeviceToHost, cuda_stream(be)),
+                "cudaMemcpyAsync(download)") &&
+        cuda_ok(be, cudaStreamSynchronize(cuda_stream(be)), "cudaStreamSynchronize(download)") &&
+        raw != host && kiln_convert_to_f32(host, raw, src->dtype, n))
+        kiln_be_fail(be, KILN_ERR_INTERNAL, "cuda download: cannot convert from %s",
+                     kiln_dtype_name(src->dtype));
+    if (raw != host)
+        free(raw);
+}
+
+void cuda_copy(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src)
+{
+    if (CUDA_REQUIRE(be, dst->dtype == src->dtype &&
+                             kiln_tensor_numel(dst) == kiln_tensor_numel(src)) ||
+        !kiln_tensor_nbytes(src) || !cuda_enter(be))
+        return;
+    cuda_ok(be, cudaMemcpyAsync(dst->data, src->data, kiln_tensor_nbytes(src),
+                                cudaMemcpyDeviceToDevice, cuda_stream(be)),
+            "cudaMemcpyAsync(copy)");
+}
+
+void cuda_sync(kiln_backend *be)
+{
+    if (cuda_enter(be))
+        cuda_ok(be, cudaStreamSynchronize(cuda_stream(be)), "cudaStreamSynchronize");
+}
+
+/* Both slices are strided 2-D blocks, which is what cudaMemcpy2DAsync moves. */
+void cuda_copy_rows(kiln_backend *be, kiln_tensor *dst, int64_t dst_row0, const kiln_tensor *src,
+                    int64_t src_row0, int64_t n)
+{
+    if (CUDA_REQUIRE(be, dst->ndim == 3 && src->ndim == 3 && dst->dtype == src->dtype &&
+                             dst->shape[0] == src->shape[0] && dst->shape[2] == src->shape[2] &&
+                             dst_row0 >= 0 && src_row0 >= 0 && n >= 0 &&
+                             dst_row0 + n <= dst->shape[1] && src_row0 + n <= src->shape[1]))
+        return;
+    size_t es = kiln_dtype_size(dst->dtype), row = (size_t)dst->shape[2] * es;
+    if (!n || !row || !dst->shape[0] || !cuda_enter(be))
+        return;
+    cuda_ok(be, cudaMemcpy2DAsync((char *)dst->data + dst_row0 * row, dst->shape[1] * row,
+                                  (const char *)src->data + src_row0 * row, src->shape[1] * row,
+                                  n * row, dst->shape[0], cudaMemcpyDeviceToDevice,
+                                  cuda_stream(be)),
+            "cudaMemcpy2DAsync(copy_rows)");
+}
+
+void cuda_copy_cols(kiln_backend *be, kiln_tensor *dst, int64_t dst_col0, const kiln_tensor *src,
+                    int64_t src_col0, int64_t n)
+{
+    int64_t rows = kiln_tensor_rows(dst), dc = kiln_tensor_cols(dst), sc = kiln_tensor_cols(src);
+    if (CUDA_REQUIRE(be, dst->dtype == src->dtype && rows == kiln_tensor_rows(src) &&
+                             dst_col0 >= 0 && src_col0 >= 0 && n >= 0 && dst_col0 + n <= dc &&
+                             src_col0 + n <= sc))
+        return;
+    size_t es = kiln_dtype_size(dst->dtype);
+    if (!n || !rows || !cuda_enter(be))
+        return;
+    cuda_ok(be, cudaMemcpy2DAsync((char *)dst->data + dst_col0 * es, dc * es,
+                                  (const char *)src->data + src_col0 * es, sc * es, n * es, rows,
+                                  cudaMemcpyDeviceToDevice, cuda_stream(be)),
+            "cudaMemcpy2DAsync(copy_cols)");
+}
+
+/* 32x32 tiles through shared memory so both the read and the write are
+ * coalesced; the +1 column keeps the column reads free of bank conflicts. */
+template <typename T>
+__global__ void transpose_kernel(T *__restrict__ y, const T *__restrict__ x, int64_t batch,
+                                 int64_t m, int64_t n)
+{
+    __shared__ T tile[32][33];
+    int64_t j0 = (int64_t)blockIdx.x * 32, mtiles = (m + 31) / 32;
+    for (int64_t b = blockIdx.z; b < batch; b += gridDim.z)
+        for (int64_t ty = blockIdx.y; ty < mtiles; ty += gridDim.y) {
+            const T *xs = x + b * m * n;
+            T *ys = y + b * m * n;
+            int64_t i0 = ty * 32;
+            for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+                int64_t i = i0 + r, j = j0 + threadIdx.x;
+                if (i < m && j < n)
+                    tile[r][threadIdx.x] = xs[i * n + j];
+            }
+            __syncthreads();
+            for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+                int64_t j = j0 + r, i = i0 + threadIdx.x;
+                if (i < m && j < n)
+                    ys[j * m + i] = tile[threadIdx.x][r];
+            }
+            __syncthreads();
+        }
+}
+
+template <typename T>
+static void launch_transpose(kiln_backend *be, void *y, const void *x, int64_t batch, int64_t m,
+                             int64_t n)
+{
+    int64_t mtiles = (m + 31) / 32;
+    dim3 grid((unsigned)((n + 31) / 32), (unsigned)(mtiles < 65535 ? mtiles : 65535),
+              (unsigned)(batch < 65535 ? batch : 65535));
+    transpose_kernel<T><<<grid, dim3(32, 8), 0, cuda_stream(be)>>>((T *)y, (const T *)x, batch, m,
+                                                                   n);
+    cuda_launched(be, "transpose");
+}
+
+void cuda_transpose(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
+{
+    if (CUDA_REQUIRE(be, x->ndim >= 2 && y->ndim == x->ndim && y->dtype == x->dtype &&
+                             y->data != x->data))
+        return;
+    int64_t m = x->shape[x->ndim - 2], n = x->shape[x->ndim - 1];
+    if (CUDA_REQUIRE(be, y->shape[y->ndim - 2] == n && y->shape[y->ndim - 1] == m &&
+                             kiln_tensor_numel(y) == kiln_tensor_numel(x)))
+        return;
+    int64_t batch = m && n ? kiln_tensor_numel(x) / (m * n) : 0;
+    if (!batch || !cuda_enter(be))
+        return;
+    switch (kiln_dtype_size(x->dtype)) {
+    case 1: launch_transpose<uint8_t>(be, y->data, x->data, batch, m, n); break;
+    case 2: launch_transpose<uint16_t>(be, y->data, x->data, batch, m, n); break;
+    case 4: launch_transpose<uint32_t>(be, y->data, x->data, batch, m, n); break;
+    default: launch_transpose<uint64_t>(be, y->data, x->data, batch, m, n); break;
+    }
+}
+
+template <typename T>
+__global__ void upsample2x_kernel(T *__restrict__ y, const T *__restrict__ x, int64_t planes,
+                                  int64_t h, int64_t w)
+{
+    int64_t total = planes * 4 * h * w, w2 = 2 * w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t xx = i % w2, r = i / w2, yy = r % (2 * h), p = r / (2 * h);
+        y[i] = x[(p * h + yy / 2) * w + xx / 2];
+    }
+}
+
+template <typename T>
+static void launch_upsample(kiln_backend *be, void *y, const void *x, int64_t planes, int64_t h,
+                            int64_t w)
+{
+    upsample2x_kernel<T><<<cuda_blocks(be, planes * 4 * h * w), 256, 0, cuda_stream(be)>>>(
+        (T *)y, (const T *)x, planes, h, w);
+    cuda_launched(be, "upsample_nearest2x");
+}
+
+void cuda_upsample_nearest2x(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
+{
+    if (CUDA_REQUIRE(be, x->ndim == 4 && y->ndim == 4 && y->dtype == x->dtype &&
+                             y->shape[0] == x->shape[0] && y->shape[1] == x->shape[1] &&
+                             y->shape[2] == 2 * x->shape[2] && y->shape[3] == 2 * x->shape[3] &&
+                             y->data != x->data))
+        return;
+    int64_t planes = x->shape[0] * x->shape[1], h = x->shape[2], w = x->shape[3];
+    if (!planes || !h || !w || !cuda_enter(be))
+        return;
+    switch (kiln_dtype_size(x->dtype)) {
+    case 1: launch_upsample<uint8_t>(be, y->data, x->data, planes, h, w); break;
+    case 2: launch_upsample<uint16_t>(be, y->data, x->data, planes, h, w); break;
+    case 4: launch_upsample<uint32_t>(be, y->data, x->data, planes, h, w); break;
+    default: launch_upsample<uint64_t>(be, y->data, x->data, planes, h, w); break;
+    }
+}

@@ -1,0 +1,192 @@
+/* CUDA normalisations: RMSNorm (whole rows or per-head groups), LayerNorm
+ * without affine followed by adaLN modulation, GroupNorm with optional SiLU.
+ * Statistics are fp32; mean and variance are two passes over the row (the
+ * second from cache), never E[x^2] - E[x]^2. */
+#include "cuda_internal.cuh"
+
+/* One warp per group of g elements.  transformers' Qwen3RMSNorm and
+ * diffusers' RMSNorm cast the normalised value to bf16 before multiplying
+ * by the bf16 weight; with a bf16 output we round at the same point.  In
+ * place is safe: each lane rewrites only elements it has already read. */
+__global__ void rms_norm_kernel(void *y, int ybf, const void *x, int xbf, const void *w, int wbf,
+                                int64_t rows, int64_t g, float eps)
+{
+    int lane = threadIdx.x & 31;
+    int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t r = warp; r < rows; r += nwarps) {
+        int64_t base = r * g;
+        float ss = 0;
+        for (int64_t i = lane; i < g; i += 32) {
+            float v = ld_act(x, base + i, xbf);
+            ss += v * v;
+        }
+        float inv = rsqrtf(warp_sum(ss) / (float)g + eps);
+        for (int64_t i = lane; i < g; i += 32) {
+            float v = rnd_act(ld_act(x, base + i, xbf) * inv, ybf);
+            st_act(y, base + i, v * ld_act(w, i, wbf), ybf);
+        }
+    }
+}
+
+static unsigned warp_blocks(kiln_backend *be, int64_t rows)
+{
+    int64_t want = (rows + 7) / 8, cap = (int64_t)cuda_of(be)->num_sms * 64;
+    return (unsigned)(want < cap ? want : cap);
+}
+
+void cuda_rms_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                   float eps)
+{
+    int64_t g = kiln_tensor_numel(w), n = kiln_tensor_numel(x);
+    if (CUDA_REQUIRE(be, g > 0 && n % g == 0 && kiln_tensor_numel(y) == n && is_act(x) &&
+                             is_act(y) && is_act(w)) ||
+        !n || !cuda_enter(be))
+        return;
+    rms_norm_kernel<<<warp_blocks(be, n / g), 256, 0, cuda_stream(be)>>>(
+        y->data, is_bf16(y), x->data, is_bf16(x), w->data, is_bf16(w), n / g, g, eps);
+    cuda_launched(be, "rms_norm");
+}
+
+/* diffusers (FLUX.2): LayerNorm output is a bf16 tensor, then (1 + scale),
+ * the product and the shift are bf16 ops in turn. */
+__global__ void layer_norm_mod_kernel(void *y, int ybf, const void *x, int xbf, const void *shift,
+                                      int shbf, const void *scale, int scbf, int64_t rows,
+                                      int64_t s, int64_t d, float eps)
+{
+    int lane = threadIdx.x & 31;
+    int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t r = warp; r < rows; r += nwarps) {
+        int64_t base = r * d, mod = (r / s) * d;
+        float sum = 0;
+        for (int64_t i = lane; i < d; i += 32)
+            sum += ld_act(x, base + i, xbf);
+        float mean = warp_sum(sum) / (float)d, var = 0;
+        for (int64_t i = lane; i < d; i += 32) {
+            float v = ld_act(x, base + i, xbf) - mean;
+            var += v * v;
+        }
+        float inv = rsqrtf(warp_sum(var) / (float)d + eps);
+        for (int64_t i = lane; i < d; i += 32) {
+            float v = rnd_act((ld_act(x, base + i, xbf) - mean) * inv, ybf);
+            if (scale)
+                v = rnd_act(v * rnd_act(1.0f + ld_act(scale, mod + i, scbf), ybf), ybf);
+            if (shift)
+                v += ld_act(shift, mod + i, shbf);
+            st_act(y, base + i, v, ybf);
+        }
+    }
+}
+
+void cuda_layer_norm_mod(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                         const kiln_tensor *shift, const kiln_tensor *scale, float eps)
+{
+    if (CUDA_REQUIRE(be, x->ndim == 3 && kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
+                             is_act(x) && is_act(y)))
+        return;
+    int64_t bsz = x->shape[0], s = x->shape[1], d = x->shape[2];
+    if (CUDA_REQUIRE(be, (!shift || (kiln_tensor_numel(shift) == bsz * d && is_act(shift))) &&
+                             (!scale || (kiln_tensor_numel(scale) == bsz * d && is_act(scale)))) ||
+        !bsz || !s || !d || !cuda_enter(be))
+        return;
+    layer_norm_mod_kernel<<<warp_blocks(be, bsz * s), 256, 0, cuda_stream(be)>>>(
+        y->data, is_bf16(y), x->data, is_bf16(x), shift ? shift->data : NULL,
+        shift ? is_bf16(shift) : 0, scale ? scale->data : NULL, scale ? is_bf16(scale) : 0,
+        bsz * s, s, d, eps);
+    cuda_launched(be, "layer_norm_mod");
+}
+
+/* GroupNorm in two launches so that a group of millions of elements (VAE
+ * at full resolution) is spread over many blocks: gn_stats writes a (mean,
+ * M2) pair per chunk of a group, gn_apply merges a group's pairs (Chan et
+ * al.'s parallel variance) and normalises its chunk. */
+__global__ void gn_stats_kernel(float *part, const void *x, int xbf, int64_t n, int64_t chunk)
+{
+    __shared__ float red[32];
+    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
+    int64_t hi = lo + chunk < n ? lo + chunk : n;
+    const int64_t base = grp * n;
+    float sum = 0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+        sum += ld_act(x, base + i, xbf);
+    float mean = block_sum(sum, red) / (float)(hi - lo), m2 = 0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float v = ld_act(x, base + i, xbf) - mean;
+        m2 += v * v;
+    }
+    m2 = block_sum(m2, red);
+    if (threadIdx.x == 0) {
+        part[(grp * gridDim.x + blockIdx.x) * 2] = mean;
+        part[(grp * gridDim.x + blockIdx.x) * 2 + 1] = m2;
+    }
+}
+
+/* diffusers' VAE: GroupNorm (bf16 output) and then SiLU as a separate bf16 op. */
+__global__ void gn_apply_kernel(void *y, int ybf, const void *x, int xbf, const float *part,
+                                const void *w, int wbf, const void *b, int bbf, int64_t n,
+                                int64_t chunk, int64_t hw, int64_t cpg, int groups, float eps,
+                                int silu)
+{
+    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
+    int64_t hi = lo + chunk < n ? lo + chunk : n;
+    /* Every thread merges the few pairs itself: cheaper than a barrier. */
+    double cnt = 0, mean = 0, m2 = 0;
+    for (unsigned s = 0; s < gridDim.x; s++) {
+        int64_t slo = s * chunk, shi = slo + chunk < n ? slo + chunk : n;
+        double nb = (double)(shi - slo), mb = part[(grp * gridDim.x + s) * 2];
+        double delta = mb - mean, tot = cnt + nb;
+        mean += delta * nb / tot;
+        m2 += part[(grp * gridDim.x + s) * 2 + 1] + delta * delta * cnt * nb / tot;
+        cnt = tot;
+    }
+    float fmean = (float)mean, inv = rsqrtf((float)(m2 / cnt) + eps);
+    int64_t c0 = (grp % groups) * cpg, base = grp * n;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        int64_t c = c0 + i / hw;
+        float v = (ld_act(x, base + i, xbf) - fmean) * inv * ld_act(w, c, wbf) + ld_act(b, c, bbf);
+        if (silu) {
+            v = rnd_act(v, ybf);
+            v = v / (1.0f + __expf(-v));
+        }
+        st_act(y, base + i, v, ybf);
+    }
+}
+
+void cuda_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                     const kiln_tensor *b, int groups, float eps, int silu)
+{
+    if (CUDA_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[1] % groups == 0 &&
+                             kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
+                             kiln_tensor_numel(w) == x->shape[1] &&
+                             kiln_tensor_numel(b) == x->shape[1] && is_act(x) && is_act(y) &&
+                             is_act(w) && is_act(b)))
+        return;
+    int64_t ngroups = x->shape[0] * groups, cpg = x->shape[1] / groups;
+    int64_t hw = x->shape[2] * x->shape[3], n = cpg * hw;
+    if (!ngroups || !n || CUDA_REQUIRE(be, ngroups <= 65535) || !cuda_enter(be))
+        return;
+    /* About four blocks per multiprocessor in all, at least 2048 elements each. */
+    int64_t splits = (4 * cuda_of(be)->num_sms + ngroups - 1) / ngroups;
+    int64_t most = (n + 2047) / 2048;
+    if (splits > most)
+        splits = most;
+    if (splits > 64)
+        splits = 64;
+    if (splits < 1)
+        splits = 1;
+    int64_t chunk = (n + splits - 1) / splits;
+    splits = (n + chunk - 1) / chunk; /* no empty chunk */
+    float *part = (float *)cuda_scratch(be, (size_t)(ngroups * splits * 2) * sizeof(float));
+    if (!part)
+        return;
+    dim3 grid((unsigned)splits, (unsigned)ngroups);
+    gn_stats_kernel<<<grid, 256, 0, cuda_stream(be)>>>(part, x->data, is_bf16(x), n, chunk);
+    if (!cuda_launched(be, "group_norm(stats)"))
+        return;
+    gn_apply_kernel<<<grid, 256, 0, cuda_stream(be)>>>(y->data, is_bf16(y), x->data, is_bf16(x),
+                                                       part, w->data, is_bf16(w), b->data,
+                                                       is_bf16(b), n, chunk, hw, cpg, groups, eps,
+                                                       silu);
+    cuda_launched(be, "group_norm(apply)");
+}

@@ -1,0 +1,699 @@
+/* Every CUDA backend op against the CPU reference on the same inputs.
+ *
+ * Inputs are fresh random values each run (seed from the clock, printed;
+ * KILN_TEST_SEED=N repeats a run), rounded to bf16 first so that both
+ * backends see identical numbers.  Outputs on the GPU are poisoned with NaN
+ * before each launch, so an element the kernel never wrote shows up as an
+ * infinite error.  The score is ||gpu - cpu|| / ||cpu||; bf16 math must stay
+ * under 1e-2, pure data movement must be exact.  Prints one table row per
+ * case and exits non-zero on any failure.
+ *
+ * Without a CUDA device (CI) the test is skipped (exit 77), unless
+ * KILN_REQUIRE_GPU=1 says a device must be there (tools/gpu/check.sh). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/backend.h"
+#include "tests/test.h"
+
+#define TOL_BF16 1e-2
+#define TOL_EXACT 0.0
+
+static kiln_backend *cpu, *gpu;
+static uint64_t rng;
+static int cases, failed;
+
+static uint64_t next_u64(void)
+{
+    /* splitmix64: tiny, and good enough to spread test inputs */
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float frand(void) { return (float)((next_u64() >> 40) / 16777216.0 * 2.0 - 1.0); }
+
+static int64_t numel_of(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+static float *xmalloc_f(int64_t n)
+{
+    float *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    if (!p) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+/* The same tensor on both backends. */
+typedef struct dual {
+    kiln_tensor c, g;
+} dual;
+
+static void dual_upload(dual *d, const float *host)
+{
+    kiln_be_upload(cpu, &d->c, host, KILN_F32);
+    kiln_be_upload(gpu, &d->g, host, KILN_F32);
+}
+
+/* Random bf16-representable values in [-scale, scale); gdt is the GPU dtype. */
+static void dual_in(dual *d, kiln_dtype gdt, int ndim, const int64_t *shape, float scale)
+{
+    int64_t n = numel_of(ndim, shape);
+    float *h = xmalloc_f(n);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = kiln_round_bf16(scale * frand());
+    kiln_be_alloc(cpu, &d->c, KILN_F32, ndim, shape);
+    kiln_be_alloc(gpu, &d->g, gdt, ndim, shape);
+    dual_upload(d, h);
+    free(h);
+}
+
+static void dual_poison(dual *d)
+{
+    int64_t n = kiln_tensor_numel(&d->g);
+    float *h = xmalloc_f(n);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = NAN;
+    kiln_be_upload(gpu, &d->g, h, KILN_F32);
+    free(h);
+}
+
+static void dual_out(dual *d, kiln_dtype gdt, int ndim, const int64_t *shape)
+{
+    kiln_be_alloc(cpu, &d->c, KILN_F32, ndim, shape);
+    kiln_be_alloc(gpu, &d->g, gdt, ndim, shape);
+    dual_poison(d);
+}
+
+static void dual_free(dual *d)
+{
+    kiln_be_free(cpu, &d->c);
+    kiln_be_free(gpu, &d->g);
+}
+
+/* Downloads both sides of `out`, prints the row and counts the case;
+ * `extra_ok` is 0 when a check of the caller's own already failed. */
+static void finish_ex(const char *op, const char *shape, dual *out, double tol, int extra_ok)
+{
+    kiln_err ce = {0}, ge = {0};
+    kiln_be_sync(gpu);
+    kiln_status cs = kiln_be_check(cpu, &ce), gs = kiln_be_check(gpu, &ge);
+    double err = INFINITY;
+    if (!cs && !gs) {
+        int64_t n = kiln_tensor_numel(&out->c);
+        float *a = xmalloc_f(n), *b = xmalloc_f(n);
+        kiln_be_download(gpu, &out->g, a);
+        kiln_be_download(cpu, &out->c, b);
+        gs = kiln_be_check(gpu, &ge);
+        if (!gs)
+            err = test_rel_err(a, b, (size_t)n);
+        free(a);
+        free(b);
+    }
+    int pass = extra_ok && !cs && !gs && (tol > 0 ? err < tol : err == 0);
+    cases++;
+    failed += !pass;
+    printf("%-18s | %-34s | %9.2e | %s\n", op, shape, err, pass ? "pass" : "FAIL");
+    if (cs)
+        printf("    cpu error: %s\n", ce.msg);
+    if (gs)
+        printf("    cuda error: %s\n", ge.msg);
+    fflush(stdout);
+}
+
+static void finish(const char *op, const char *shape, dual *out, double tol)
+{
+    finish_ex(op, shape, out, tol, 1);
+}
+
+/* --- dense layers ---------------------------------------------------------- */
+
+static void case_linear(int64_t b, int64_t s, int64_t k, int64_t n, int bias, kiln_dtype ydt)
+{
+    dual x, w, bi, y;
+    dual_in(&x, KILN_BF16, 3, (int64_t[]){b, s, k}, 1.0f);
+    dual_in(&w, KILN_BF16, 2, (int64_t[]){n, k}, 1.0f / sqrtf((float)k));
+    if (bias)
+        dual_in(&bi, ydt, 1, (int64_t[]){n}, 0.5f);
+    dual_out(&y, ydt, 3, (int64_t[]){b, s, n});
+    kiln_be_linear(cpu, &y.c, &x.c, &w.c, bias ? &bi.c : NULL);
+    kiln_be_linear(gpu, &y.g, &x.g, &w.g, bias ? &bi.g : NULL);
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lldx%lld K%lld N%lld%s%s", (long long)b, (long long)s,
+             (long long)k, (long long)n, bias ? " +bias" : "", ydt == KILN_F32 ? " f32 out" : "");
+    finish("linear", desc, &y, TOL_BF16);
+    dual_free(&x);
+    dual_free(&w);
+    if (bias)
+        dual_free(&bi);
+    dual_free(&y);
+}
+
+static void test_linear(void)
+{
+    case_linear(1, 1, 64, 32, 1, KILN_BF16);
+    case_linear(1, 37, 72, 40, 1, KILN_BF16);
+    case_linear(2, 65, 256, 200, 0, KILN_BF16);
+    case_linear(1, 257, 1024, 96, 1, KILN_BF16);
+    case_linear(3, 3, 33, 17, 1, KILN_BF16);
+    case_linear(1, 50, 128, 64, 1, KILN_F32);
+    /* The same shape again runs through the cached plan. */
+    case_linear(1, 37, 72, 40, 1, KILN_BF16);
+}
+
+/* --- normalisation --------------------------------------------------------- */
+
+static void case_rms(int ndim, const int64_t *shape, int64_t g, int inplace)
+{
+    dual x, w, y;
+    dual_in(&x, KILN_BF16, ndim, shape, 2.0f);
+    dual_in(&w, KILN_BF16, 1, (int64_t[]){g}, 1.5f);
+    if (!inplace)
+        dual_out(&y, KILN_BF16, ndim, shape);
+    dual *out = inplace ? &x : &y;
+    kiln_be_rms_norm(cpu, &out->c, &x.c, &w.c, 1e-6f);
+    kiln_be_rms_norm(gpu, &out->g, &x.g, &w.g, 1e-6f);
+    char desc[96];
+    snprintf(desc, sizeof desc, "n=%lld G=%lld%s", (long long)numel_of(ndim, shape), (long long)g,
+             inplace ? " in place" : "");
+    finish("rms_norm", desc, out, TOL_BF16);
+    dual_free(&x);
+    dual_free(&w);
+    if (!inplace)
+        dual_free(&y);
+}
+
+static void test_rms_norm(void)
+{
+    case_rms(2, (int64_t[]){4, 96}, 96, 0);
+    case_rms(4, (int64_t[]){2, 7, 3, 64}, 64, 0);
+    case_rms(2, (int64_t[]){5, 3000}, 3000, 0);
+    case_rms(4, (int64_t[]){1, 33, 4, 128}, 128, 1);
+}
+
+static void case_ln(int64_t b, int64_t s, int64_t d, int shift, int scale, int inplace)
+{
+    dual x, sh, sc, y;
+    int64_t shape[3] = {b, s, d};
+    dual_in(&x, KILN_BF16, 3, shape, 3.0f);
+    /* A non-zero mean checks that the variance is taken around it. */
+    float *h = xmalloc_f(b * s * d);
+    kiln_be_download(cpu, &x.c, h);
+    for (int64_t i = 0; i < b * s * d; i++)
+        h[i] = kiln_round_bf16(h[i] + 4.0f);
+    dual_upload(&x, h);
+    free(h);
+    if (shift)
+        dual_in(&sh, KILN_BF16, 2, (int64_t[]){b, d}, 1.0f);
+    if (scale)
+        dual_in(&sc, KILN_BF16, 2, (int64_t[]){b, d}, 1.0f);
+    if (!inplace)
+        dual_out(&y, KILN_BF16, 3, shape);
+    dual *out = inplace ? &x : &y;
+    kiln_be_layer_norm_mod(cpu, &out->c, &x.c, shift ? &sh.c : NULL, scale ? &sc.c : NULL, 1e-6f);
+    kiln_be_layer_norm_mod(gpu, &out->g, &x.g, shift ? &sh.g : NULL, scale ? &sc.g : NULL, 1e-6f);
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lldx%lldx%lld%s%s%s", (long long)b, (long long)s, (long long)d,
+             shift ? " shift" : "", scale ? " scale" : "", inplace ? " in place" : "");
+    finish("layer_norm_mod", desc, out, TOL_BF16);
+    dual_free(&x);
+    if (shift)
+        dual_free(&sh);
+    if (scale)
+        dual_free(&sc);
+    if (!inplace)
+        dual_free(&y);
+}
+
+static void test_layer_norm_mod(void)
+{
+    case_ln(2, 33, 96, 1, 1, 0);
+    case_ln(1, 100, 3072, 1, 1, 0);
+    case_ln(2, 5, 40, 0, 1, 0);
+    case_ln(1, 9, 200, 0, 0, 0);
+    case_ln(2, 17, 64, 1, 1, 1);
+}
+
+static void case_gn(int64_t b, int64_t c, int64_t h, int64_t w, int groups, int silu, int inplace)
+{
+    dual x, wt, bs, y;
+    int64_t shape[4] = {b, c, h, w};
+    dual_in(&x, KILN_BF16, 4, shape, 2.0f);
+    dual_in(&wt, KILN_BF16, 1, (int64_t[]){c}, 1.5f);
+    dual_in(&bs, KILN_BF16, 1, (int64_t[]){c}, 0.5f);
+    if (!inplace)
+        dual_out(&y, KILN_BF16, 4, shape);
+    dual *out = inplace ? &x : &y;
+    kiln_be_group_norm(cpu, &out->c, &x.c, &wt.c, &bs.c, groups, 1e-6f, silu);
+    kiln_be_group_norm(gpu, &out->g, &x.g, &wt.g, &bs.g, groups, 1e-6f, silu);
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld g%d%s%s", (long long)b, (long long)c,
+             (long long)h, (long long)w, groups, silu ? " silu" : "", inplace ? " in place" : "");
+    finish("group_norm", desc, out, TOL_BF16);
+    dual_free(&x);
+    dual_free(&wt);
+    dual_free(&bs);
+    if (!inplace)
+        dual_free(&y);
+}
+
+static void test_group_norm(void)
+{
+    case_gn(1, 64, 9, 7, 32, 1, 0);
+    case_gn(2, 96, 16, 16, 32, 0, 0);
+    case_gn(1, 32, 96, 80, 32, 1, 0); /* 7680 elements a group: split over blocks */
+    case_gn(1, 128, 20, 20, 32, 1, 1);
+}
+
+/* --- attention ------------------------------------------------------------- */
+
+static void case_rope(int64_t b, int64_t s, int64_t h, int64_t d, kiln_rope_mode mode)
+{
+    dual x, cs, sn;
+    dual_in(&x, KILN_BF16, 4, (int64_t[]){b, s, h, d}, 2.0f);
+    float *c = xmalloc_f(s * d), *si = xmalloc_f(s * d);
+    for (int64_t t = 0; t < s; t++)
+        for (int64_t i = 0; i < d / 2; i++) {
+            float ang = 3.14159265f * frand() * (float)(t + 1);
+            int64_t i0 = mode == KILN_ROPE_INTERLEAVED ? 2 * i : i;
+            int64_t i1 = mode == KILN_ROPE_INTERLEAVED ? 2 * i + 1 : i + d / 2;
+            c[t * d + i0] = c[t * d + i1] = cosf(ang);
+            si[t * d + i0] = si[t * d + i1] = sinf(ang);
+        }
+    kiln_be_alloc(cpu, &cs.c, KILN_F32, 2, (int64_t[]){s, d});
+    kiln_be_alloc(gpu, &cs.g, KILN_F32, 2, (int64_t[]){s, d});
+    kiln_be_alloc(cpu, &sn.c, KILN_F32, 2, (int64_t[]){s, d});
+    kiln_be_alloc(gpu, &sn.g, KILN_F32, 2, (int64_t[]){s, d});
+    dual_upload(&cs, c);
+    dual_upload(&sn, si);
+    free(c);
+    free(si);
+    kiln_be_rope(cpu, &x.c, &cs.c, &sn.c, mode);
+    kiln_be_rope(gpu, &x.g, &cs.g, &sn.g, mode);
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld %s", (long long)b, (long long)s, (long long)h,
+             (long long)d, mode == KILN_ROPE_INTERLEAVED ? "interleaved" : "half");
+    finish("rope", desc, &x, TOL_BF16);
+    dual_free(&x);
+    dual_free(&cs);
+    dual_free(&sn);
+}
+
+static void test_rope(void)
+{
+    case_rope(2, 17, 3, 64, KILN_ROPE_INTERLEAVED);
+    case_rope(1, 33, 4, 128, KILN_ROPE_HALF);
+    case_rope(1, 5, 2, 8, KILN_ROPE_HALF);
+}
+
+static void case_attn(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d,
+                      int causal, const int *key_len)
+{
+    dual q, k, v, o;
+    /* Larger q sharpens the softmax so that masks and the running max matter. */
+    dual_in(&q, KILN_BF16, 4, (int64_t[]){b, sq, hq, d}, 3.0f);
+    dual_in(&k, KILN_BF16, 4, (int64_t[]){b, sk, hkv, d}, 1.0f);
+    dual_in(&v, KILN_BF16, 4, (int64_t[]){b, sk, hkv, d}, 1.0f);
+    dual_out(&o, KILN_BF16, 4, (int64_t[]){b, sq, hq, d});
+    kiln_attn_opts opts = {.scale = 1.0f / sqrtf((float)d), .causal = causal, .key_len = key_len};
+    kiln_be_attention(cpu, &o.c, &q.c, &k.c, &v.c, &opts);
+    kiln_be_attention(gpu, &o.g, &q.g, &k.g, &v.g, &opts);
+    char desc[96];
+    int off = snprintf(desc, sizeof desc, "B%lld Sq%lld Sk%lld H%lld/%lld d%lld%s", (long long)b,
+                       (long long)sq, (long long)sk, (long long)hq, (long long)hkv, (long long)d,
+                       causal ? " causal" : "");
+    if (key_len)
+        snprintf(desc + off, sizeof desc - (size_t)off, " len");
+    finish("attention", desc, &o, TOL_BF16);
+    dual_free(&q);
+    dual_free(&k);
+    dual_free(&v);
+    dual_free(&o);
+}
+
+static void test_attention(void)
+{
+    case_attn(2, 77, 77, 4, 4, 64, 0, NULL);
+    case_attn(1, 100, 300, 8, 2, 128, 0, NULL);            /* GQA 4:1, Sq != Sk */
+    case_attn(2, 65, 65, 4, 4, 128, 1, (int[]){65, 30});   /* causal + key_len */
+    case_attn(1, 40, 130, 2, 1, 32, 1, NULL);              /* causal, Sk > Sq */
+    case_attn(1, 130, 40, 2, 2, 32, 1, NULL);              /* rows with no key */
+    case_attn(3, 50, 90, 8, 2, 8, 0, (int[]){90, 1, 0});   /* d 8, empty batch */
+    case_attn(1, 70, 70, 3, 3, 12, 1, NULL);               /* d % 8 != 0: scalar loads */
+    case_attn(1, 64, 200, 2, 1, 72, 0, (int[]){150});      /* padded head dim */
+    case_attn(1, 256, 256, 1, 1, 512, 0, NULL);            /* VAE mid-block */
+    case_attn(1, 130, 130, 1, 1, 200, 1, NULL);            /* 200: two 128-col slices */
+}
+
+/* --- elementwise ----------------------------------------------------------- */
+
+static void test_silu_swiglu(void)
+{
+    int64_t shapes[2][2] = {{1, 1000}, {3, 37}};
+    for (int i = 0; i < 2; i++) {
+        dual x, y;
+        dual_in(&x, KILN_BF16, 2, shapes[i], 6.0f);
+        dual_out(&y, KILN_BF16, 2, shapes[i]);
+        kiln_be_silu(cpu, &y.c, &x.c);
+        kiln_be_silu(gpu, &y.g, &x.g);
+        char desc[64];
+        snprintf(desc, sizeof desc, "%lldx%lld", (long long)shapes[i][0], (long long)shapes[i][1]);
+        finish("silu", desc, &y, TOL_BF16);
+        dual_free(&x);
+        dual_free(&y);
+    }
+    int64_t sw[2][2] = {{7, 45}, {64, 512}};
+    for (int i = 0; i < 2; i++) {
+        dual x, y;
+        dual_in(&x, KILN_BF16, 2, (int64_t[]){sw[i][0], 2 * sw[i][1]}, 4.0f);
+        dual_out(&y, KILN_BF16, 2, sw[i]);
+        kiln_be_swiglu(cpu, &y.c, &x.c);
+        kiln_be_swiglu(gpu, &y.g, &x.g);
+        char desc[64];
+        snprintf(desc, sizeof desc, "%lldx2*%lld", (long long)sw[i][0], (long long)sw[i][1]);
+        finish("swiglu", desc, &y, TOL_BF16);
+        dual_free(&x);
+        dual_free(&y);
+    }
+}
+
+static void test_add(void)
+{
+    dual a, b, y;
+    dual_in(&a, KILN_BF16, 2, (int64_t[]){13, 77}, 1.0f);
+    dual_in(&b, KILN_BF16, 2, (int64_t[]){13, 77}, 1.0f);
+    dual_out(&y, KILN_BF16, 2, (int64_t[]){13, 77});
+    kiln_be_add(cpu, &y.c, &a.c, &b.c);
+    kiln_be_add(gpu, &y.g, &a.g, &b.g);
+    finish("add", "13x77", &y, TOL_BF16);
+    kiln_be_add(cpu, &a.c, &a.c, &b.c);
+    kiln_be_add(gpu, &a.g, &a.g, &b.g);
+    finish("add", "13x77 in place", &a, TOL_BF16);
+    dual_free(&a);
+    dual_free(&b);
+    dual_free(&y);
+    /* F32 tensors on the GPU take the fp32 path: near-exact. */
+    dual_in(&a, KILN_F32, 1, (int64_t[]){999}, 1.0f);
+    dual_in(&b, KILN_F32, 1, (int64_t[]){999}, 1.0f);
+    dual_out(&y, KILN_F32, 1, (int64_t[]){999});
+    kiln_be_add(cpu, &y.c, &a.c, &b.c);
+    kiln_be_add(gpu, &y.g, &a.g, &b.g);
+    finish("add", "999 f32", &y, 1e-6);
+    dual_free(&a);
+    dual_free(&b);
+    dual_free(&y);
+}
+
+static void test_gated_add(void)
+{
+    for (int gated = 1; gated >= 0; gated--) {
+        dual x, g, y;
+        dual_in(&x, KILN_BF16, 3, (int64_t[]){2, 13, 40}, 1.0f);
+        dual_in(&y, KILN_BF16, 3, (int64_t[]){2, 13, 40}, 1.0f);
+        if (gated)
+            dual_in(&g, KILN_BF16, 2, (int64_t[]){2, 40}, 2.0f);
+        kiln_be_gated_add(cpu, &x.c, gated ? &g.c : NULL, &y.c);
+        kiln_be_gated_add(gpu, &x.g, gated ? &g.g : NULL, &y.g);
+        finish("gated_add", gated ? "2x13x40 gate 2x40" : "2x13x40 no gate", &x, TOL_BF16);
+        dual_free(&x);
+        dual_free(&y);
+        if (gated)
+            dual_free(&g);
+    }
+}
+
+/* bf16 latents must follow pipeline.md section 7 bit for bit:
+ * x_next = bf16(x + bf16(bf16(dt) * v)). */
+static void test_euler(void)
+{
+    const int64_t n = 4099;
+    const float dt = -0.04460925f;
+    dual x, v;
+    dual_in(&x, KILN_BF16, 1, &n, 2.0f);
+    dual_in(&v, KILN_BF16, 1, &n, 2.0f);
+    float *hx = xmalloc_f(n), *hv = xmalloc_f(n), *got = xmalloc_f(n);
+    kiln_be_download(cpu, &x.c, hx);
+    kiln_be_download(cpu, &v.c, hv);
+    kiln_be_euler_step(cpu, &x.c, &v.c, dt);
+    kiln_be_euler_step(gpu, &x.g, &v.g, dt);
+    kiln_be_download(gpu, &x.g, got);
+    int64_t mismatches = 0;
+    float dtb = kiln_round_bf16(dt);
+    for (int64_t i = 0; i < n; i++)
+        mismatches += got[i] != kiln_round_bf16(hx[i] + kiln_round_bf16(dtb * hv[i]));
+    CHECKF(mismatches == 0, "%lld of %lld bf16 Euler steps differ from the diffusers chain",
+           (long long)mismatches, (long long)n);
+    finish_ex("euler_step", mismatches ? "4099 bf16 (chain WRONG)" : "4099 bf16 (chain exact)", &x,
+              TOL_BF16, mismatches == 0);
+    dual_free(&x);
+    dual_free(&v);
+    free(hx);
+    free(hv);
+    free(got);
+    /* f32 latents with a bf16 velocity (Z-Image): plain fp32 update. */
+    dual_in(&x, KILN_F32, 1, &n, 2.0f);
+    dual_in(&v, KILN_BF16, 1, &n, 2.0f);
+    kiln_be_euler_step(cpu, &x.c, &v.c, dt);
+    kiln_be_euler_step(gpu, &x.g, &v.g, dt);
+    finish("euler_step", "4099 f32 x, bf16 v", &x, 1e-6);
+    dual_free(&x);
+    dual_free(&v);
+}
+
+static void test_cfg(void)
+{
+    dual p, q, o;
+    dual_in(&p, KILN_BF16, 2, (int64_t[]){17, 129}, 1.0f);
+    dual_in(&q, KILN_BF16, 2, (int64_t[]){17, 129}, 1.0f);
+    dual_out(&o, KILN_BF16, 2, (int64_t[]){17, 129});
+    kiln_be_cfg(cpu, &o.c, &p.c, &q.c, 4.0f);
+    kiln_be_cfg(gpu, &o.g, &p.g, &q.g, 4.0f);
+    finish("cfg", "17x129 g=4", &o, TOL_BF16);
+    kiln_be_cfg(cpu, &p.c, &p.c, &q.c, 2.5f);
+    kiln_be_cfg(gpu, &p.g, &p.g, &q.g, 2.5f);
+    finish("cfg", "17x129 g=2.5 out=pos", &p, TOL_BF16);
+    dual_free(&p);
+    dual_free(&q);
+    dual_free(&o);
+}
+
+/* --- data movement ---------------------------------------------------------- */
+
+static void test_copies(void)
+{
+    dual dst, src;
+    dual_in(&dst, KILN_BF16, 3, (int64_t[]){2, 10, 24}, 1.0f);
+    dual_in(&src, KILN_BF16, 3, (int64_t[]){2, 7, 24}, 1.0f);
+    kiln_be_copy_rows(cpu, &dst.c, 3, &src.c, 2, 5);
+    kiln_be_copy_rows(gpu, &dst.g, 3, &src.g, 2, 5);
+    finish("copy_rows", "2x7x24 [2,7) -> 2x10x24 @3", &dst, TOL_EXACT);
+    dual_free(&dst);
+    dual_free(&src);
+
+    dual_in(&dst, KILN_BF16, 2, (int64_t[]){5, 30}, 1.0f);
+    dual_in(&src, KILN_BF16, 3, (int64_t[]){1, 5, 17}, 1.0f);
+    kiln_be_copy_cols(cpu, &dst.c, 11, &src.c, 3, 9);
+    kiln_be_copy_cols(gpu, &dst.g, 11, &src.g, 3, 9);
+    finish("copy_cols", "5x17 [3,12) -> 5x30 @11", &dst, TOL_EXACT);
+    dual_free(&dst);
+    dual_free(&src);
+
+    dual_in(&src, KILN_BF16, 2, (int64_t[]){33, 65}, 1.0f);
+    dual_out(&dst, KILN_BF16, 2, (int64_t[]){33, 65});
+    kiln_be_copy(cpu, &dst.c, &src.c);
+    kiln_be_copy(gpu, &dst.g, &src.g);
+    finish("copy", "33x65", &dst, TOL_EXACT);
+    dual_free(&dst);
+    dual_free(&src);
+
+    int64_t ts[3][3] = {{3, 37, 45}, {1, 64, 1}, {2, 100, 33}};
+    for (int i = 0; i < 3; i++) {
+        dual x, y;
+        dual_in(&x, KILN_BF16, 3, ts[i], 1.0f);
+        dual_out(&y, KILN_BF16, 3, (int64_t[]){ts[i][0], ts[i][2], ts[i][1]});
+        kiln_be_transpose(cpu, &y.c, &x.c);
+        kiln_be_transpose(gpu, &y.g, &x.g);
+        char desc[64];
+        snprintf(desc, sizeof desc, "%lldx%lldx%lld", (long long)ts[i][0], (long long)ts[i][1],
+                 (long long)ts[i][2]);
+        finish("transpose", desc, &y, TOL_EXACT);
+        dual_free(&x);
+        dual_free(&y);
+    }
+    int64_t us[2][4] = {{1, 3, 7, 5}, {2, 16, 16, 16}};
+    for (int i = 0; i < 2; i++) {
+        dual x, y;
+        dual_in(&x, KILN_BF16, 4, us[i], 1.0f);
+        dual_out(&y, KILN_BF16, 4, (int64_t[]){us[i][0], us[i][1], 2 * us[i][2], 2 * us[i][3]});
+        kiln_be_upsample_nearest2x(cpu, &y.c, &x.c);
+        kiln_be_upsample_nearest2x(gpu, &y.g, &x.g);
+        char desc[64];
+        snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld", (long long)us[i][0],
+                 (long long)us[i][1], (long long)us[i][2], (long long)us[i][3]);
+        finish("upsample_nearest2x", desc, &y, TOL_EXACT);
+        dual_free(&x);
+        dual_free(&y);
+    }
+}
+
+/* --- convolution ------------------------------------------------------------ */
+
+static void case_conv(int64_t b, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t k,
+                      int stride, const int pad[4], int bias)
+{
+    dual x, wt, bs, y;
+    int64_t ho = (h + pad[0] + pad[2] - k) / stride + 1, wo = (w + pad[1] + pad[3] - k) / stride + 1;
+    dual_in(&x, KILN_BF16, 4, (int64_t[]){b, cin, h, w}, 1.0f);
+    dual_in(&wt, KILN_BF16, 4, (int64_t[]){cout, cin, k, k}, 1.0f / sqrtf((float)(cin * k * k)));
+    if (bias)
+        dual_in(&bs, KILN_BF16, 1, (int64_t[]){cout}, 0.5f);
+    dual_out(&y, KILN_BF16, 4, (int64_t[]){b, cout, ho, wo});
+    kiln_be_conv2d(cpu, &y.c, &x.c, &wt.c, bias ? &bs.c : NULL, stride, pad);
+    kiln_be_conv2d(gpu, &y.g, &x.g, &wt.g, bias ? &bs.g : NULL, stride, pad);
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld->%lld k%lld s%d p%d%d%d%d", (long long)b,
+             (long long)cin, (long long)h, (long long)w, (long long)cout, (long long)k, stride,
+             pad[0], pad[1], pad[2], pad[3]);
+    finish("conv2d", desc, &y, TOL_BF16);
+    dual_free(&x);
+    dual_free(&wt);
+    if (bias)
+        dual_free(&bs);
+    dual_free(&y);
+}
+
+static void test_conv(void)
+{
+    case_conv(1, 3, 17, 13, 8, 3, 1, (int[]){1, 1, 1, 1}, 1);
+    case_conv(2, 16, 20, 20, 24, 3, 2, (int[]){0, 1, 0, 1}, 1); /* VAE downsampler */
+    case_conv(1, 64, 32, 32, 64, 3, 1, (int[]){1, 1, 1, 1}, 1);
+    case_conv(1, 40, 9, 9, 70, 1, 1, (int[]){0, 0, 0, 0}, 0);
+    case_conv(1, 128, 24, 24, 128, 3, 1, (int[]){1, 1, 1, 1}, 1);
+}
+
+/* --- transfers and errors ----------------------------------------------------- */
+
+static void test_transfers(void)
+{
+    enum { N = 1001 };
+    float f[N], got[N];
+    uint16_t b[N];
+    for (int i = 0; i < N; i++) {
+        f[i] = 100.0f * frand();
+        b[i] = kiln_f32_to_bf16(f[i]);
+    }
+    kiln_tensor t;
+    kiln_be_alloc(gpu, &t, KILN_BF16, 1, (int64_t[]){N});
+    kiln_be_upload(gpu, &t, f, KILN_F32);
+    kiln_be_download(gpu, &t, got);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += got[i] != kiln_round_bf16(f[i]);
+    kiln_be_upload(gpu, &t, b, KILN_BF16);
+    kiln_be_download(gpu, &t, got);
+    for (int i = 0; i < N; i++)
+        bad += got[i] != kiln_bf16_to_f32(b[i]);
+    kiln_be_free(gpu, &t);
+    kiln_be_alloc(gpu, &t, KILN_F32, 1, (int64_t[]){N});
+    kiln_be_upload(gpu, &t, f, KILN_F32);
+    kiln_be_download(gpu, &t, got);
+    for (int i = 0; i < N; i++)
+        bad += got[i] != f[i];
+    kiln_be_free(gpu, &t);
+    kiln_err err = {0};
+    kiln_status st = kiln_be_check(gpu, &err);
+    CHECKF(st == KILN_OK && bad == 0, "status %d (%s), %d wrong values", st, err.msg, bad);
+    cases++;
+    failed += st != KILN_OK || bad != 0;
+    printf("%-18s | %-34s | %9s | %s\n", "upload/download", "f32, bf16 -> bf16, f32", bad ? "wrong" : "exact",
+           st == KILN_OK && bad == 0 ? "pass" : "FAIL");
+}
+
+/* A caller bug becomes the sticky error: later ops are skipped, check()
+ * reports and clears it, and the backend works again afterwards. */
+static void test_sticky_error(void)
+{
+    dual x, w, y;
+    dual_in(&x, KILN_BF16, 2, (int64_t[]){4, 8}, 1.0f);
+    dual_in(&w, KILN_BF16, 2, (int64_t[]){6, 9}, 1.0f); /* K mismatch */
+    dual_out(&y, KILN_BF16, 2, (int64_t[]){4, 6});
+    kiln_be_linear(gpu, &y.g, &x.g, &w.g, NULL);
+    kiln_be_silu(gpu, &y.g, &x.g); /* skipped: the error is sticky */
+    kiln_err err = {0};
+    kiln_status first = kiln_be_check(gpu, &err);
+    kiln_status second = kiln_be_check(gpu, NULL);
+    int ok = first == KILN_ERR_INTERNAL && strstr(err.msg, "linear") && second == KILN_OK;
+    CHECKF(ok, "first %d (%s), second %d", first, err.msg, second);
+    /* A device allocation that cannot succeed reports NOMEM, not a crash. */
+    kiln_tensor huge;
+    kiln_status st = kiln_be_alloc(gpu, &huge, KILN_BF16, 1, (int64_t[]){(int64_t)1 << 50});
+    kiln_status after = kiln_be_check(gpu, &err);
+    CHECKF(st == KILN_ERR_NOMEM && after == KILN_ERR_NOMEM && !huge.data, "alloc %d, check %d",
+           st, after);
+    ok = ok && st == KILN_ERR_NOMEM && after == KILN_ERR_NOMEM;
+    cases++;
+    failed += !ok;
+    printf("%-18s | %-34s | %9s | %s\n", "sticky error", "bad linear, 2^50 alloc", "-",
+           ok ? "pass" : "FAIL");
+    dual_free(&x);
+    dual_free(&w);
+    dual_free(&y);
+}
+
+int main(void)
+{
+    const char *seed_env = getenv("KILN_TEST_SEED");
+    rng = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL);
+    printf("seed %llu (KILN_TEST_SEED=%llu repeats this run)\n", (unsigned long long)rng,
+           (unsigned long long)rng);
+
+    kiln_err err = {0};
+    cpu = kiln_backend_create("cpu", 0, &err);
+    if (!cpu) {
+        fprintf(stderr, "cpu backend: %s\n", err.msg);
+        return 1;
+    }
+    gpu = kiln_backend_create("cuda", 0, &err);
+    if (!gpu) {
+        const char *req = getenv("KILN_REQUIRE_GPU");
+        int must = req && !strcmp(req, "1");
+        fprintf(stderr, "cuda backend: %s%s\n", err.msg, must ? "" : " (skipping)");
+        kiln_backend_destroy(cpu);
+        return !must && (err.code == KILN_ERR_UNAVAILABLE || err.code == KILN_ERR_UNSUPPORTED)
+                   ? 77
+                   : 1;
+    }
+    printf("%-18s | %-34s | %9s | %s\n", "op", "shape", "rel err", "pass");
+    printf("-------------------+------------------------------------+-----------+-----\n");
+    test_transfers();
+    test_linear();
+    test_rms_norm();
+    test_layer_norm_mod();
+    test_group_norm();
+    test_rope();
+    test_attention();
+    test_silu_swiglu();
+    test_add();
+    test_gated_add();
+    test_euler();
+    test_cfg();
+    test_copies();
+    test_conv();
+    test_sticky_error();
+    printf("%d cases, %d failed\n", cases, failed);
+    kiln_backend_destroy(gpu);
+    kiln_backend_destroy(cpu);
+    return failed || test_finish() ? 1 : 0;
+}
