@@ -6,9 +6,7 @@
 
 #include "vae_blocks.h"
 #include "vae_config.h"
-
-/* kernels/backend.c hands out arena tensors on 256-byte boundaries. */
-#define VAE_ARENA_ALIGN 256
+#include "vae_tiled.h"
 
 /* One down (encoder) or up (decoder) block: layers_per_block resnets in the
  * encoder, layers_per_block + 1 in the decoder, then the sampler except in
@@ -39,6 +37,9 @@ struct kiln_vae {
     kiln_vae_info info;
     vae_coder dec, enc;
     float *bn_mean, *bn_var;
+    int tiled;               /* kiln_vae_set_tiling */
+    vae_tiling tiling;
+    kiln_arena *tile_arena;  /* tile buffers; the arena above serves each tile */
 };
 
 static void coder_free(kiln_backend *be, vae_coder *c)
@@ -206,6 +207,7 @@ void kiln_vae_free(kiln_vae *v)
     coder_free(v->be, &v->dec);
     coder_free(v->be, &v->enc);
     kiln_arena_destroy(v->arena);
+    kiln_arena_destroy(v->tile_arena);
     free(v->bn_mean);
     free(v->bn_var);
     free(v);
@@ -253,18 +255,13 @@ static int64_t encoder_slot_elems(const vae_config *c, int64_t h, int64_t w)
     return c->quant ? max64(m, 2 * c->latent * h * w) : m;
 }
 
-static size_t align_bytes(int64_t elems, size_t dsize)
-{
-    return ((size_t)elems * dsize + VAE_ARENA_ALIGN - 1) & ~(size_t)(VAE_ARENA_ALIGN - 1);
-}
-
 /* Mid-block resolution h x w (latent size in both directions). */
 static size_t pass_bytes(const kiln_vae *v, int64_t B, int64_t slot, int64_t h, int64_t w)
 {
     size_t ds = kiln_dtype_size(v->be->act_dtype);
-    size_t total = 3 * align_bytes(B * slot, ds);
+    size_t total = 3 * vae_align_bytes(B * slot, ds);
     if (v->cfg.mid_attn)
-        total += VAE_ATTN_BUFS * align_bytes(B * v->cfg.channels[v->cfg.nblocks - 1] * h * w, ds);
+        total += VAE_ATTN_BUFS * vae_align_bytes(B * v->cfg.channels[v->cfg.nblocks - 1] * h * w, ds);
     return total;
 }
 
@@ -277,14 +274,28 @@ static int size_ok(int64_t B, int64_t h, int64_t w)
     return B >= 1 && h >= 1 && w >= 1 && B <= (1 << 16) && h <= (1 << 16) && w <= (1 << 16);
 }
 
+/* Whether a decode of latent h x w goes through tiles. */
+static int decode_tiled(const kiln_vae *v, int64_t h, int64_t w)
+{
+    return v->tiled && vae_tiling_applies(&v->tiling, h, w);
+}
+
 size_t kiln_vae_scratch_bytes(const kiln_vae *v, unsigned part, int64_t B, int64_t H, int64_t W)
 {
     int f = v->info.downscale;
     if (!(v->info.parts & part) || !size_ok(B, H, W) || H % f || W % f)
         return 0;
-    int64_t slot = part == KILN_VAE_DECODER ? decoder_slot_elems(&v->cfg, H / f, W / f)
-                                            : encoder_slot_elems(&v->cfg, H, W);
-    return pass_bytes(v, B, slot, H / f, W / f);
+    if (part == KILN_VAE_ENCODER)
+        return pass_bytes(v, B, encoder_slot_elems(&v->cfg, H, W), H / f, W / f);
+    int64_t h = H / f, w = W / f;
+    if (!decode_tiled(v, h, w))
+        return pass_bytes(v, B, decoder_slot_elems(&v->cfg, h, w), h, w);
+    /* The largest tile's pass plus the tile buffers. */
+    int64_t th = h < v->tiling.tile ? h : v->tiling.tile;
+    int64_t tw = w < v->tiling.tile ? w : v->tiling.tile;
+    return pass_bytes(v, B, decoder_slot_elems(&v->cfg, th, tw), th, tw) +
+           vae_tiled_bytes(&v->tiling, f, B, v->cfg.latent, v->cfg.out_channels, h, w,
+                           kiln_dtype_size(v->be->act_dtype));
 }
 
 /* --- forward passes ------------------------------------------------------------ */
@@ -334,30 +345,14 @@ static kiln_status pass_begin(kiln_vae *v, vae_run *r, int64_t B, int64_t slot,
     return KILN_OK;
 }
 
-kiln_status kiln_vae_decode(kiln_vae *v, const kiln_tensor *z, kiln_tensor *img,
-                            const kiln_vae_tap *tap, kiln_err *err)
+/* One untiled decoder pass (vae.md section 3); shapes already validated. */
+static kiln_status decode_pass(kiln_vae *v, const kiln_tensor *z, kiln_tensor *img,
+                               const kiln_vae_tap *tap, kiln_err *err)
 {
     const vae_config *c = &v->cfg;
-    if (!(v->info.parts & KILN_VAE_DECODER))
-        return kiln_err_set(err, KILN_ERR_INVALID, "vae: the decoder was not loaded");
-    if (check_tensor(v, z, "latent", err) || check_tensor(v, img, "image", err))
-        return err->code;
-    int64_t B = z->shape[0], h = z->shape[2], w = z->shape[3], f = v->info.downscale;
-    if (z->shape[1] != c->latent)
-        return kiln_err_set(err, KILN_ERR_INVALID, "vae: latent has %lld channels, this VAE "
-                            "decodes %lld", (long long)z->shape[1], (long long)c->latent);
-    if (!size_ok(B, h, w) || !size_ok(B, h * f, w * f))
-        return kiln_err_set(err, KILN_ERR_INVALID, "vae: latent size %lldx%lld (batch %lld) is "
-                            "out of range", (long long)h, (long long)w, (long long)B);
-    if (check_output(img, (int64_t[]){B, c->out_channels, h * f, w * f}, "image", err))
-        return err->code;
-    int64_t slot = decoder_slot_elems(c, h, w);
-    if (slot > VAE_MAX_SLOT_ELEMS / B)
-        return kiln_err_set(err, KILN_ERR_TOO_LARGE, "vae: decode of %lld x %lldx%lld is too "
-                            "large", (long long)B, (long long)(h * f), (long long)(w * f));
-
     vae_run r;
-    if (pass_begin(v, &r, B, slot, tap, err))
+    if (pass_begin(v, &r, z->shape[0], decoder_slot_elems(c, z->shape[2], z->shape[3]), tap,
+                   err))
         return err->code;
     const vae_coder *d = &v->dec;
     if (c->post_quant) {
@@ -384,6 +379,59 @@ kiln_status kiln_vae_decode(kiln_vae *v, const kiln_tensor *z, kiln_tensor *img,
     vae_conv_to(&r, &d->conv_out, img);
     if (kiln_be_check(v->be, err))
         return kiln_err_wrap(err, "vae decode");
+    return KILN_OK;
+}
+
+static kiln_status decode_tile(void *ctx, const kiln_tensor *z, kiln_tensor *img,
+                               kiln_err *err)
+{
+    return decode_pass(ctx, z, img, NULL, err);
+}
+
+kiln_status kiln_vae_decode(kiln_vae *v, const kiln_tensor *z, kiln_tensor *img,
+                            const kiln_vae_tap *tap, kiln_err *err)
+{
+    const vae_config *c = &v->cfg;
+    if (!(v->info.parts & KILN_VAE_DECODER))
+        return kiln_err_set(err, KILN_ERR_INVALID, "vae: the decoder was not loaded");
+    if (check_tensor(v, z, "latent", err) || check_tensor(v, img, "image", err))
+        return err->code;
+    int64_t B = z->shape[0], h = z->shape[2], w = z->shape[3], f = v->info.downscale;
+    if (z->shape[1] != c->latent)
+        return kiln_err_set(err, KILN_ERR_INVALID, "vae: latent has %lld channels, this VAE "
+                            "decodes %lld", (long long)z->shape[1], (long long)c->latent);
+    if (!size_ok(B, h, w) || !size_ok(B, h * f, w * f))
+        return kiln_err_set(err, KILN_ERR_INVALID, "vae: latent size %lldx%lld (batch %lld) is "
+                            "out of range", (long long)h, (long long)w, (long long)B);
+    if (check_output(img, (int64_t[]){B, c->out_channels, h * f, w * f}, "image", err))
+        return err->code;
+    int tiled = decode_tiled(v, h, w);
+    int64_t ph = tiled && h > v->tiling.tile ? v->tiling.tile : h;
+    int64_t pw = tiled && w > v->tiling.tile ? v->tiling.tile : w;
+    if (decoder_slot_elems(c, ph, pw) > VAE_MAX_SLOT_ELEMS / B)
+        return kiln_err_set(err, KILN_ERR_TOO_LARGE, "vae: decode of %lld x %lldx%lld is too "
+                            "large", (long long)B, (long long)(h * f), (long long)(w * f));
+    if (tiled)
+        return vae_decode_tiled(v->be, v->tile_arena, &v->tiling, f, z, img, decode_tile, v,
+                                err);
+    return decode_pass(v, z, img, tap, err);
+}
+
+kiln_status kiln_vae_set_tiling(kiln_vae *v, int enable, kiln_err *err)
+{
+    if (!enable) {
+        v->tiled = 0;
+        kiln_arena_destroy(v->tile_arena);
+        v->tile_arena = NULL;
+        return KILN_OK;
+    }
+    if (!(v->info.parts & KILN_VAE_DECODER))
+        return kiln_err_set(err, KILN_ERR_INVALID, "vae: the decoder was not loaded");
+    if (vae_tiling_init(&v->tiling, v->cfg.sample_size, v->info.downscale, err))
+        return err->code;
+    if (!v->tile_arena && !(v->tile_arena = kiln_arena_create(v->be, 0, err)))
+        return err->code;
+    v->tiled = 1;
     return KILN_OK;
 }
 

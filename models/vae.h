@@ -26,6 +26,7 @@
  * the exact figure.  The arena keeps its size between calls, so repeated
  * calls with the same or smaller shapes allocate nothing.  Whatever the
  * backend needs internally (attention scores on the CPU) comes on top.
+ * Above 1024x1024 kiln_vae_set_tiling() bounds decoder memory.
  *
  * Thread-safety: a kiln_vae uses its backend and its arena, so it belongs to
  * the backend's thread; use one kiln_vae per backend instance.
@@ -104,6 +105,19 @@ const kiln_vae_info *kiln_vae_get_info(const kiln_vae *vae);
 kiln_status kiln_vae_decode(kiln_vae *vae, const kiln_tensor *z, kiln_tensor *img,
                             const kiln_vae_tap *tap, kiln_err *err);
 
+/* Switches tiled decoding on or off (off after load, as in the diffusers
+ * pipelines).  When on, a latent with a side over sample_size / downscale
+ * (config sample_size: 1024 px for the real VAEs) is decoded in overlapping
+ * tiles of that size and blended exactly like diffusers' enable_tiling()
+ * (AutoencoderKL.tiled_decode), so decoder scratch stays that of one
+ * sample_size^2 decode plus two rows of 3-channel tiles and one band of
+ * output rows, whatever the image size; smaller latents decode in one piece,
+ * unchanged.  Tiled output differs from an untiled decode (the mid-block
+ * attention sees one tile).  Taps are not called for tiled decodes.
+ * KILN_ERR_UNSUPPORTED when sample_size does not tile exactly,
+ * KILN_ERR_INVALID without a decoder. */
+kiln_status kiln_vae_set_tiling(kiln_vae *vae, int enable, kiln_err *err);
+
 /* Encodes img (B, 3, H, W) in [-1, 1], H and W positive multiples of
  * downscale, into the posterior mean (B, latent_channels, H/downscale,
  * W/downscale) (diffusers' latent_dist.mode(); the log-variance half is never
@@ -112,8 +126,8 @@ kiln_status kiln_vae_encode_mean(kiln_vae *vae, const kiln_tensor *img, kiln_ten
                                  const kiln_vae_tap *tap, kiln_err *err);
 
 /* Scratch bytes one call of `part` (KILN_VAE_DECODER or KILN_VAE_ENCODER)
- * needs for a batch of B images of H x W pixels, not counting the backend's
- * own temporaries.  0 for a part that is not loaded or a bad size. */
+ * needs for a batch of B images of H x W pixels with the current tiling
+ * setting, not counting the backend's own temporaries.  0 for a part that is not loaded or a bad size. */
 size_t kiln_vae_scratch_bytes(const kiln_vae *vae, unsigned part, int64_t B, int64_t H, int64_t W);
 
 #endif

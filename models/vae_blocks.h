@@ -17,6 +17,7 @@
 #ifndef KILN_MODELS_VAE_BLOCKS_H
 #define KILN_MODELS_VAE_BLOCKS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/safetensors.h"
@@ -105,6 +106,15 @@ void vae_mid_apply(vae_run *r, const vae_mid *m);
 void vae_upsample_apply(vae_run *r, const vae_conv *c);
 /* Downsample2D: zero pad right and bottom by one, 3x3 conv with stride 2. */
 void vae_downsample_apply(vae_run *r, const vae_conv *c);
+
+/* kernels/backend.c hands out arena tensors on 256-byte boundaries; scratch
+ * estimates round each tensor the same way. */
+#define VAE_ARENA_ALIGN 256
+
+static inline size_t vae_align_bytes(int64_t elems, size_t dsize)
+{
+    return ((size_t)elems * dsize + VAE_ARENA_ALIGN - 1) & ~(size_t)(VAE_ARENA_ALIGN - 1);
+}
 
 /* The mid-block attention takes this many (B, H*W, C) token buffers from the
  * arena on top of the slots. */

@@ -275,6 +275,201 @@ static void test_info(void)
     kiln_vae_free(zi);
 }
 
+/* Loads klein-tiny's VAE with one config key replaced (value is consumed);
+ * NULL with err set on failure. */
+static kiln_vae *load_modified(const char *key, cJSON *value, unsigned parts, kiln_err *err)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae/config.json", oracle);
+    cJSON *cfg = kiln_json_load(path, "config.json", err);
+    snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae", oracle);
+    kiln_st *st = kiln_st_open(path, "vae", err);
+    CHECK(cfg && st);
+    kiln_vae *vae = NULL;
+    if (cfg && st) {
+        if (!cJSON_ReplaceItemInObjectCaseSensitive(cfg, key, value))
+            cJSON_AddItemToObject(cfg, key, value);
+        value = NULL;
+        vae = kiln_vae_load(be, cfg, st, parts, err);
+    }
+    cJSON_Delete(value);
+    cJSON_Delete(cfg);
+    kiln_st_close(st);
+    return vae;
+}
+
+static kiln_status load_with(const char *key, cJSON *value, kiln_err *err)
+{
+    kiln_vae *vae = load_modified(key, value, KILN_VAE_DECODER | KILN_VAE_ENCODER, err);
+    kiln_vae_free(vae);
+    return vae ? KILN_OK : err->code;
+}
+
+/* --- tiled decoding --------------------------------------------------------- */
+
+/* Decodes a host latent (B, zc, h, w) into a new host image (B, 3, 8h, 8w). */
+static float *decode_host(kiln_vae *vae, const float *z, int64_t B, int64_t zc, int64_t h,
+                          int64_t w)
+{
+    kiln_tensor zt = {0}, img = {0};
+    float *out = malloc(sizeof(float) * (size_t)(B * 3 * 64 * h * w));
+    kiln_err err = {0};
+    int ok = out && !kiln_be_from_host(be, &zt, 4, (int64_t[]){B, zc, h, w}, z, KILN_F32) &&
+             !kiln_be_alloc(be, &img, be->act_dtype, 4, (int64_t[]){B, 3, 8 * h, 8 * w}) &&
+             !kiln_vae_decode(vae, &zt, &img, NULL, &err);
+    if (ok)
+        kiln_be_download(be, &img, out);
+    kiln_be_check(be, ok ? &err : NULL);
+    CHECKF(ok, "decode %lldx%lld: %s", (long long)h, (long long)w, err.msg);
+    kiln_be_free(be, &zt);
+    kiln_be_free(be, &img);
+    if (!ok) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* diffusers' AutoencoderKL.tiled_decode written out on the host: tiles of T
+ * latents every S, blend_v then blend_h over E pixels with already-blended
+ * neighbours, the top-left L x L of each tile kept.  Each tile is decoded in
+ * one piece by `vae`. */
+static float *reference_tiled(kiln_vae *vae, const float *z, int64_t B, int64_t zc, int64_t h,
+                              int64_t w, int64_t T, int64_t S, int64_t E, int64_t L)
+{
+    int64_t nr = (h + S - 1) / S, nc = (w + S - 1) / S, H = 8 * h, W = 8 * w, P = B * 3;
+    float **tiles = calloc((size_t)(nr * nc), sizeof *tiles);
+    int64_t *th = calloc((size_t)nr, sizeof *th), *tw = calloc((size_t)nc, sizeof *tw);
+    float *out = calloc((size_t)(P * H * W), sizeof *out);
+    int ok = tiles && th && tw && out;
+    for (int64_t r = 0; ok && r < nr; r++)
+        for (int64_t c = 0; ok && c < nc; c++) {
+            th[r] = h - r * S < T ? h - r * S : T;
+            tw[c] = w - c * S < T ? w - c * S : T;
+            float *sub = malloc(sizeof(float) * (size_t)(B * zc * th[r] * tw[c]));
+            ok = sub != NULL;
+            for (int64_t p = 0; ok && p < B * zc; p++)
+                for (int64_t y = 0; y < th[r]; y++)
+                    memcpy(sub + (p * th[r] + y) * tw[c], z + (p * h + r * S + y) * w + c * S,
+                           sizeof(float) * (size_t)tw[c]);
+            ok = ok && (tiles[r * nc + c] = decode_host(vae, sub, B, zc, th[r], tw[c]));
+            free(sub);
+        }
+    for (int64_t r = 0; ok && r < nr; r++)
+        for (int64_t c = 0; c < nc; c++) {
+            float *b = tiles[r * nc + c];
+            int64_t hb = 8 * th[r], wb = 8 * tw[c];
+            if (r > 0) {
+                const float *a = tiles[(r - 1) * nc + c];
+                int64_t ha = 8 * th[r - 1], e = ha < hb ? ha : hb;
+                e = e < E ? e : E;
+                for (int64_t p = 0; p < P; p++)
+                    for (int64_t y = 0; y < e; y++)
+                        for (int64_t x = 0; x < wb; x++) {
+                            float ta = (float)(1.0 - (double)y / e), tb = (float)((double)y / e);
+                            float *bv = &b[(p * hb + y) * wb + x];
+                            *bv = a[(p * ha + ha - e + y) * wb + x] * ta + *bv * tb;
+                        }
+            }
+            if (c > 0) {
+                const float *a = tiles[r * nc + c - 1];
+                int64_t wa = 8 * tw[c - 1], e = wa < wb ? wa : wb;
+                e = e < E ? e : E;
+                for (int64_t p = 0; p < P; p++)
+                    for (int64_t y = 0; y < hb; y++)
+                        for (int64_t x = 0; x < e; x++) {
+                            float ta = (float)(1.0 - (double)x / e), tb = (float)((double)x / e);
+                            float *bv = &b[(p * hb + y) * wb + x];
+                            *bv = a[(p * hb + y) * wa + wa - e + x] * ta + *bv * tb;
+                        }
+            }
+            int64_t lr = hb < L ? hb : L, lc = wb < L ? wb : L;
+            for (int64_t p = 0; p < P; p++)
+                for (int64_t y = 0; y < lr; y++)
+                    memcpy(out + (p * H + r * L + y) * W + c * L, b + (p * hb + y) * wb,
+                           sizeof(float) * (size_t)lc);
+        }
+    for (int64_t i = 0; tiles && i < nr * nc; i++)
+        free(tiles[i]);
+    free(tiles);
+    free(th);
+    free(tw);
+    if (!ok) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* With sample_size 64 the tiny VAE tiles 8x8 latents every 6 and blends 16
+ * pixels.  A batch-2 latent of 13x24 gives rows of 8, 7 and 1 latents and
+ * columns of 8, 8, 8 and 6: short tiles in the middle and at both edges. */
+static void test_tiled_decode(void)
+{
+    kiln_err err = {0};
+    kiln_vae *vae = load_modified("sample_size", cJSON_CreateNumber(64), KILN_VAE_DECODER, &err);
+    CHECKF(vae, "%s", err.msg);
+    kiln_st *ref = open_case("klein_t2i_batch2", "ref_fp32.safetensors");
+    const kiln_st_tensor *in = ref ? kiln_st_find(ref, "vae_decode_in") : NULL;
+    CHECK(in && in->shape[0] == 2 && in->shape[2] == 16 && in->shape[3] == 24);
+    if (!vae || !in || in->shape[2] != 16 || in->shape[3] != 24) {
+        kiln_vae_free(vae);
+        kiln_st_close(ref);
+        return;
+    }
+    int64_t B = 2, zc = 8, h = 13, w = 24, n = B * 3 * 64 * h * w;
+    float *z = malloc(sizeof(float) * (size_t)(B * zc * h * w));
+    for (int64_t p = 0; z && p < B * zc; p++)
+        memcpy(z + p * h * w, (const float *)in->data + p * 16 * w, sizeof(float) * (size_t)(h * w));
+    float *whole = z ? decode_host(vae, z, B, zc, h, w) : NULL;
+    float *want = z ? reference_tiled(vae, z, B, zc, h, w, 8, 6, 16, 48) : NULL;
+    CHECKF(!kiln_vae_set_tiling(vae, 1, &err), "%s", err.msg);
+    float *tiled = z ? decode_host(vae, z, B, zc, h, w) : NULL;
+    CHECK(whole && want && tiled);
+    if (whole && want && tiled) {
+        double e = test_rel_err(tiled, want, (size_t)n);
+        CHECKF(e < 1e-5, "tiled decode vs reference tiling: relative error %.3g", e);
+        fprintf(stderr, "     %-44s rel err %.3g\n", "tiled decode vs host tiling", e);
+        double d = test_rel_err(tiled, whole, (size_t)n);
+        CHECKF(d > 1e-3, "tiled decode equals the untiled one (%.3g): no tiling happened", d);
+    }
+    /* A latent within one tile decodes in one piece, unchanged. */
+    float *one = z ? decode_host(vae, z, B, zc, 8, 8) : NULL;
+    CHECKF(!kiln_vae_set_tiling(vae, 0, &err), "%s", err.msg);
+    float *one_plain = z ? decode_host(vae, z, B, zc, 8, 8) : NULL;
+    CHECK(one && one_plain && !memcmp(one, one_plain, sizeof(float) * (size_t)(B * 3 * 64 * 64)));
+    free(z);
+    free(whole);
+    free(want);
+    free(tiled);
+    free(one);
+    free(one_plain);
+    kiln_st_close(ref);
+    kiln_vae_free(vae);
+
+    /* Memory: with tiling, decoder scratch no longer grows with the area. */
+    vae = load_vae("klein-tiny", KILN_VAE_DECODER);
+    if (vae) {
+        size_t plain = kiln_vae_scratch_bytes(vae, KILN_VAE_DECODER, 1, 1024, 1024);
+        CHECKF(!kiln_vae_set_tiling(vae, 1, &err), "%s", err.msg);
+        size_t small = kiln_vae_scratch_bytes(vae, KILN_VAE_DECODER, 1, 256, 256);
+        size_t t1k = kiln_vae_scratch_bytes(vae, KILN_VAE_DECODER, 1, 1024, 1024);
+        size_t t2k = kiln_vae_scratch_bytes(vae, KILN_VAE_DECODER, 1, 2048, 2048);
+        CHECKF(small > 0 && t1k < plain / 4 && t2k < 3 * t1k, "scratch: untiled %zu, tiled "
+               "256^2 %zu, 1024^2 %zu, 2048^2 %zu", plain, small, t1k, t2k);
+    }
+    kiln_vae_free(vae);
+    /* sample_size 100: tiles of 12 latents every 9 keep 75 pixels, not 72. */
+    vae = load_modified("sample_size", cJSON_CreateNumber(100), KILN_VAE_DECODER, &err);
+    if (vae)
+        CHECK(kiln_vae_set_tiling(vae, 1, &err) == KILN_ERR_UNSUPPORTED);
+    kiln_vae_free(vae);
+    vae = load_vae("klein-tiny", KILN_VAE_ENCODER);
+    if (vae)
+        CHECK(kiln_vae_set_tiling(vae, 1, &err) == KILN_ERR_INVALID);
+    kiln_vae_free(vae);
+}
+
 /* --- bad inputs ------------------------------------------------------------ */
 
 static kiln_status try_decode(kiln_vae *vae, const int64_t zs[4], const int64_t is[4],
@@ -361,30 +556,6 @@ static void test_bad_inputs(void)
     kiln_vae_free(vae);
 }
 
-/* Loads klein-tiny's weights with a modified config; returns the status. */
-static kiln_status load_with(const char *key, cJSON *value, kiln_err *err)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae/config.json", oracle);
-    cJSON *cfg = kiln_json_load(path, "config.json", err);
-    snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae", oracle);
-    kiln_st *st = kiln_st_open(path, "vae", err);
-    CHECK(cfg && st);
-    kiln_status rc = KILN_ERR_INTERNAL;
-    if (cfg && st) {
-        if (!cJSON_ReplaceItemInObjectCaseSensitive(cfg, key, value))
-            cJSON_AddItemToObject(cfg, key, value);
-        value = NULL;
-        kiln_vae *vae = kiln_vae_load(be, cfg, st, KILN_VAE_DECODER | KILN_VAE_ENCODER, err);
-        rc = vae ? KILN_OK : err->code;
-        kiln_vae_free(vae);
-    }
-    cJSON_Delete(value);
-    cJSON_Delete(cfg);
-    kiln_st_close(st);
-    return rc;
-}
-
 static void test_bad_configs(void)
 {
     kiln_err err = {0};
@@ -424,6 +595,7 @@ int main(void)
     }
     RUN(test_all_cases);
     RUN(test_info);
+    RUN(test_tiled_decode);
     RUN(test_bad_inputs);
     RUN(test_bad_configs);
     kiln_backend_destroy(be);
