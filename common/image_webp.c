@@ -61,7 +61,10 @@ kiln_status kiln_image_webp_decode(const uint8_t *data, size_t len,
     WebPBitstreamFeatures f;
     VP8StatusCode vs = WebPGetFeatures(data, len, &f);
     if (vs != VP8_STATUS_OK)
-        return kiln_err_set(err, KILN_ERR_INVALID, "invalid WebP (status %d)", (int)vs);
+        return kiln_err_set(err, KILN_ERR_INVALID, "invalid WebP: %s",
+                            vs == VP8_STATUS_NOT_ENOUGH_DATA      ? "truncated data"
+                            : vs == VP8_STATUS_UNSUPPORTED_FEATURE ? "unsupported feature"
+                                                                   : "corrupt header");
     if (f.has_animation)
         return kiln_err_set(err, KILN_ERR_INVALID, "animated WebP images are not supported");
     kiln_status st = kiln_image_check_limits("WebP", f.width, f.height, limits, err);

@@ -75,12 +75,21 @@ def write_lanczos():
                  "lanczos_small.123x97.expected.png")
 
 
-def png_bytes(w, h, depth, ctype, rows, plte=None, trns=None):
+ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
+
+
+def png_bytes(w, h, depth, ctype, rows, plte=None, trns=None, interlaced_passes=None):
+    """A PNG with filter type 0 on every row.  `rows` are packed rows, or
+    with `interlaced_passes` a list of the seven Adam7 passes' packed rows
+    (empty passes contribute nothing)."""
     def chunk(tag, data):
         return (struct.pack(">I", len(data)) + tag + data
                 + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
+    if interlaced_passes is not None:
+        rows = [r for p in interlaced_passes for r in p]
     raw = b"".join(b"\x00" + r for r in rows)
-    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, 0))
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, 1 if interlaced_passes is not None else 0)
+    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
     if plte is not None:
         out += chunk(b"PLTE", plte)
     if trns is not None:
@@ -132,6 +141,15 @@ def write_png_modes():
         cases.append((f"png_pal{depth}", depth, 3, s, plte[:3 * min(5, 1 << depth)], b"\x10\x80"))
     for name, depth, ctype, s, pal, trns in cases:
         data = png_bytes(w, h, depth, ctype, [pack_bits(r, depth) for r in s], pal, trns)
+        with open(os.path.join(OUT, name + ".png"), "wb") as f:
+            f.write(data)
+        expected(Image.open(io.BytesIO(data)), name + ".png")
+    # Adam7 interlacing, 8-bit RGB and 16-bit RGBA (channels per pixel c).
+    for name, depth, ctype, c in (("png_rgb8_adam7", 8, 2, 3), ("png_rgba16_adam7", 16, 6, 4)):
+        px = rng.integers(0, 1 << depth, size=(h, w, c))
+        passes = [[pack_bits(r.reshape(-1), depth) for r in px[y0::dy, x0::dx]]
+                  if px[y0::dy, x0::dx].size else [] for x0, y0, dx, dy in ADAM7]
+        data = png_bytes(w, h, depth, ctype, None, interlaced_passes=passes)
         with open(os.path.join(OUT, name + ".png"), "wb") as f:
             f.write(data)
         expected(Image.open(io.BytesIO(data)), name + ".png")

@@ -271,6 +271,7 @@ static void test_pil_fixtures(void)
         "png_gray8_trns.png", "png_gray16.png",   "png_rgb8_trns.png", "png_rgb16.png",
         "png_ga8.png",        "png_ga16.png",     "png_rgba8.png",    "png_rgba16.png",
         "png_pal1.png",       "png_pal2.png",     "png_pal4.png",     "png_pal8.png",
+        "png_rgb8_adam7.png", "png_rgba16_adam7.png",
         "jpeg_420.jpg",       "jpeg_444.jpg",     "jpeg_422_progressive.jpg",
         "jpeg_gray.jpg",      "jpeg_cmyk.jpg",    "webp_lossy.webp",  "webp_lossless_alpha.webp",
     };
