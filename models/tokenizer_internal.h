@@ -3,7 +3,8 @@
  *   tokenizer.c          load/free, added-token splitting, encode, chat template
  *   tokenizer_maps.c     vocab (string -> id) and merge ((a, b) -> rank) tables
  *   tokenizer_bpe.c      the rank-ordered BPE merge of one pre-token
- *   tokenizer_split.c    UTF-8 check, NFC, the Qwen2 pre-tokenizer split
+ *   tokenizer_split.c    UTF-8 check, the Qwen2 pre-tokenizer split
+ *   tokenizer_nfc.c      NFC normalisation
  *   tokenizer_files.c    reading files; vocab.json + merges.txt + tokenizer_config.json
  *   tokenizer_json.c     tokenizer.json
  *   tokenizer_unicode.c  generated character classes
@@ -111,6 +112,9 @@ void kiln_tok_maps_free(kiln_tokenizer *tok);
 kiln_status kiln_tok_bpe(const kiln_tokenizer *tok, const uint8_t *bytes, size_t n,
                          tok_scratch *s, tok_ids *out, kiln_err *err);
 
+/* NFC of valid UTF-8 text into a malloc'd buffer (caller frees *out). */
+kiln_status kiln_tok_nfc(const uint8_t *text, size_t len, uint8_t **out, size_t *out_len,
+                         kiln_err *err);
 /* KILN_ERR_INVALID with the byte offset unless text is strict UTF-8. */
 kiln_status kiln_tok_utf8_check(const char *text, size_t len, kiln_err *err);
 /* NFC-normalises, splits and BPE-encodes one stretch of text between added

@@ -1,4 +1,4 @@
-/* Text before BPE: strict UTF-8 check, NFC, and the Qwen2 pre-tokenizer
+/* Text before BPE: strict UTF-8 check, NFC (tokenizer_nfc.c), and the Qwen2 pre-tokenizer
  * split (transformers models/qwen2/tokenization_qwen2.py PRETOKENIZE_REGEX):
  *
  *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
@@ -12,8 +12,6 @@
  * every position, so the split (behaviour Isolated) leaves no gaps. */
 #include <stdlib.h>
 #include <string.h>
-
-#include <utf8proc.h>
 
 #include "tokenizer_internal.h"
 
@@ -170,21 +168,18 @@ kiln_status kiln_tok_encode_segment(const kiln_tokenizer *tok, const char *text,
     if (len == 0)
         return KILN_OK;
     const uint8_t *b = (const uint8_t *)text;
-    utf8proc_uint8_t *nfc = NULL;
+    uint8_t *nfc = NULL;
     size_t i = 0;
     while (i < len && b[i] < 0x80)
         i++;
-    if (i < len) { /* ASCII is its own NFC form; only other text pays for utf8proc */
-        utf8proc_ssize_t n = utf8proc_map(b, (utf8proc_ssize_t)len, &nfc,
-                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-        if (n < 0)
-            return kiln_err_set(err, n == UTF8PROC_ERROR_NOMEM ? KILN_ERR_NOMEM : KILN_ERR_INVALID,
-                                "NFC normalisation failed: %s", utf8proc_errmsg(n));
+    kiln_status st = KILN_OK;
+    if (i < len) { /* ASCII is its own NFC form; only other text is normalised */
+        if ((st = kiln_tok_nfc(b, len, &nfc, &len, err)))
+            return st;
         b = nfc;
-        len = (size_t)n;
     }
     size_t count = 0;
-    kiln_status st = classify(b, len, s, &count, err);
+    st = classify(b, len, s, &count, err);
     for (size_t p = 0; !st && p < count;) {
         size_t q = match_at(b, s->cp_off, s->cp_cls, p, count);
         st = kiln_tok_bpe(tok, b + s->cp_off[p], s->cp_off[q] - s->cp_off[p], s, out, err);

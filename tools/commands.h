@@ -13,6 +13,7 @@ typedef struct kiln_command {
 int kiln_cmd_make_checkpoint(int argc, char **argv);
 int kiln_cmd_generate(int argc, char **argv);
 int kiln_cmd_edit(int argc, char **argv);
+int kiln_cmd_tokenize(int argc, char **argv);
 
 /* The table, terminated by a zeroed entry (tools/kiln.c). */
 extern const kiln_command kiln_commands[];

@@ -9,6 +9,7 @@ const kiln_command kiln_commands[] = {
     {"make-checkpoint", "write a random-weight checkpoint with the real layout", kiln_cmd_make_checkpoint},
     {"generate", "text-to-image with a FLUX.2 klein checkpoint", kiln_cmd_generate},
     {"edit", "edit images with a FLUX.2 klein checkpoint", kiln_cmd_edit},
+    {"tokenize", "print the Qwen3 token ids of a text", kiln_cmd_tokenize},
     {0},
 };
 

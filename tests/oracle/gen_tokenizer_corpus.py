@@ -263,6 +263,12 @@ def corpus(r):
     items.append(rand_unicode(r, 10500, assigned_only=True))
     items.append("".join(r.choice(EMOJI) for _ in range(3000)))
     items.append("a" * 15000)
+    # Long runs of marks of many combining classes (canonical reordering at scale).
+    marks = "\u0301\u0323\u0334\u0345\u05b0\u0e48\u0300\u0316\u031b\u0327\u302a\u3099"
+    for _ in range(40):
+        items.append(r.choice("aeoAEOsx>\u3042") +
+                     "".join(r.choice(marks) for _ in range(r.randint(2, 60))))
+    items.append("e" + "".join(r.choice(marks) for _ in range(20000)))
     seen, out = set(), []
     for s in items:
         if s not in seen:
