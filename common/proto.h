@@ -1,0 +1,263 @@
+/* kiln bus protocol: the msgpack messages between the gateway and the stage
+ * replicas, and the tensor references they carry (docs/ARCHITECTURE.md,
+ * "Services", is the normative description; this is its C form).
+ *
+ *   kiln_msg m = {.type = KILN_MSG_READY, .ready.credits = 4};
+ *   kiln_buf frame = {0};
+ *   if (kiln_msg_encode(&m, &frame, &err)) ...        // one zmq frame
+ *
+ *   kiln_msg *in = kiln_msg_decode(frame.data, frame.len, &err);
+ *   if (!in) { KILN_LOG_WARN("dropped: %s", err.msg); ... }  // never fatal
+ *   switch (in->type) { case KILN_MSG_JOB: ... in->job.denoise.width ... }
+ *   kiln_msg_free(in);
+ *
+ * Encoding reads a kiln_msg whose strings and byte ranges are borrowed from
+ * the caller.  Decoding is strict: the frame must be one msgpack map whose
+ * `t` names a known type, every field the type needs must be present with
+ * the right msgpack type and within its bounds (sizes, counts, shapes whose
+ * byte count matches `len`, shm names of the kiln form); unknown keys are
+ * ignored so newer peers can add fields.  Anything else is KILN_ERR_INVALID
+ * with a message naming the field; a hostile frame can cost at most a few
+ * times its own size in memory (container counts are checked against the
+ * bytes left before msgpack-c allocates for them).
+ *
+ * A decoded message owns every string and byte range it points to (one
+ * allocation freed by kiln_msg_free); copy what must outlive it.
+ * All functions are thread-safe on distinct messages; there is no global
+ * state.
+ */
+#ifndef KILN_PROTO_H
+#define KILN_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "error.h"
+#include "image.h"
+#include "tensor.h"
+
+#define KILN_PROTO_VERSION 1
+
+#define KILN_PROTO_MAX_FRAME (512u << 20) /* bytes in one message */
+#define KILN_PROTO_ID_MAX 128             /* replica ids, host and model names, with the NUL */
+#define KILN_PROTO_SLAB_MAX 64            /* shm / slab names, with the NUL */
+#define KILN_PROTO_IPC_HANDLE 64          /* sizeof(cudaIpcMemHandle_t) */
+#define KILN_PROTO_MAX_TENSORS 8          /* named tensors in one `in` / `out` map */
+#define KILN_PROTO_TENSOR_NAME_MAX 16     /* with the NUL */
+#define KILN_PROTO_MAX_REFS 64            /* references in one release / free */
+#define KILN_PROTO_MAX_PROMPTS 64         /* prompts of one encode job */
+#define KILN_PROTO_MAX_ROWS 256           /* images of one denoise / decode job */
+#define KILN_PROTO_MAX_TIMINGS 8
+#define KILN_PROTO_MAX_EDIT_REFS 8        /* reference images of one encode job (KILN_MAX_REFS) */
+#define KILN_PROTO_MAX_STRING (1u << 20)  /* prompts, error messages */
+#define KILN_PROTO_MAX_SEQ 4096           /* encode max_seq */
+#define KILN_PROTO_MAX_STEPS 1000
+#define KILN_PROTO_MAX_CREDITS 65536
+#define KILN_PROTO_ALIGN 64               /* slab offsets are multiples of this */
+
+typedef enum kiln_msg_type {
+    /* replica -> gateway */
+    KILN_MSG_HELLO = 1,
+    KILN_MSG_READY,
+    KILN_MSG_HB,
+    KILN_MSG_DONE,
+    KILN_MSG_RELEASE,
+    /* gateway -> replica */
+    KILN_MSG_JOB,
+    KILN_MSG_CANCEL,
+    KILN_MSG_FREE,
+} kiln_msg_type;
+
+/* The `t` string of a type ("hello", "job", ...); NULL for an invalid one. */
+const char *kiln_msg_type_name(kiln_msg_type t);
+/* Returns -1 for an unknown name. */
+int kiln_msg_type_parse(const char *name, kiln_msg_type *out);
+
+typedef enum kiln_stage {
+    KILN_STAGE_ENCODE = 0,
+    KILN_STAGE_DENOISE,
+    KILN_STAGE_DECODE,
+    KILN_STAGE_COUNT
+} kiln_stage;
+
+/* "encode", "denoise", "decode"; NULL for an invalid value. */
+const char *kiln_stage_name(kiln_stage s);
+/* Returns -1 for an unknown name. */
+int kiln_stage_parse(const char *name, kiln_stage *out);
+
+/* The reverse of kiln_status_name (error codes travel by name); -1 when
+ * unknown. */
+int kiln_status_parse(const char *name, kiln_status *out);
+
+/* ---- tensor references ---- */
+
+typedef enum kiln_ref_kind {
+    KILN_REF_INLINE = 0, /* bytes inside the message */
+    KILN_REF_SHM,        /* a range of a POSIX shm slab of `owner` */
+    KILN_REF_CUDA_IPC,   /* a range of a device slab of `owner`, exported once */
+    KILN_REF_KIND_COUNT
+} kiln_ref_kind;
+
+/* Bit i set = kind i supported; hello's `transports`. */
+#define KILN_TRANSPORT_BIT(kind) (1u << (kind))
+
+/* "inline", "shm", "cuda_ipc"; NULL for an invalid value. */
+const char *kiln_ref_kind_name(kiln_ref_kind k);
+/* Returns -1 for an unknown name. */
+int kiln_ref_kind_parse(const char *name, kiln_ref_kind *out);
+
+typedef struct kiln_tensor_ref {
+    kiln_ref_kind kind;
+    kiln_dtype dtype;
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    uint64_t len; /* bytes = numel * dtype size, checked on decode */
+    /* shm and cuda_ipc: */
+    char owner[KILN_PROTO_ID_MAX];   /* replica id whose pool the range returns to */
+    char slab[KILN_PROTO_SLAB_MAX];  /* shm name "/kiln-..." (also names a cuda slab) */
+    uint64_t off;                    /* byte offset in the slab */
+    /* cuda_ipc only: */
+    uint8_t handle[KILN_PROTO_IPC_HANDLE];
+    int device; /* producer's device ordinal */
+    /* inline only: `len` bytes, borrowed (encode) or owned by the message
+     * (decode). */
+    const void *data;
+} kiln_tensor_ref;
+
+/* 1 when `name` is a slab name kiln creates: "/kiln-" followed by 1..56
+ * characters of [A-Za-z0-9._-].  Consumers only open such names, so a
+ * message cannot make them map an arbitrary shm object. */
+int kiln_slab_name_valid(const char *name);
+
+/* Named tensors: a job's `in` and a done's `out`. */
+typedef struct kiln_named_ref {
+    char name[KILN_PROTO_TENSOR_NAME_MAX];
+    kiln_tensor_ref ref;
+} kiln_named_ref;
+
+typedef struct kiln_ref_map {
+    int n;
+    kiln_named_ref items[KILN_PROTO_MAX_TENSORS];
+} kiln_ref_map;
+
+/* The reference called `name`, or NULL. */
+const kiln_tensor_ref *kiln_ref_map_get(const kiln_ref_map *m, const char *name);
+/* Adds or replaces `name` (copying the reference struct; inline data stays
+ * borrowed).  KILN_ERR_INVALID for a full map or a name too long. */
+kiln_status kiln_ref_map_put(kiln_ref_map *m, const char *name, const kiln_tensor_ref *ref,
+                             kiln_err *err);
+
+/* Validates a reference as the decoder does (kind, dtype, shape, len
+ * consistency, names).  Producers call it before sending. */
+kiln_status kiln_tensor_ref_check(const kiln_tensor_ref *r, kiln_err *err);
+
+/* ---- messages ---- */
+
+typedef struct kiln_bytes {
+    const uint8_t *data;
+    size_t len;
+} kiln_bytes;
+
+typedef struct kiln_msg_hello {
+    kiln_stage stage;
+    const char *replica; /* "<stage>-<host>-<pid>", also the DEALER routing id */
+    const char *model;   /* checkpoint folder's base name */
+    const char *host;
+    int max_batch;       /* >= 1 */
+    unsigned transports; /* KILN_TRANSPORT_BIT mask, non-zero */
+    int version;         /* KILN_PROTO_VERSION (encode writes it when 0) */
+} kiln_msg_hello;
+
+typedef struct kiln_msg_ready {
+    int credits; /* >= 1: this many more jobs may be sent */
+} kiln_msg_ready;
+
+typedef struct kiln_timing {
+    const char *name;
+    double ms;
+} kiln_timing;
+
+typedef struct kiln_msg_done {
+    uint64_t job;
+    int ok;
+    kiln_status code;    /* when !ok: never KILN_OK */
+    const char *message; /* when !ok: safe to show a client */
+    kiln_ref_map out;    /* encode: embeds, neg, ref_tokens, ref_ids; denoise: latents */
+    int n_images;        /* decode: encoded image files, in row order */
+    kiln_bytes images[KILN_PROTO_MAX_ROWS];
+    int n_ms;
+    kiln_timing ms[KILN_PROTO_MAX_TIMINGS];
+} kiln_msg_done;
+
+typedef struct kiln_msg_refs {
+    int n;
+    kiln_tensor_ref refs[KILN_PROTO_MAX_REFS];
+} kiln_msg_refs;
+
+typedef struct kiln_job_encode {
+    int n_prompts; /* 1..KILN_PROTO_MAX_PROMPTS */
+    const char *prompts[KILN_PROTO_MAX_PROMPTS];
+    const char *negative; /* NULL: no CFG; else encode it ("" is a valid prompt) */
+    int max_seq;          /* 1..512 */
+    int n_refs;           /* edit references, encoded image files */
+    kiln_bytes refs[KILN_PROTO_MAX_EDIT_REFS];
+} kiln_job_encode;
+
+typedef struct kiln_job_denoise {
+    int n;                 /* images per prompt; rows = n_seeds, prompt-major */
+    int n_seeds;           /* B, a multiple of n */
+    uint64_t seeds[KILN_PROTO_MAX_ROWS];
+    int width, height;     /* multiples of 16 */
+    int steps;
+    float guidance;
+    int batch_noise;
+} kiln_job_denoise;
+
+typedef struct kiln_job_decode {
+    int width, height;
+    kiln_image_format format;
+    int compression; /* 0..100, already resolved (kiln_request_resolve) */
+} kiln_job_decode;
+
+typedef struct kiln_msg_job {
+    uint64_t job;
+    kiln_stage stage;
+    union {
+        kiln_job_encode encode;
+        kiln_job_denoise denoise;
+        kiln_job_decode decode;
+    };
+    kiln_ref_map in; /* denoise: embeds, neg?, ref_tokens?, ref_ids?; decode: latents */
+} kiln_msg_job;
+
+typedef struct kiln_msg {
+    kiln_msg_type type;
+    union {
+        kiln_msg_hello hello;
+        kiln_msg_ready ready;
+        kiln_msg_done done;
+        kiln_msg_refs refs; /* release and free */
+        kiln_msg_job job;
+        uint64_t cancel_job; /* cancel */
+    };
+} kiln_msg;
+
+/* The semantic checks encode and decode apply (ranges, counts, references,
+ * stage parameters), for a message built or edited in memory.
+ * KILN_ERR_INVALID naming the field. */
+kiln_status kiln_msg_check(const kiln_msg *m, kiln_err *err);
+
+/* Appends the msgpack encoding of `m` to `out`.  The message is validated
+ * as the decoder would, so a bad message fails here (KILN_ERR_INVALID) and
+ * never reaches a peer.  KILN_ERR_NOMEM; `out` keeps its length on failure.
+ * Thread-safe on distinct buffers. */
+kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err);
+
+/* Decodes one frame into a new message owned by the caller (kiln_msg_free).
+ * NULL with err set: KILN_ERR_INVALID for anything malformed, _NOMEM. */
+kiln_msg *kiln_msg_decode(const void *frame, size_t len, kiln_err *err);
+/* Accepts NULL. */
+void kiln_msg_free(kiln_msg *m);
+
+#endif

@@ -1,0 +1,240 @@
+/* msgpack encoding of bus messages (msgpack-c's packer over a kiln_buf). */
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "proto.h"
+
+typedef struct sink {
+    kiln_buf *buf;
+    kiln_err *err;
+    kiln_status failed;
+} sink;
+
+static int sink_write(void *data, const char *p, size_t len)
+{
+    sink *s = data;
+    if (!s->failed && kiln_buf_append(s->buf, p, len, s->err))
+        s->failed = KILN_ERR_NOMEM;
+    return s->failed ? -1 : 0;
+}
+
+/* The packer functions report failure through the sink; checking the sink
+ * once at the end is enough because a failed sink drops every later write. */
+static void key(msgpack_packer *pk, const char *k)
+{
+    size_t n = strlen(k);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, k, n);
+}
+
+static void str(msgpack_packer *pk, const char *v)
+{
+    if (!v) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    size_t n = strlen(v);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, v, n);
+}
+
+static void bin(msgpack_packer *pk, const void *p, size_t n)
+{
+    msgpack_pack_bin(pk, n);
+    msgpack_pack_bin_body(pk, p, n);
+}
+
+static void kv_str(msgpack_packer *pk, const char *k, const char *v) { key(pk, k), str(pk, v); }
+static void kv_int(msgpack_packer *pk, const char *k, int64_t v) { key(pk, k), msgpack_pack_int64(pk, v); }
+static void kv_u64(msgpack_packer *pk, const char *k, uint64_t v) { key(pk, k), msgpack_pack_uint64(pk, v); }
+static void kv_bool(msgpack_packer *pk, const char *k, int v)
+{
+    key(pk, k);
+    if (v)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+}
+
+static void tensor_ref(msgpack_packer *pk, const kiln_tensor_ref *r)
+{
+    size_t fields = r->kind == KILN_REF_INLINE ? 5 : r->kind == KILN_REF_SHM ? 7 : 9;
+    msgpack_pack_map(pk, fields);
+    kv_str(pk, "kind", kiln_ref_kind_name(r->kind));
+    kv_str(pk, "dtype", kiln_dtype_name(r->dtype));
+    key(pk, "shape");
+    msgpack_pack_array(pk, (size_t)r->ndim);
+    for (int i = 0; i < r->ndim; i++)
+        msgpack_pack_int64(pk, r->shape[i]);
+    kv_u64(pk, "len", r->len);
+    if (r->kind == KILN_REF_INLINE) {
+        key(pk, "data");
+        bin(pk, r->data, (size_t)r->len);
+        return;
+    }
+    kv_str(pk, "owner", r->owner);
+    kv_str(pk, "slab", r->slab);
+    kv_u64(pk, "off", r->off);
+    if (r->kind == KILN_REF_CUDA_IPC) {
+        key(pk, "handle");
+        bin(pk, r->handle, sizeof r->handle);
+        kv_int(pk, "device", r->device);
+    }
+}
+
+static void ref_map(msgpack_packer *pk, const char *k, const kiln_ref_map *m)
+{
+    key(pk, k);
+    msgpack_pack_map(pk, (size_t)m->n);
+    for (int i = 0; i < m->n; i++) {
+        key(pk, m->items[i].name);
+        tensor_ref(pk, &m->items[i].ref);
+    }
+}
+
+static void hello(msgpack_packer *pk, const kiln_msg_hello *h)
+{
+    msgpack_pack_map(pk, 8);
+    kv_str(pk, "t", "hello");
+    kv_str(pk, "stage", kiln_stage_name(h->stage));
+    kv_str(pk, "replica", h->replica);
+    kv_str(pk, "model", h->model);
+    kv_str(pk, "host", h->host);
+    kv_int(pk, "max_batch", h->max_batch);
+    kv_int(pk, "version", h->version ? h->version : KILN_PROTO_VERSION);
+    key(pk, "transports");
+    int n = 0;
+    for (int k = 0; k < KILN_REF_KIND_COUNT; k++)
+        n += (h->transports >> k) & 1;
+    msgpack_pack_array(pk, (size_t)n);
+    for (int k = 0; k < KILN_REF_KIND_COUNT; k++)
+        if ((h->transports >> k) & 1)
+            str(pk, kiln_ref_kind_name((kiln_ref_kind)k));
+}
+
+static void done(msgpack_packer *pk, const kiln_msg_done *d)
+{
+    msgpack_pack_map(pk, d->ok ? 6 : 7);
+    kv_str(pk, "t", "done");
+    kv_u64(pk, "job", d->job);
+    kv_bool(pk, "ok", d->ok);
+    if (!d->ok) {
+        key(pk, "error");
+        msgpack_pack_map(pk, 2);
+        kv_str(pk, "code", kiln_status_name(d->code));
+        kv_str(pk, "message", d->message);
+    }
+    ref_map(pk, "out", &d->out);
+    key(pk, "images");
+    msgpack_pack_array(pk, (size_t)d->n_images);
+    for (int i = 0; i < d->n_images; i++)
+        bin(pk, d->images[i].data, d->images[i].len);
+    key(pk, "ms");
+    msgpack_pack_map(pk, (size_t)d->n_ms);
+    for (int i = 0; i < d->n_ms; i++) {
+        key(pk, d->ms[i].name);
+        msgpack_pack_double(pk, d->ms[i].ms);
+    }
+}
+
+static void job(msgpack_packer *pk, const kiln_msg_job *j)
+{
+    static const int fields[KILN_STAGE_COUNT] = {4, 7, 4};
+    msgpack_pack_map(pk, (size_t)(4 + fields[j->stage]));
+    kv_str(pk, "t", "job");
+    kv_u64(pk, "job", j->job);
+    kv_str(pk, "stage", kiln_stage_name(j->stage));
+    ref_map(pk, "in", &j->in);
+    switch (j->stage) {
+    case KILN_STAGE_ENCODE: {
+        const kiln_job_encode *e = &j->encode;
+        key(pk, "prompts");
+        msgpack_pack_array(pk, (size_t)e->n_prompts);
+        for (int i = 0; i < e->n_prompts; i++)
+            str(pk, e->prompts[i]);
+        kv_str(pk, "negative", e->negative);
+        kv_int(pk, "max_seq", e->max_seq);
+        key(pk, "refs");
+        msgpack_pack_array(pk, (size_t)e->n_refs);
+        for (int i = 0; i < e->n_refs; i++)
+            bin(pk, e->refs[i].data, e->refs[i].len);
+        break;
+    }
+    case KILN_STAGE_DENOISE: {
+        const kiln_job_denoise *d = &j->denoise;
+        kv_int(pk, "n", d->n);
+        key(pk, "seeds");
+        msgpack_pack_array(pk, (size_t)d->n_seeds);
+        for (int i = 0; i < d->n_seeds; i++)
+            msgpack_pack_uint64(pk, d->seeds[i]);
+        kv_int(pk, "width", d->width);
+        kv_int(pk, "height", d->height);
+        kv_int(pk, "steps", d->steps);
+        /* float32 on the wire: the request's value exactly. */
+        key(pk, "guidance");
+        msgpack_pack_float(pk, d->guidance);
+        kv_bool(pk, "batch_noise", d->batch_noise);
+        break;
+    }
+    case KILN_STAGE_DECODE: {
+        const kiln_job_decode *d = &j->decode;
+        kv_int(pk, "width", d->width);
+        kv_int(pk, "height", d->height);
+        kv_str(pk, "format", kiln_image_format_name(d->format));
+        kv_int(pk, "compression", d->compression);
+        break;
+    }
+    default:
+        break; /* refused by kiln_msg_check */
+    }
+}
+
+static void refs(msgpack_packer *pk, const char *t, const kiln_msg_refs *r)
+{
+    msgpack_pack_map(pk, 2);
+    kv_str(pk, "t", t);
+    key(pk, "refs");
+    msgpack_pack_array(pk, (size_t)r->n);
+    for (int i = 0; i < r->n; i++)
+        tensor_ref(pk, &r->refs[i]);
+}
+
+kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err)
+{
+    if (kiln_msg_check(m, err))
+        return KILN_ERR_INVALID;
+    size_t start = out->len;
+    sink s = {.buf = out, .err = err};
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &s, sink_write);
+    switch (m->type) {
+    case KILN_MSG_HELLO: hello(&pk, &m->hello); break;
+    case KILN_MSG_READY:
+        msgpack_pack_map(&pk, 2);
+        kv_str(&pk, "t", "ready");
+        kv_int(&pk, "credits", m->ready.credits);
+        break;
+    case KILN_MSG_HB:
+        msgpack_pack_map(&pk, 1);
+        kv_str(&pk, "t", "hb");
+        break;
+    case KILN_MSG_DONE: done(&pk, &m->done); break;
+    case KILN_MSG_RELEASE: refs(&pk, "release", &m->refs); break;
+    case KILN_MSG_FREE: refs(&pk, "free", &m->refs); break;
+    case KILN_MSG_JOB: job(&pk, &m->job); break;
+    case KILN_MSG_CANCEL:
+        msgpack_pack_map(&pk, 2);
+        kv_str(&pk, "t", "cancel");
+        kv_u64(&pk, "job", m->cancel_job);
+        break;
+    }
+    if (!s.failed && out->len - start > KILN_PROTO_MAX_FRAME)
+        s.failed = kiln_err_set(err, KILN_ERR_TOO_LARGE, "message over %u bytes",
+                                KILN_PROTO_MAX_FRAME);
+    if (s.failed) {
+        out->len = start;
+        return s.failed;
+    }
+    return KILN_OK;
+}

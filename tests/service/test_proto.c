@@ -1,0 +1,361 @@
+/* Bus protocol: every message type survives encode -> decode unchanged;
+ * malformed frames (truncations, wrong types, bad references, hostile
+ * container counts, random corruption) are refused with an error, never a
+ * crash. */
+#include <msgpack.h>
+
+#include "common/proto.h"
+#include "tests/test.h"
+
+static kiln_msg *roundtrip(const kiln_msg *m)
+{
+    kiln_buf b = {0};
+    kiln_err err = {0};
+    kiln_msg *out = NULL;
+    CHECKF(kiln_msg_encode(m, &b, &err) == KILN_OK, "%s", err.msg);
+    if (b.len) {
+        out = kiln_msg_decode(b.data, b.len, &err);
+        CHECKF(out != NULL, "%s", err.msg);
+    }
+    kiln_buf_free(&b);
+    return out;
+}
+
+static kiln_tensor_ref shm_ref(const char *slab, uint64_t off, int64_t rows)
+{
+    kiln_tensor_ref r = {.kind = KILN_REF_SHM, .dtype = KILN_F32, .ndim = 3,
+                         .shape = {rows, 16, 48}, .off = off};
+    r.len = (uint64_t)rows * 16 * 48 * 4;
+    snprintf(r.owner, sizeof r.owner, "encode-host-42");
+    snprintf(r.slab, sizeof r.slab, "%s", slab);
+    return r;
+}
+
+static int ref_equal(const kiln_tensor_ref *a, const kiln_tensor_ref *b)
+{
+    if (a->kind != b->kind || a->dtype != b->dtype || a->ndim != b->ndim || a->len != b->len ||
+        memcmp(a->shape, b->shape, sizeof a->shape))
+        return 0;
+    if (a->kind == KILN_REF_INLINE)
+        return !a->len || !memcmp(a->data, b->data, (size_t)a->len);
+    if (strcmp(a->owner, b->owner) || strcmp(a->slab, b->slab) || a->off != b->off)
+        return 0;
+    return a->kind != KILN_REF_CUDA_IPC ||
+           (a->device == b->device && !memcmp(a->handle, b->handle, sizeof a->handle));
+}
+
+static void test_hello_ready_hb_cancel(void)
+{
+    kiln_msg m = {.type = KILN_MSG_HELLO,
+                  .hello = {.stage = KILN_STAGE_DENOISE, .replica = "denoise-box-17",
+                            .model = "klein-tiny", .host = "box", .max_batch = 4,
+                            .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM) |
+                                          KILN_TRANSPORT_BIT(KILN_REF_INLINE)}};
+    kiln_msg *d = roundtrip(&m);
+    if (d) {
+        CHECK(d->type == KILN_MSG_HELLO && d->hello.stage == KILN_STAGE_DENOISE);
+        CHECK(!strcmp(d->hello.replica, "denoise-box-17") && !strcmp(d->hello.model, "klein-tiny"));
+        CHECK(!strcmp(d->hello.host, "box") && d->hello.max_batch == 4);
+        CHECK(d->hello.transports == m.hello.transports);
+        CHECK(d->hello.version == KILN_PROTO_VERSION);
+    }
+    kiln_msg_free(d);
+
+    m = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = 7};
+    d = roundtrip(&m);
+    CHECK(d && d->type == KILN_MSG_READY && d->ready.credits == 7);
+    kiln_msg_free(d);
+
+    m = (kiln_msg){.type = KILN_MSG_HB};
+    d = roundtrip(&m);
+    CHECK(d && d->type == KILN_MSG_HB);
+    kiln_msg_free(d);
+
+    m = (kiln_msg){.type = KILN_MSG_CANCEL, .cancel_job = UINT64_MAX};
+    d = roundtrip(&m);
+    CHECK(d && d->type == KILN_MSG_CANCEL && d->cancel_job == UINT64_MAX);
+    kiln_msg_free(d);
+}
+
+static void test_jobs(void)
+{
+    kiln_msg *m = calloc(1, sizeof *m);
+    static const uint8_t png[] = {0x89, 'P', 'N', 'G', 1, 2, 3};
+    m->type = KILN_MSG_JOB;
+    m->job.job = 1234567890123ull;
+    m->job.stage = KILN_STAGE_ENCODE;
+    m->job.encode = (kiln_job_encode){.n_prompts = 2, .prompts = {"a cat", "ein Hund \xc3\xa4"},
+                                      .negative = "", .max_seq = 64, .n_refs = 1,
+                                      .refs = {{png, sizeof png}}};
+    kiln_msg *d = roundtrip(m);
+    if (d) {
+        const kiln_job_encode *e = &d->job.encode;
+        CHECK(d->job.job == 1234567890123ull && d->job.stage == KILN_STAGE_ENCODE);
+        CHECK(e->n_prompts == 2 && !strcmp(e->prompts[1], "ein Hund \xc3\xa4"));
+        CHECK(e->negative && !strcmp(e->negative, "") && e->max_seq == 64);
+        CHECK(e->n_refs == 1 && e->refs[0].len == sizeof png &&
+              !memcmp(e->refs[0].data, png, sizeof png));
+        CHECK(d->job.in.n == 0);
+    }
+    kiln_msg_free(d);
+    m->job.encode.negative = NULL;
+    d = roundtrip(m);
+    CHECK(d && d->job.encode.negative == NULL);
+    kiln_msg_free(d);
+
+    memset(m, 0, sizeof *m);
+    m->type = KILN_MSG_JOB;
+    m->job.job = 9;
+    m->job.stage = KILN_STAGE_DENOISE;
+    m->job.denoise = (kiln_job_denoise){.n = 2, .n_seeds = 4, .seeds = {UINT64_MAX, 0, 5, 6},
+                                        .width = 64, .height = 128, .steps = 2,
+                                        .guidance = 3.7f, .batch_noise = 1};
+    kiln_tensor_ref emb = shm_ref("/kiln-encode-42-0", 128, 2);
+    int32_t ids[8] = {10, 0, 0, 0, 10, 0, 1, 0};
+    kiln_tensor_ref rid = {.kind = KILN_REF_INLINE, .dtype = KILN_I32, .ndim = 2, .shape = {2, 4},
+                           .len = sizeof ids, .data = ids};
+    kiln_tensor_ref ipc = shm_ref("/kiln-x", 0, 1);
+    ipc.kind = KILN_REF_CUDA_IPC, ipc.device = 3;
+    for (int i = 0; i < KILN_PROTO_IPC_HANDLE; i++)
+        ipc.handle[i] = (uint8_t)(i * 7);
+    kiln_err err = {0};
+    CHECK(kiln_ref_map_put(&m->job.in, "embeds", &emb, &err) == KILN_OK);
+    CHECK(kiln_ref_map_put(&m->job.in, "ref_ids", &rid, &err) == KILN_OK);
+    CHECK(kiln_ref_map_put(&m->job.in, "ref_tokens", &ipc, &err) == KILN_OK);
+    d = roundtrip(m);
+    if (d) {
+        const kiln_job_denoise *j = &d->job.denoise;
+        CHECK(j->n == 2 && j->n_seeds == 4 && j->seeds[0] == UINT64_MAX && j->seeds[3] == 6);
+        CHECK(j->width == 64 && j->height == 128 && j->steps == 2 && j->batch_noise == 1);
+        CHECK(j->guidance == 3.7f);
+        CHECK(d->job.in.n == 3);
+        const kiln_tensor_ref *r = kiln_ref_map_get(&d->job.in, "embeds");
+        CHECK(r && ref_equal(r, &emb));
+        r = kiln_ref_map_get(&d->job.in, "ref_ids");
+        CHECK(r && ref_equal(r, &rid));
+        r = kiln_ref_map_get(&d->job.in, "ref_tokens");
+        CHECK(r && ref_equal(r, &ipc));
+        CHECK(kiln_ref_map_get(&d->job.in, "neg") == NULL);
+    }
+    kiln_msg_free(d);
+
+    memset(m, 0, sizeof *m);
+    m->type = KILN_MSG_JOB;
+    m->job.stage = KILN_STAGE_DECODE;
+    m->job.decode = (kiln_job_decode){.width = 96, .height = 64, .format = KILN_IMAGE_WEBP,
+                                      .compression = 80};
+    CHECK(kiln_ref_map_put(&m->job.in, "latents", &emb, &err) == KILN_OK);
+    d = roundtrip(m);
+    CHECK(d && d->job.decode.width == 96 && d->job.decode.format == KILN_IMAGE_WEBP &&
+          d->job.decode.compression == 80 && d->job.in.n == 1);
+    kiln_msg_free(d);
+    free(m);
+}
+
+static void test_done_release(void)
+{
+    kiln_msg *m = calloc(1, sizeof *m);
+    static const uint8_t a[] = "first image", b[] = "second";
+    m->type = KILN_MSG_DONE;
+    m->done = (kiln_msg_done){.job = 77, .ok = 1, .n_images = 2,
+                              .images = {{a, sizeof a}, {b, sizeof b}}, .n_ms = 2,
+                              .ms = {{"run", 12.5}, {"queue", 0.25}}};
+    kiln_tensor_ref lat = shm_ref("/kiln-denoise-9-1", 4096, 3);
+    kiln_ref_map_put(&m->done.out, "latents", &lat, NULL);
+    kiln_msg *d = roundtrip(m);
+    if (d) {
+        CHECK(d->done.job == 77 && d->done.ok && d->done.code == KILN_OK);
+        CHECK(d->done.n_images == 2 && d->done.images[1].len == sizeof b &&
+              !memcmp(d->done.images[0].data, a, sizeof a));
+        CHECK(d->done.n_ms == 2 && !strcmp(d->done.ms[0].name, "run") && d->done.ms[1].ms == 0.25);
+        CHECK(d->done.out.n == 1 && ref_equal(&d->done.out.items[0].ref, &lat));
+    }
+    kiln_msg_free(d);
+
+    memset(m, 0, sizeof *m);
+    m->type = KILN_MSG_DONE;
+    m->done = (kiln_msg_done){.job = 78, .ok = 0, .code = KILN_ERR_CANCELLED,
+                              .message = "request cancelled"};
+    d = roundtrip(m);
+    CHECK(d && !d->done.ok && d->done.code == KILN_ERR_CANCELLED &&
+          !strcmp(d->done.message, "request cancelled"));
+    kiln_msg_free(d);
+
+    memset(m, 0, sizeof *m);
+    m->type = KILN_MSG_FREE;
+    m->refs.n = 2;
+    m->refs.refs[0] = lat;
+    m->refs.refs[1] = shm_ref("/kiln-denoise-9-0", 0, 1);
+    d = roundtrip(m);
+    CHECK(d && d->type == KILN_MSG_FREE && d->refs.n == 2 &&
+          ref_equal(&d->refs.refs[0], &lat) && ref_equal(&d->refs.refs[1], &m->refs.refs[1]));
+    kiln_msg_free(d);
+    m->type = KILN_MSG_RELEASE;
+    d = roundtrip(m);
+    CHECK(d && d->type == KILN_MSG_RELEASE && d->refs.n == 2);
+    kiln_msg_free(d);
+    free(m);
+}
+
+/* The encoder refuses what the decoder would refuse. */
+static void test_encode_refuses(void)
+{
+    kiln_buf b = {0};
+    kiln_err err = {0};
+    kiln_msg m = {.type = KILN_MSG_READY, .ready.credits = 0};
+    CHECK(kiln_msg_encode(&m, &b, &err) == KILN_ERR_INVALID && b.len == 0);
+    m = (kiln_msg){.type = KILN_MSG_HELLO,
+                   .hello = {.stage = KILN_STAGE_ENCODE, .replica = "bad id with spaces",
+                             .model = "m", .host = "h", .max_batch = 1, .transports = 1}};
+    CHECK(kiln_msg_encode(&m, &b, &err) == KILN_ERR_INVALID);
+    kiln_msg *j = calloc(1, sizeof *j);
+    j->type = KILN_MSG_JOB;
+    j->job.stage = KILN_STAGE_DENOISE;
+    j->job.denoise = (kiln_job_denoise){.n = 2, .n_seeds = 3, .width = 64, .height = 64,
+                                        .steps = 1};
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID); /* seeds not a multiple of n */
+    j->job.denoise.n_seeds = 2, j->job.denoise.width = 72;
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID);
+    j->job.denoise.width = 64;
+    kiln_tensor_ref r = shm_ref("/kiln-a", 0, 1);
+    r.len -= 4;
+    kiln_ref_map_put(&j->job.in, "embeds", &r, NULL);
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID); /* len mismatch */
+    r = shm_ref("/dev/shm/../etc", 0, 1);
+    kiln_ref_map_put(&j->job.in, "embeds", &r, NULL);
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID);
+    r = shm_ref("/kiln-a", 8, 1); /* misaligned offset */
+    kiln_ref_map_put(&j->job.in, "embeds", &r, NULL);
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID);
+    r = shm_ref("/kiln-a", 64, 1);
+    kiln_ref_map_put(&j->job.in, "embeds", &r, NULL);
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_OK && b.len > 0);
+    free(j);
+    kiln_buf_free(&b);
+}
+
+/* Packs a map from (key, packer-callback) steps by hand. */
+static msgpack_sbuffer sbuf;
+static msgpack_packer pk;
+static void begin(void)
+{
+    msgpack_sbuffer_init(&sbuf);
+    msgpack_packer_init(&pk, &sbuf, msgpack_sbuffer_write);
+}
+static void pstr(const char *s)
+{
+    msgpack_pack_str(&pk, strlen(s));
+    msgpack_pack_str_body(&pk, s, strlen(s));
+}
+
+static int decodes(const void *p, size_t n)
+{
+    kiln_err err = {0};
+    kiln_msg *m = kiln_msg_decode(p, n, &err);
+    int ok = m != NULL;
+    if (!ok)
+        CHECKF(err.code == KILN_ERR_INVALID && err.msg[0], "code %d", err.code);
+    kiln_msg_free(m);
+    return ok;
+}
+
+static void test_malformed(void)
+{
+    CHECK(!decodes("", 0));
+    CHECK(!decodes(NULL, 5));
+    static const uint8_t not_map[] = {0x93, 1, 2, 3};
+    CHECK(!decodes(not_map, sizeof not_map));
+    /* Declared counts far beyond the frame: refused before any allocation. */
+    static const uint8_t huge_array[] = {0xdd, 0xff, 0xff, 0xff, 0xff, 0xc0};
+    CHECK(!decodes(huge_array, sizeof huge_array));
+    static const uint8_t huge_map[] = {0xdf, 0x7f, 0xff, 0xff, 0xff, 0xc0, 0xc0};
+    CHECK(!decodes(huge_map, sizeof huge_map));
+    static const uint8_t huge_str[] = {0xdb, 0xff, 0xff, 0xff, 0xf0, 'a'};
+    CHECK(!decodes(huge_str, sizeof huge_str));
+    uint8_t deep[64];
+    memset(deep, 0x91, sizeof deep);
+    deep[63] = 0xc0;
+    CHECK(!decodes(deep, sizeof deep));
+    static const uint8_t ext[] = {0x81, 0xa1, 't', 0xd4, 1, 2};
+    CHECK(!decodes(ext, sizeof ext));
+
+    /* Well-formed msgpack, wrong content. */
+    begin(); msgpack_pack_map(&pk, 1); pstr("t"); pstr("nope");
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("ready"); pstr("credits"); pstr("4");
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("ready"); pstr("credits");
+    msgpack_pack_int64(&pk, -3);
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("cancel"); pstr("job");
+    msgpack_pack_int64(&pk, -1);
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+    /* A prompt with an embedded NUL. */
+    begin(); msgpack_pack_map(&pk, 5); pstr("t"); pstr("job"); pstr("job");
+    msgpack_pack_uint64(&pk, 1); pstr("stage"); pstr("encode"); pstr("max_seq");
+    msgpack_pack_int(&pk, 8); pstr("prompts"); msgpack_pack_array(&pk, 1);
+    msgpack_pack_str(&pk, 3); msgpack_pack_str_body(&pk, "a\0b", 3);
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+    /* Unknown keys are ignored; trailing bytes are not. */
+    begin(); msgpack_pack_map(&pk, 3); pstr("t"); pstr("ready"); pstr("credits");
+    msgpack_pack_int(&pk, 2); pstr("future"); msgpack_pack_array(&pk, 0);
+    CHECK(decodes(sbuf.data, sbuf.size));
+    msgpack_pack_nil(&pk);
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+}
+
+/* Every truncation and many single-byte corruptions of a rich message:
+ * each either decodes to a message that passes kiln_msg_check or is
+ * refused; none crashes (run under ASan/UBSan in CI). */
+static void test_corruption(void)
+{
+    kiln_msg *m = calloc(1, sizeof *m);
+    m->type = KILN_MSG_JOB;
+    m->job.stage = KILN_STAGE_DENOISE;
+    m->job.denoise = (kiln_job_denoise){.n = 1, .n_seeds = 2, .seeds = {3, 4}, .width = 64,
+                                        .height = 64, .steps = 2, .guidance = 1.0f};
+    kiln_tensor_ref e = shm_ref("/kiln-encode-1-0", 0, 2);
+    kiln_ref_map_put(&m->job.in, "embeds", &e, NULL);
+    kiln_buf b = {0};
+    kiln_err err = {0};
+    CHECK(kiln_msg_encode(m, &b, &err) == KILN_OK);
+    int refused = 0;
+    for (size_t n = 0; n < b.len; n++)
+        refused += !decodes(b.data, n);
+    CHECK(refused == (int)b.len);
+    uint8_t *copy = malloc(b.len);
+    uint32_t x = 12345;
+    int accepted = 0;
+    for (int it = 0; it < 4000; it++) {
+        memcpy(copy, b.data, b.len);
+        x = x * 1103515245u + 12345u;
+        copy[(x >> 8) % b.len] = (uint8_t)(x >> 20);
+        kiln_msg *d = kiln_msg_decode(copy, b.len, &err);
+        if (d) {
+            accepted++;
+            CHECK(kiln_msg_check(d, &err) == KILN_OK);
+        }
+        kiln_msg_free(d);
+    }
+    CHECK(accepted > 0 && accepted < 4000);
+    free(copy);
+    kiln_buf_free(&b);
+    free(m);
+}
+
+int main(void)
+{
+    RUN(test_hello_ready_hb_cancel);
+    RUN(test_jobs);
+    RUN(test_done_release);
+    RUN(test_encode_refuses);
+    RUN(test_malformed);
+    RUN(test_corruption);
+    return test_finish();
+}
