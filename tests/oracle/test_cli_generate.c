@@ -1,0 +1,229 @@
+/* End to end: the real `kiln generate` / `kiln edit` binaries against the
+ * diffusers oracle images, determinism (same command, same bytes; image i
+ * of seed S equals image 0 of seed S + i), --latents-in/--latents-out, and
+ * refusal of bad input with a clear message. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/image.h"
+#include "oracle_util.h"
+#include "tests/run_util.h"
+#include "tests/test.h"
+
+static char tmp[] = "/tmp/kiln-cli-XXXXXX";
+static char log_text[16384];
+static const char *kiln;
+
+static int run(const char **argv)
+{
+    int rc = test_run(kiln, argv, log_text, sizeof log_text);
+    if (rc)
+        fprintf(stderr, "  kiln exited %d: %s", rc, log_text);
+    return rc;
+}
+
+static const char *tmp_path(const char *name)
+{
+    static char bufs[8][512];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, 512, "%s/%s", tmp, name);
+    return b;
+}
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    *len = buf ? fread(buf, 1, (size_t)n, f) : 0;
+    fclose(f);
+    return buf;
+}
+
+static int same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = read_all(a, &na), *y = read_all(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x), free(y);
+    return same;
+}
+
+static double psnr_vs_oracle(const char *png, const char *case_name, int b)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "cases/%s/image_fp32_%d.png", case_name, b);
+    kiln_image got = {0}, want = {0};
+    kiln_err err = {0};
+    if (kiln_image_read_file(png, NULL, &got, &err) ||
+        kiln_image_read_file(oracle_path(rel), NULL, &want, &err) || got.width != want.width ||
+        got.height != want.height) {
+        kiln_image_free(&got), kiln_image_free(&want);
+        return -1;
+    }
+    double p = oracle_psnr_u8(got.pixels, want.pixels, (size_t)got.width * got.height * 3);
+    kiln_image_free(&got), kiln_image_free(&want);
+    fprintf(stderr, "  %s image %d: PSNR %.2f dB\n", case_name, b, p);
+    return p;
+}
+
+static void test_t2i_matches_oracle_and_is_deterministic(void)
+{
+    const char *ckpt = oracle_path("ckpt/klein-tiny");
+    char model[512];
+    snprintf(model, sizeof model, "%s", ckpt);
+    const char *argv[] = {NULL, "generate", "--model", model, "--prompt",
+                          "a red fox sitting in fresh snow, soft winter light", "--seed", "42",
+                          "--width", "256", "--height", "256", "--steps", "4",
+                          "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("fox.png"),
+                          "--latents-out", tmp_path("fox.safetensors"), NULL};
+    CHECK(run(argv) == 0);
+    CHECK(psnr_vs_oracle(tmp_path("fox.png"), "klein_t2i_256", 0) >= 50.0);
+    kiln_st *ref = oracle_open("klein_t2i_256", "ref_fp32.safetensors");
+    kiln_err err = {0};
+    kiln_st *got = kiln_st_open(tmp_path("fox.safetensors"), NULL, &err);
+    CHECKF(got, "%s", err.msg);
+    if (got) {
+        int64_t n = 0;
+        float *a = oracle_f32(got, "latents", &n), *b = oracle_f32(ref, "latents_step.3", NULL);
+        CHECK(a && b && test_rel_err(a, b, (size_t)n) < 1e-4);
+        free(a), free(b);
+        kiln_st_close(got);
+    }
+    kiln_st_close(ref);
+
+    argv[17] = tmp_path("fox2.png");
+    argv[18] = NULL;
+    CHECK(run(argv) == 0);
+    CHECKF(same_file(tmp_path("fox.png"), tmp_path("fox2.png")), "same command, different bytes");
+}
+
+static void test_batch_case(void)
+{
+    char model[512];
+    snprintf(model, sizeof model, "%s", oracle_path("ckpt/klein-tiny"));
+    cJSON *meta = oracle_meta("klein_t2i_batch2");
+    cJSON *prompts = cJSON_GetObjectItem(meta, "prompts");
+    const char *argv[] = {NULL, "generate", "--model", model, "--prompt",
+                          cJSON_GetArrayItem(prompts, 0)->valuestring, "--prompt",
+                          cJSON_GetArrayItem(prompts, 1)->valuestring, "--seed", "1234",
+                          "--width", "192", "--height", "128", "--batch-noise",
+                          "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("b.png"), NULL};
+    CHECK(run(argv) == 0);
+    CHECK(psnr_vs_oracle(tmp_path("b-0.png"), "klein_t2i_batch2", 0) >= 50.0);
+    CHECK(psnr_vs_oracle(tmp_path("b-1.png"), "klein_t2i_batch2", 1) >= 50.0);
+    cJSON_Delete(meta);
+}
+
+static void test_seed_per_image(void)
+{
+    char model[512];
+    snprintf(model, sizeof model, "%s", oracle_path("ckpt/klein-tiny"));
+    const char *two[] = {NULL, "generate", "--model", model, "--prompt", "a lighthouse",
+                         "--seed", "10", "-n", "2", "--width", "64", "--height", "64",
+                         "--steps", "2", "--text-encoder-out-layers", "1,2,3", "--out",
+                         tmp_path("s.png"), NULL};
+    CHECK(run(two) == 0);
+    const char *one[] = {NULL, "generate", "--model", model, "--prompt", "a lighthouse",
+                         "--seed", "11", "--width", "64", "--height", "64", "--steps", "2",
+                         "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("s11.png"), NULL};
+    CHECK(run(one) == 0);
+    CHECKF(same_file(tmp_path("s-1.png"), tmp_path("s11.png")),
+           "image 1 of seed 10 differs from image 0 of seed 11");
+    CHECK(!same_file(tmp_path("s-0.png"), tmp_path("s-1.png")));
+}
+
+static void test_edit_and_cfg_cases(void)
+{
+    char model[512], base[512], ref_png[512];
+    snprintf(model, sizeof model, "%s", oracle_path("ckpt/klein-tiny"));
+    snprintf(base, sizeof base, "%s", oracle_path("ckpt/klein-base-tiny"));
+    snprintf(ref_png, sizeof ref_png, "%s", oracle_path("cases/klein_edit_1ref/input_ref0.png"));
+    /* No size: the output takes the reference's prepared size (192x128). */
+    const char *edit[] = {NULL, "edit", "--model", model, "--image", ref_png, "--prompt",
+                          "make the sky purple", "--seed", "5", "--text-encoder-out-layers",
+                          "1,2,3", "--out", tmp_path("edit.png"), NULL};
+    CHECK(run(edit) == 0);
+    CHECK(psnr_vs_oracle(tmp_path("edit.png"), "klein_edit_1ref", 0) >= 50.0);
+    /* Two references run (ids t = 10 and 20) and change the result. */
+    const char *edit2[] = {NULL, "edit", "--model", model, "--image", ref_png, "--image", ref_png,
+                           "--prompt", "make the sky purple", "--seed", "5", "--steps", "1",
+                           "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("edit2.png"),
+                           NULL};
+    CHECK(run(edit2) == 0);
+    CHECK(!same_file(tmp_path("edit.png"), tmp_path("edit2.png")));
+    const char *cfg[] = {NULL, "generate", "--model", base, "--prompt",
+                         "a watercolor map of an imaginary island", "--seed", "3", "--width",
+                         "256", "--height", "256", "--steps", "6", "--guidance", "4",
+                         "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("cfg.png"), NULL};
+    CHECK(run(cfg) == 0);
+    CHECK(psnr_vs_oracle(tmp_path("cfg.png"), "klein_base_cfg_256", 0) >= 50.0);
+}
+
+static void expect_failure(const char **argv, const char *needle)
+{
+    int rc = test_run(kiln, argv, log_text, sizeof log_text);
+    CHECKF(rc == 1 || rc == 2, "exit %d", rc);
+    CHECKF(strstr(log_text, needle) != NULL, "expected '%s' in: %s", needle, log_text);
+}
+
+static void test_bad_input(void)
+{
+    char model[512];
+    snprintf(model, sizeof model, "%s", oracle_path("ckpt/klein-tiny"));
+    const char *odd[] = {NULL, "generate", "--model", model, "--prompt", "x", "--width", "100",
+                         "--height", "64", "--out", tmp_path("bad.png"), NULL};
+    expect_failure(odd, "multiple of 16");
+    const char *small[] = {NULL, "generate", "--model", model, "--prompt", "x", "--width", "32",
+                           "--height", "64", "--out", tmp_path("bad.png"), NULL};
+    expect_failure(small, "between 64 and 4096");
+    const char *nomodel[] = {NULL, "generate", "--model", tmp_path("nothing"), "--prompt", "x",
+                             "--out", tmp_path("bad.png"), NULL};
+    expect_failure(nomodel, "not found");
+    const char *neg[] = {NULL, "generate", "--model", model, "--prompt", "x",
+                         "--negative-prompt", "y", "--out", tmp_path("bad.png"), NULL};
+    expect_failure(neg, "base");
+    FILE *f = fopen(tmp_path("notimage.png"), "w");
+    if (f) {
+        fputs("hello, not an image\n", f);
+        fclose(f);
+    }
+    const char *badimg[] = {NULL, "edit", "--model", model, "--image", tmp_path("notimage.png"),
+                            "--prompt", "x", "--out", tmp_path("bad.png"), NULL};
+    expect_failure(badimg, "image");
+    const char *badlat[] = {NULL, "generate", "--model", model, "--prompt", "x", "--width", "64",
+                            "--height", "64", "--latents-in", tmp_path("fox.safetensors"),
+                            "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("bad.png"),
+                            NULL};
+    expect_failure(badlat, "latents");
+    const char *badutf[] = {NULL, "generate", "--model", model, "--prompt", "\xc3\x28",
+                            "--out", tmp_path("bad.png"), NULL};
+    expect_failure(badutf, "UTF-8");
+    CHECK(access(tmp_path("bad.png"), F_OK) != 0);
+}
+
+int main(void)
+{
+    if (!mkdtemp(tmp))
+        return 2;
+    static char exe[4096];
+    snprintf(exe, sizeof exe, "%s", test_build_path("tools/kiln"));
+    kiln = exe;
+    RUN(test_t2i_matches_oracle_and_is_deterministic);
+    RUN(test_batch_case);
+    RUN(test_seed_per_image);
+    RUN(test_edit_and_cfg_cases);
+    RUN(test_bad_input);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmp);
+    return test_finish();
+}

@@ -1,0 +1,17 @@
+/* Running the real kiln binaries from tests: fork + exec with stderr
+ * captured, so end-to-end tests exercise exactly what a user runs. */
+#ifndef KILN_TESTS_RUN_UTIL_H
+#define KILN_TESTS_RUN_UTIL_H
+
+#include <stddef.h>
+
+/* Path of a built executable ("tools/kiln") under $KILN_BUILD_ROOT, in a
+ * static buffer. */
+const char *test_build_path(const char *rel);
+
+/* Runs `exe` with argv (NULL-terminated; argv[0] is replaced by exe) and
+ * waits.  Its stderr goes to `log` (NUL-terminated, truncated to len).
+ * Returns the exit status, or -1 when it did not exit normally. */
+int test_run(const char *exe, const char **argv, char *log, size_t len);
+
+#endif
