@@ -122,13 +122,12 @@ static kiln_status encoder_load(kiln_vae *v, const kiln_st *st, kiln_err *err)
     if (vae_mid_load(be, st, &e->mid, top, c->mid_attn, "encoder.mid_block", err) ||
         vae_norm_load(be, st, &e->norm_out, top, "encoder.conv_norm_out", err))
         return err->code;
-    if (c->quant)
-        return vae_conv_load(be, st, &e->conv_out, 2 * z, top, 3, "encoder.conv_out", err) ||
-                       vae_conv_load_rows(be, st, &e->quant, z, 2 * z, 2 * z, 1, "quant_conv",
-                                          err)
-                   ? err->code
-                   : KILN_OK;
-    return vae_conv_load_rows(be, st, &e->conv_out, z, 2 * z, top, 3, "encoder.conv_out", err);
+    if (!c->quant)
+        return vae_conv_load_rows(be, st, &e->conv_out, z, 2 * z, top, 3, "encoder.conv_out",
+                                  err);
+    if (vae_conv_load(be, st, &e->conv_out, 2 * z, top, 3, "encoder.conv_out", err))
+        return err->code;
+    return vae_conv_load_rows(be, st, &e->quant, z, 2 * z, 2 * z, 1, "quant_conv", err);
 }
 
 /* BatchNorm running statistics as host f32 (the module itself never runs). */
@@ -175,6 +174,10 @@ static void fill_info(kiln_vae *v, unsigned parts)
 kiln_vae *kiln_vae_load(kiln_backend *be, const cJSON *config, const kiln_st *weights,
                         unsigned parts, kiln_err *err)
 {
+    if (!config || !weights) {
+        kiln_err_set(err, KILN_ERR_INVALID, "vae: no config or weights given");
+        return NULL;
+    }
     if (!parts || (parts & ~(unsigned)(KILN_VAE_DECODER | KILN_VAE_ENCODER))) {
         kiln_err_set(err, KILN_ERR_INVALID, "vae: parts must be KILN_VAE_DECODER and/or "
                      "KILN_VAE_ENCODER");
