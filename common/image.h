@@ -178,9 +178,10 @@ kiln_status kiln_image_flux2_ref_size(int width, int height, int *out_width, int
  * multiple-of-16 size (left = floor((w - W')/2), top likewise), then
  * pixel/255 and 2x - 1 in fp32 into a new host tensor `out`, F32 of shape
  * (1, 3, H', W') (caller frees with kiln_tensor_host_free).  Bit-exact with
- * diffusers for RGB and gray inputs; for RGBA, palette and 16-bit gray
- * inputs larger than 1024^2, Pillow resamples in another mode (premultiplied
- * alpha, NEAREST, float) and the result may differ by a few levels.
+ * diffusers for RGB and gray inputs of any size, and for every input of at
+ * most 1024^2 pixels.  Larger RGBA/LA, palette, CMYK and 16-bit gray inputs
+ * differ: diffusers resizes them in their own mode (premultiplied alpha,
+ * NEAREST, CMYK channels, float) before converting, we convert first.
  * Errors: KILN_ERR_INVALID, _NOMEM; `out` is untouched on failure. */
 kiln_status kiln_image_flux2_ref_prepare(const kiln_image *img, kiln_tensor *out, kiln_err *err);
 
