@@ -17,9 +17,8 @@ kiln_tokenizer *kiln_tokenizer_load(const char *dir, kiln_err *err)
     kiln_status st = KILN_OK;
     /* transformers' fast tokenizer prefers tokenizer.json when both exist. */
     int use_json = kiln_tok_file_exists(dir, "tokenizer.json");
-    if (!use_json || kiln_tok_file_exists(dir, "tokenizer_config.json")) {
+    if (!use_json || kiln_tok_file_exists(dir, "tokenizer_config.json"))
         st = kiln_tok_read_json(dir, "tokenizer_config.json", &config, err);
-    }
     if (!st)
         st = use_json ? kiln_tok_load_json(tok, dir, err)
                       : kiln_tok_load_vocab_merges(tok, dir, config, err);

@@ -1,15 +1,18 @@
-/* Text before BPE: strict UTF-8 check, NFC (tokenizer_nfc.c), and the Qwen2 pre-tokenizer
- * split (transformers models/qwen2/tokenization_qwen2.py PRETOKENIZE_REGEX):
+/* Text before BPE: strict UTF-8 check, NFC (tokenizer_nfc.c), and the Qwen2
+ * pre-tokenizer split (transformers models/qwen2/tokenization_qwen2.py
+ * PRETOKENIZE_REGEX):
  *
  *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
  *   | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
  *
  * The regex is matched by hand rather than through PCRE2: the reference runs
- * it in Oniguruma, and the class tables must be the reference's (see
- * tokenizer_unicode.c), which no system regex library offers.  Each
- * alternative is short enough to follow its backtracking exactly; the
- * comments in match_at() derive what each one matches.  The regex matches at
- * every position, so the split (behaviour Isolated) leaves no gaps. */
+ * it in Oniguruma with Unicode 16 tables (tokenizer_unicode.c), while
+ * Debian's PCRE2 10.42 has Unicode 14 ones (9,272 letters, e.g. CJK
+ * Extension H, and 120 numbers fewer) and its caseless 's also matches 'ſ',
+ * which Oniguruma's does not.  Each alternative is short enough to follow its
+ * backtracking exactly; the comments in match_at() derive what each matches.
+ * The regex matches at every position, so the split (behaviour Isolated)
+ * leaves no gaps. */
 #include <stdlib.h>
 #include <string.h>
 

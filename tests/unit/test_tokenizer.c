@@ -51,8 +51,9 @@ static void test_corpus(void)
 
 static void test_oracle_vectors(void)
 {
-    cJSON *doc = cJSON_Parse(tok_slurp(tok_path("KILN_SHARED", "oracle/tokenizer_vectors.json"),
-                                       NULL));
+    char *json = tok_slurp(tok_path("KILN_SHARED", "oracle/tokenizer_vectors.json"), NULL);
+    cJSON *doc = cJSON_Parse(json);
+    free(json);
     CHECK(doc != NULL);
     if (!doc)
         return;
