@@ -50,6 +50,16 @@ static const char *config_file(const char *component)
     return "config.json";
 }
 
+static int known_component(const char *name)
+{
+    static const char *const known[] = {"transformer", "text_encoder", "vae", "scheduler",
+                                        "tokenizer"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strcmp(name, known[i]))
+            return 1;
+    return 0;
+}
+
 static int plain_name(const char *s)
 {
     size_t n = strlen(s);
@@ -110,9 +120,17 @@ static kiln_status load_component(kiln_checkpoint *ck, const char *name, kiln_er
     const char *cfg = config_file(name);
     snprintf(path, sizeof path, "%s/%s/%s", ck->dir, name, cfg);
     snprintf(label, sizeof label, "%s/%s", name, cfg);
-    if (!is_file(path))
-        return kiln_err_set(err, KILN_ERR_NOT_FOUND, "checkpoint's %s/ component has no %s",
-                            name, cfg);
+    ck_component *c = &ck->comp[ck->ncomp];
+    snprintf(c->name, sizeof c->name, "%s", name);
+    if (!is_file(path)) {
+        /* Components kiln runs must have their settings; others (an image
+         * processor, say) keep theirs under names we do not read. */
+        if (known_component(name))
+            return kiln_err_set(err, KILN_ERR_NOT_FOUND, "checkpoint's %s/ component has no %s",
+                                name, cfg);
+        ck->ncomp++;
+        return KILN_OK;
+    }
     cJSON *doc = kiln_json_load(path, label, err);
     if (!doc)
         return err ? err->code : KILN_ERR_IO;
@@ -120,9 +138,8 @@ static kiln_status load_component(kiln_checkpoint *ck, const char *name, kiln_er
         cJSON_Delete(doc);
         return kiln_err_set(err, KILN_ERR_FORMAT, "%s is not a JSON object", label);
     }
-    ck_component *c = &ck->comp[ck->ncomp++];
-    snprintf(c->name, sizeof c->name, "%s", name);
     c->config = doc;
+    ck->ncomp++;
     return KILN_OK;
 }
 
@@ -198,6 +215,9 @@ const cJSON *kiln_checkpoint_config(const kiln_checkpoint *ck, const char *compo
                                     kiln_err *err)
 {
     const ck_component *c = find_component(ck, component, err);
+    if (c && !c->config)
+        kiln_err_set(err, KILN_ERR_NOT_FOUND, "checkpoint's %.64s/ component has no config",
+                     component);
     return c ? c->config : NULL;
 }
 

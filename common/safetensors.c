@@ -564,6 +564,11 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 const kiln_st_tensor *kiln_st_expect(const kiln_st *st, const char *name, int ndim,
                                      const int64_t *shape, kiln_err *err)
 {
+    if (ndim < 0 || ndim > KILN_MAX_DIMS) {
+        kiln_err_set(err, KILN_ERR_INVALID, "%s: expected rank %d for '%s' is out of range",
+                     st->label, ndim, name);
+        return NULL;
+    }
     const kiln_st_tensor *t = kiln_st_find(st, name);
     if (!t) {
         kiln_err_set(err, KILN_ERR_NOT_FOUND, "%s: tensor '%s' is missing", st->label, name);

@@ -24,36 +24,37 @@ static uint64_t fnv1a(const char *s)
     return h;
 }
 
-/* Approximately N(0, 1): the Irwin-Hall sum of four 16-bit uniforms from
- * one 64-bit draw.  Random weights only need the right scale, and this is
- * several times cheaper than Box-Muller for multi-GB checkpoints. */
-static float normalish(uint64_t *s)
-{
-    uint64_t r = splitmix64(s);
-    uint32_t sum = (uint32_t)(r & 0xffff) + (uint32_t)((r >> 16) & 0xffff) +
-                   (uint32_t)((r >> 32) & 0xffff) + (uint32_t)(r >> 48);
-    return ((float)sum - 131070.0f) * (1.0f / 37837.23f);
-}
-
-static float draw(kiln_arch_init init, uint64_t *s)
-{
-    float n = normalish(s);
-    switch (init) {
-    case KILN_INIT_WEIGHT:
-    case KILN_INIT_BIAS: return 0.02f * n;
-    case KILN_INIT_NORM: return 1.0f + 0.1f * n;
-    case KILN_INIT_MEAN: return 0.1f * n;
-    case KILN_INIT_VAR: return 1.0f + 0.5f * (n < 0 ? -n : n);
-    case KILN_INIT_ZERO: break;
-    }
-    return 0.0f;
-}
+/* Values are drawn as offset + scale * n with n approximately N(0, 1): the
+ * Irwin-Hall sum of four random bytes, rescaled (mean 510, sd 147.8).  Its
+ * 1021 possible sums are mapped to bf16 once per tensor, so generating a
+ * multi-GB checkpoint costs one table lookup per element, and one 64-bit
+ * draw feeds two elements.  Random weights only need the right scale. */
+#define IH_LEVELS 1021
 
 typedef struct fill_ctx {
     const kiln_arch_tensor *const *tensors; /* entry index -> tensor */
     uint64_t seed;
     uint64_t state;
+    uint16_t table[IH_LEVELS];
 } fill_ctx;
+
+static void make_table(uint16_t *table, kiln_arch_init init)
+{
+    float offset = 0.0f, scale = 0.02f;
+    int fold = 0;
+    switch (init) {
+    case KILN_INIT_WEIGHT:
+    case KILN_INIT_BIAS: break;
+    case KILN_INIT_NORM: offset = 1.0f, scale = 0.1f; break;
+    case KILN_INIT_MEAN: scale = 0.1f; break;
+    case KILN_INIT_VAR: offset = 1.0f, scale = 0.5f, fold = 1; break; /* always positive */
+    case KILN_INIT_ZERO: scale = 0.0f; break;
+    }
+    for (int i = 0; i < IH_LEVELS; i++) {
+        float n = ((float)i - 510.0f) * (1.0f / 147.80f);
+        table[i] = kiln_f32_to_bf16(offset + scale * (fold && n < 0 ? -n : n));
+    }
+}
 
 static kiln_status fill(void *vctx, size_t index, size_t offset, void *buf, size_t nbytes,
                         kiln_err *err)
@@ -61,15 +62,24 @@ static kiln_status fill(void *vctx, size_t index, size_t offset, void *buf, size
     (void)err;
     fill_ctx *c = vctx;
     const kiln_arch_tensor *t = c->tensors[index];
-    if (offset == 0)
-        c->state = c->seed ^ fnv1a(t->name);
     if (t->init == KILN_INIT_ZERO) {
         memset(buf, 0, nbytes);
         return KILN_OK;
     }
+    if (offset == 0) {
+        c->state = c->seed ^ fnv1a(t->name);
+        make_table(c->table, t->init);
+    }
     uint16_t *p = buf;
-    for (size_t i = 0; i < nbytes / 2; i++)
-        p[i] = kiln_f32_to_bf16(draw(t->init, &c->state));
+    size_t n = nbytes / 2;
+    for (size_t i = 0; i < n; i += 2) {
+        uint64_t r = splitmix64(&c->state);
+        /* byte pairs summed in 16-bit lanes, then lanes pairwise */
+        uint64_t s = (r & 0x00ff00ff00ff00ffull) + ((r >> 8) & 0x00ff00ff00ff00ffull);
+        p[i] = c->table[(s & 0xffff) + ((s >> 16) & 0xffff)];
+        if (i + 1 < n)
+            p[i + 1] = c->table[((s >> 32) & 0xffff) + (s >> 48)];
+    }
     return KILN_OK;
 }
 

@@ -200,6 +200,19 @@ static void test_broken_folders(void)
     ck = kiln_checkpoint_open(odd, &err);
     CHECKF(ck && kiln_checkpoint_pipeline(ck) == KILN_PIPE_FLUX2_KLEIN_KV, "%s", err.msg);
     kiln_checkpoint_close(ck);
+    /* a component kiln does not run may keep its settings elsewhere */
+    CHECK(mkdir(io_path("odd/image_processor"), 0755) == 0);
+    CHECK(io_write_str(io_path("odd/model_index.json"),
+                       "{\"_class_name\": \"ZImagePipeline\", \"image_processor\": "
+                       "[\"transformers\", \"CLIPImageProcessor\"]}") == 0);
+    ck = kiln_checkpoint_open(odd, &err);
+    CHECKF(ck != NULL, "%s", err.msg);
+    if (ck) {
+        CHECK(kiln_checkpoint_config(ck, "image_processor", &err) == NULL &&
+              err.code == KILN_ERR_NOT_FOUND);
+        CHECK(kiln_checkpoint_path(ck, "image_processor", p, sizeof p, &err) == KILN_OK);
+        kiln_checkpoint_close(ck);
+    }
     expect_open_fails(io_path("no-such-dir"), KILN_ERR_NOT_FOUND, "not found");
 }
 

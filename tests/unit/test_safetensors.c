@@ -79,6 +79,8 @@ static void test_round_trip(void)
     CHECK(kiln_st_expect(st, "z.weight", 2, (int64_t[]){3, 2}, &err) == NULL);
     CHECK(err.code == KILN_ERR_FORMAT && strstr(err.msg, "z.weight") &&
           strstr(err.msg, "[2, 3]") && strstr(err.msg, "[3, 2]"));
+    CHECK(kiln_st_expect(st, "z.weight", KILN_MAX_DIMS + 1, (int64_t[KILN_MAX_DIMS + 1]){0},
+                         &err) == NULL && err.code == KILN_ERR_INVALID);
     CHECK(kiln_st_expect(st, "nope", 1, (int64_t[]){1}, &err) == NULL);
     CHECK(err.code == KILN_ERR_NOT_FOUND && strstr(err.msg, "nope") &&
           strstr(err.msg, "rt.safetensors"));
