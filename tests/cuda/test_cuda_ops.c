@@ -581,6 +581,8 @@ static void test_conv(void)
     case_conv(1, 64, 32, 32, 64, 3, 1, (int[]){1, 1, 1, 1}, 1);
     case_conv(1, 40, 9, 9, 70, 1, 1, (int[]){0, 0, 0, 0}, 0);
     case_conv(1, 128, 24, 24, 128, 3, 1, (int[]){1, 1, 1, 1}, 1);
+    case_conv(3, 32, 15, 15, 160, 3, 1, (int[]){1, 1, 1, 1}, 1); /* two Cout tiles */
+    case_conv(1, 512, 8, 8, 64, 3, 1, (int[]){1, 1, 1, 1}, 1);   /* K = 4608 */
 }
 
 /* --- transfers and errors ----------------------------------------------------- */
@@ -617,8 +619,9 @@ static void test_transfers(void)
     CHECKF(st == KILN_OK && bad == 0, "status %d (%s), %d wrong values", st, err.msg, bad);
     cases++;
     failed += st != KILN_OK || bad != 0;
-    printf("%-18s | %-34s | %9s | %s\n", "upload/download", "f32, bf16 -> bf16, f32", bad ? "wrong" : "exact",
-           st == KILN_OK && bad == 0 ? "pass" : "FAIL");
+    printf("%-18s | %-34s | %9s | %s\n", "upload/download", "f32, bf16 -> bf16, f32",
+           bad ? "wrong" : "exact", st == KILN_OK && bad == 0 ? "pass" : "FAIL");
+    fflush(stdout);
 }
 
 /* A caller bug becomes the sticky error: later ops are skipped, check()
@@ -647,6 +650,7 @@ static void test_sticky_error(void)
     failed += !ok;
     printf("%-18s | %-34s | %9s | %s\n", "sticky error", "bad linear, 2^50 alloc", "-",
            ok ? "pass" : "FAIL");
+    fflush(stdout);
     dual_free(&x);
     dual_free(&w);
     dual_free(&y);
@@ -693,6 +697,7 @@ int main(void)
     test_conv();
     test_sticky_error();
     printf("%d cases, %d failed\n", cases, failed);
+    fflush(stdout);
     kiln_backend_destroy(gpu);
     kiln_backend_destroy(cpu);
     return failed || test_finish() ? 1 : 0;
