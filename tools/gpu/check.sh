@@ -9,7 +9,11 @@
 #          the dev machine, libraries in .devlibs/), else builds there with
 #          meson/ninja/nvcc
 #   ops    tests/cuda/test_cuda_ops: every backend op against the CPU reference
-# Add a section by writing a function sec_<name> and listing it in SECTIONS.
+# Not run by default (slow; name them):
+#   memcheck   test_cuda_ops under compute-sanitizer memcheck (out-of-bounds)
+#   racecheck  test_cuda_ops under compute-sanitizer racecheck (shared memory)
+# Add a section by writing a function sec_<name> and listing it in SECTIONS
+# (or only in OPTIONAL when it should run on request).
 #
 # Full logs go to $OUT (the device tool's return folder) when set, else to
 # .devbuild/logs.  Exit status: non-zero when any section failed.
@@ -20,6 +24,7 @@ build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
 SECTIONS=(env build ops)
+OPTIONAL=(memcheck racecheck)
 
 # CUDA libraries: the toolkit's folders, then the pip wheels next to PyTorch.
 cuda_lib_dirs() {
@@ -64,13 +69,31 @@ sec_ops() {
   "$build/tests/cuda/test_cuda_ops" 2>&1 | tee "$logs/ops.log"
 }
 
+# The op test under a compute-sanitizer tool; prints the sanitizer's summary.
+sanitize() {
+  local cs
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  [ -x "$cs" ] || { echo "compute-sanitizer not found"; return 1; }
+  # The op test provokes one failing cudaMalloc on purpose; that API error is
+  # expected, so API errors are not reported.
+  timeout "${KILN_SANITIZE_TIMEOUT:-600}" \
+    "$cs" --tool "$1" --report-api-errors no --error-exitcode 3 \
+    "$build/tests/cuda/test_cuda_ops" >"$logs/$1.log" 2>&1
+  local rc=$?
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|cases, .* failed" "$logs/$1.log"
+  [ $rc -eq 0 ] || grep -m 20 -E "^=========  |Invalid|Race" "$logs/$1.log"
+  return $rc
+}
+sec_memcheck() { sanitize memcheck; }
+sec_racecheck() { sanitize racecheck; }
+
 want=("$@")
 [ ${#want[@]} -gt 0 ] || want=("${SECTIONS[@]}")
 summary=()
 status=0
 for s in "${want[@]}"; do
   if ! declare -F "sec_$s" >/dev/null; then
-    echo "unknown section '$s' (have: ${SECTIONS[*]})"
+    echo "unknown section '$s' (have: ${SECTIONS[*]} ${OPTIONAL[*]})"
     exit 2
   fi
   echo
