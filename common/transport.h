@@ -1,0 +1,121 @@
+/* kiln tensor transports: how a stage hands a tensor to the next stage
+ * without sending its bytes through the gateway (docs/ARCHITECTURE.md,
+ * "Tensor references").
+ *
+ *   // producer (owner of the memory)
+ *   kiln_transport *tx = kiln_transport_shm_create("encode-box-42", "encode", 0, &err);
+ *   kiln_tensor_ref ref; void *p;
+ *   kiln_transport_alloc(tx, KILN_F32, 3, shape, &ref, &p, &err);
+ *   memcpy(p, bytes, ref.len);          // then send ref in a message
+ *   ... on `free` from the gateway: kiln_transport_free(tx, &ref, &err);
+ *
+ *   // consumer (any process on the host)
+ *   const void *data;
+ *   kiln_transport_open(rx, &ref, &data, &err);   // maps the slab once, cached
+ *   ... use data (read-only) ...
+ *   kiln_transport_close(rx, &ref);                // then send `release`
+ *
+ * One interface (kiln_transport_ops) with three implementations: `shm`
+ * (POSIX shared-memory slabs, here), `inline` (bytes carried in the message,
+ * here) and `cuda_ipc` (device slabs, with the CUDA backend).
+ *
+ * shm: a producer creates slabs named /kiln-<stage>-<pid>-<n> on demand
+ * (reserved with posix_fallocate, so a full /dev/shm is an error here, not
+ * a SIGBUS later) and hands out 64-byte-aligned ranges first-fit from each
+ * slab's free list, merging neighbours on free; a range returns to the pool
+ * only when the owner frees it.  Its slabs are unlinked when it is
+ * destroyed; kiln_transport_shm_clean_stale removes those of crashed
+ * processes.  A consumer maps each slab read-only once and keeps the
+ * mapping (at most 64 idle mappings; one in use is never unmapped).
+ *
+ * Thread-safety: every function may be called from any thread (a mutex
+ * guards each transport); the memory behind an open reference may be read
+ * concurrently.
+ */
+#ifndef KILN_TRANSPORT_H
+#define KILN_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "proto.h"
+#include "tensor.h"
+
+typedef struct kiln_transport kiln_transport;
+
+typedef struct kiln_transport_stats {
+    int slabs;         /* producer: slabs created */
+    size_t slab_bytes; /* producer: their total size */
+    size_t used_bytes; /* producer: bytes in live ranges */
+    int live;          /* producer: live ranges */
+    int mapped;        /* consumer: slabs mapped */
+    int open;          /* consumer: references opened and not closed */
+} kiln_transport_stats;
+
+typedef struct kiln_transport_ops {
+    /* Reserves `bytes` (> 0) and fills the ref's kind, owner, slab, off and
+     * len; *ptr is where the producer writes them (host memory for shm and
+     * inline, device memory for cuda_ipc).  KILN_ERR_NOMEM / _BUSY when the
+     * pool is exhausted. */
+    kiln_status (*alloc)(kiln_transport *t, size_t bytes, kiln_tensor_ref *ref, void **ptr,
+                         kiln_err *err);
+    /* Returns a range this transport allocated to its pool.
+     * KILN_ERR_INVALID for a ref it does not own or a double free. */
+    kiln_status (*free)(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err);
+    /* Consumer: the address of the ref's bytes, valid until close. */
+    kiln_status (*open)(kiln_transport *t, const kiln_tensor_ref *ref, const void **ptr,
+                        kiln_err *err);
+    void (*close)(kiln_transport *t, const kiln_tensor_ref *ref);
+    void (*stats)(kiln_transport *t, kiln_transport_stats *st);
+    void (*destroy)(kiln_transport *t);
+} kiln_transport_ops;
+
+struct kiln_transport {
+    const kiln_transport_ops *ops;
+    kiln_ref_kind kind;
+    void *impl;
+};
+
+/* A shm transport for replica `owner` of `stage` ("encode", ...), creating
+ * slabs of at least slab_bytes (0 = 64 MiB; bigger tensors get a slab of
+ * their own size) up to max_bytes in total (0 = 4 GiB).  NULL with err set.
+ * The caller owns it. */
+kiln_transport *kiln_transport_shm_create(const char *owner, const char *stage, size_t slab_bytes,
+                                          size_t max_bytes, kiln_err *err);
+
+/* An inline transport: alloc mallocs the bytes the message will carry (the
+ * producer frees them with kiln_transport_free once the message is sent);
+ * open returns ref->data, which lives as long as the decoded message. */
+kiln_transport *kiln_transport_inline_create(kiln_err *err);
+
+/* Destroys a transport: unmaps consumer mappings and unlinks and unmaps
+ * the producer's slabs (consumers' existing mappings stay valid).
+ * Accepts NULL. */
+void kiln_transport_destroy(kiln_transport *t);
+
+/* Allocates a dense tensor of dtype/shape: ops->alloc plus the ref's dtype,
+ * ndim and shape.  KILN_ERR_INVALID for a bad shape. */
+kiln_status kiln_transport_alloc(kiln_transport *t, kiln_dtype dt, int ndim, const int64_t *shape,
+                                 kiln_tensor_ref *ref, void **ptr, kiln_err *err);
+
+/* Owner side: returns a range to the pool (a `free` message, or an inline
+ * buffer once sent). */
+kiln_status kiln_transport_free(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err);
+
+/* Consumer side.  open validates the ref (kiln_tensor_ref_check, kind, the
+ * range within its slab) before touching memory.  Every successful open
+ * is paired with one close. */
+kiln_status kiln_transport_open(kiln_transport *t, const kiln_tensor_ref *ref, const void **ptr,
+                                kiln_err *err);
+void kiln_transport_close(kiln_transport *t, const kiln_tensor_ref *ref);
+
+void kiln_transport_stats_get(kiln_transport *t, kiln_transport_stats *st);
+
+/* Removes /dev/shm/kiln-*-<pid>-* slabs whose pid no longer runs (a crashed
+ * replica's); the supervisor calls it when a child dies and every replica
+ * at start.  Returns the number removed, or -1 with err set when /dev/shm
+ * cannot be listed. */
+int kiln_transport_shm_clean_stale(kiln_err *err);
+
+#endif
