@@ -40,16 +40,19 @@ void cpu_attention(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q, const
                             hq % hkv == 0 && o->shape[0] == bsz && o->shape[1] == sq &&
                             o->shape[2] == hq && o->shape[3] == dv && o->data != q->data))
         return;
-    float *p = malloc((size_t)sk * sizeof *p);
-    if (!p) {
+    /* One score row per (batch, head) so the pairs can run in parallel. */
+    float *scores = malloc((size_t)(bsz * hq * sk) * sizeof *scores);
+    if (!scores) {
         kiln_be_fail(be, KILN_ERR_NOMEM, "cpu attention: out of memory");
         return;
     }
     int64_t group = hq / hkv, offset = sk - sq;
+#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < bsz; b++) {
-        int64_t valid = opts->key_len ? opts->key_len[b] : sk;
         for (int64_t h = 0; h < hq; h++) {
+            int64_t valid = opts->key_len ? opts->key_len[b] : sk;
             int64_t kh = h / group;
+            float *p = scores + (b * hq + h) * sk;
             for (int64_t i = 0; i < sq; i++) {
                 const float *qi = cpu_f32(q) + ((b * sq + i) * hq + h) * d;
                 int64_t last = valid;
@@ -86,5 +89,5 @@ void cpu_attention(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q, const
             }
         }
     }
-    free(p);
+    free(scores);
 }

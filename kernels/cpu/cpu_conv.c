@@ -18,6 +18,7 @@ void cpu_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const ki
     if (CPU_REQUIRE(be, y->shape[2] == ho && y->shape[3] == wo &&
                             (!bias || kiln_tensor_numel(bias) == cout)))
         return;
+#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < bsz; b++) {
         for (int64_t co = 0; co < cout; co++) {
             float *yp = cpu_f32(y) + (b * cout + co) * ho * wo;

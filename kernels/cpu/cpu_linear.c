@@ -28,6 +28,9 @@ void cpu_linear(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const ki
         return;
     const float *xs = cpu_f32(x), *ws = cpu_f32(w), *bs = bias ? cpu_f32(bias) : NULL;
     float *ys = cpu_f32(y);
+    /* Each output element is one thread's dot product in a fixed order, so
+     * results do not depend on the thread count (batch invariance). */
+#pragma omp parallel for collapse(2) schedule(static)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < n; j++)
             ys[r * n + j] = dot(xs + r * k, ws + j * k, k) + (bs ? bs[j] : 0.0f);
