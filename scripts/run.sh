@@ -14,6 +14,7 @@ args=("$@")
 if ! printf '%s\n' "${args[@]+"${args[@]}"}" | grep -qx -- '--model'; then
   ckpt=${KILN_TINY_CKPT:-$root/.data/tiny}
   [ -f "$ckpt/model_index.json" ] || "$build/tools/kiln" make-checkpoint --preset tiny --out "$ckpt"
-  args=(--model "$ckpt" --min-size 64 "${args[@]+"${args[@]}"}")
+  # The tiny model has 4 text-encoder layers, so it stacks hidden states 1-3.
+  args=(--model "$ckpt" --min-size 64 --text-encoder-out-layers 1,2,3 "${args[@]+"${args[@]}"}")
 fi
 exec "$build/tools/kiln" serve "${args[@]}"

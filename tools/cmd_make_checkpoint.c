@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ckpt_arch.h"
 #include "ckpt_presets.h"
@@ -17,8 +18,8 @@
 #include "commands.h"
 #include "common/linkstub.h"
 
-#ifndef KILN_SHARED_DIR
-#define KILN_SHARED_DIR "../shared"
+#ifndef KILN_DATA_DIR
+#define KILN_DATA_DIR "data"
 #endif
 
 static const char *const tokenizer_files[] = {"vocab.json", "merges.txt",
@@ -30,8 +31,28 @@ static void usage(FILE *f)
             "usage: kiln make-checkpoint --preset %s --out DIR [--seed N] [--tokenizer DIR]\n"
             "  Writes a random-weight checkpoint with the real layout, tensor names and shapes.\n"
             "  --tokenizer: folder with the Qwen3 vocab.json, merges.txt, tokenizer_config.json\n"
-            "               and chat_template.jinja (default: $KILN_SHARED/data/qwen3-tokenizer)\n",
+            "               and chat_template.jinja (default: the copy kiln ships in data/)\n",
             kiln_ckpt_preset_names());
+}
+
+/* The tokenizer copy kiln ships: the data/ folder of the source tree the
+ * binary was built from, else ../../data next to the executable (a build
+ * tree moved to another machine, e.g. the GPU host). */
+static void default_tokenizer_dir(char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/qwen3-tokenizer", KILN_DATA_DIR);
+    if (access(buf, R_OK) == 0)
+        return;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = '\0';
+    if (snprintf(buf, len, "%s/../../data/qwen3-tokenizer", exe) >= (int)len)
+        buf[0] = '\0';
 }
 
 static kiln_status make_dir(const char *path, kiln_err *err)
@@ -212,9 +233,7 @@ int kiln_cmd_make_checkpoint(int argc, char **argv)
     }
     char tok_default[PATH_MAX];
     if (!tok) {
-        const char *shared = getenv("KILN_SHARED");
-        snprintf(tok_default, sizeof tok_default, "%s/data/qwen3-tokenizer",
-                 shared && *shared ? shared : KILN_SHARED_DIR);
+        default_tokenizer_dir(tok_default, sizeof tok_default);
         tok = tok_default;
     }
     kiln_err err = {0};
