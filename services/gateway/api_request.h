@@ -1,0 +1,91 @@
+/* kiln OpenAI Images API requests: reading /v1/images/generations and
+ * /v1/images/edits bodies (JSON, or multipart/form-data) into a validated
+ * generation request.
+ *
+ *   kiln_api_config cfg = {.model_id = "klein-4b", .traits = traits,
+ *                          .limits = KILN_LIMITS_SERVICE, .image_limits = KILN_IMAGE_LIMITS_DEFAULT};
+ *   kiln_api_request r;
+ *   kiln_api_error e;
+ *   if (kiln_api_parse(KILN_API_EDIT, content_type, body, len, &cfg, &r, &e))
+ *       -> respond e.status with kiln_api_error_body(e.err.msg, e.param, ...)
+ *   ... r.req.width, r.req.steps, r.prompt, r.images[i] ...
+ *   kiln_api_request_free(&r);
+ *
+ * Both routes accept both body forms: multipart/form-data when the
+ * Content-Type says so, JSON otherwise (so `curl -d '{...}'` works without a
+ * Content-Type).  Fields follow OpenAI's names; model-specific ones
+ * (seed, num_inference_steps, guidance_scale, negative_prompt,
+ * max_sequence_length) are kiln extensions.  OpenAI fields that do not apply
+ * (quality, style, user, background, moderation, ...) and unknown fields are
+ * ignored; `stream: true`, `response_format: "url"` and `mask` are refused
+ * with a message saying why.  Reference images are decoded only to validate
+ * them (a non-image is 400 here, not a failure inside the encoder) and are
+ * kept as the original file bytes, which is exactly what the CLI's encoder
+ * reads from the file.  Validation ends in kiln_request_resolve with the
+ * service limits, so the CLI and the service accept and refuse the same
+ * requests.
+ *
+ * Pure (no I/O, no clock, no randomness: a request without a seed has
+ * seed_given == 0 and the caller draws one); thread-safe on distinct
+ * requests, so the gateway runs it on its worker pool.
+ */
+#ifndef KILN_GW_API_REQUEST_H
+#define KILN_GW_API_REQUEST_H
+
+#include <stddef.h>
+
+#include "common/buf.h"
+#include "common/error.h"
+#include "common/image.h"
+#include "engine/request.h"
+
+#define KILN_API_PARAM_MAX 32
+#define KILN_API_MODEL_MAX 128
+
+typedef enum kiln_api_kind {
+    KILN_API_GENERATE = 0, /* /v1/images/generations */
+    KILN_API_EDIT,         /* /v1/images/edits: at least one image */
+} kiln_api_kind;
+
+typedef struct kiln_api_config {
+    const char *model_id; /* the served model's name; requests may omit it */
+    kiln_model_traits traits;
+    kiln_limits limits;
+    kiln_image_limits image_limits; /* uploads larger than this are refused */
+} kiln_api_config;
+
+typedef struct kiln_api_error {
+    int status;                    /* HTTP status: 400, 413 or 500 */
+    char param[KILN_API_PARAM_MAX]; /* the offending field, "" when none */
+    const char *code;              /* OpenAI-style code ("invalid_value", "model_not_found", ...) */
+    kiln_err err;                  /* message safe to show the client */
+} kiln_api_error;
+
+typedef struct kiln_api_request {
+    kiln_api_kind kind;
+    /* Resolved: width, height, n, steps, guidance, max_sequence_length,
+     * format, compression.  Its string pointers point at the fields below;
+     * refs is NULL (the decoded pixels were only needed to validate). */
+    kiln_request req;
+    char *prompt;          /* owned */
+    char *negative_prompt; /* owned; NULL when absent */
+    /* The negative prompt the encoder must encode: NULL when the request
+     * runs without CFG (a distilled model, or guidance_scale <= 1 as the
+     * CLI decides), else negative_prompt or "" (diffusers' default). */
+    const char *cfg_negative;
+    int seed_given;        /* 0: the caller picks req.seed */
+    int n_images;          /* edit references, in upload order */
+    kiln_buf images[KILN_MAX_REFS]; /* the original encoded files, owned */
+} kiln_api_request;
+
+/* Parses and validates a request body.  On success `out` owns its strings
+ * and images (kiln_api_request_free).  On failure `out` holds nothing and
+ * `e` says why (400 for bad input, 500 only for allocation failures). */
+kiln_status kiln_api_parse(kiln_api_kind kind, const char *content_type, const void *body,
+                           size_t len, const kiln_api_config *cfg, kiln_api_request *out,
+                           kiln_api_error *e);
+
+/* Accepts a zeroed or already freed request. */
+void kiln_api_request_free(kiln_api_request *r);
+
+#endif

@@ -1,0 +1,183 @@
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_ROUTE_STATUS 128
+
+static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                        2.5,   5,    10,    30,   60,  120,  300};
+#define N_LAT ((int)(sizeof latency_bounds / sizeof latency_bounds[0]))
+static const double batch_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+#define N_BATCH ((int)(sizeof batch_bounds / sizeof batch_bounds[0]))
+
+typedef struct hist {
+    uint64_t buckets[16]; /* per bound (not cumulative); the last counts +Inf only */
+    uint64_t count;
+    double sum;
+} hist;
+
+struct kiln_metrics {
+    struct {
+        const char *route;
+        int status;
+        uint64_t count;
+    } requests[MAX_ROUTE_STATUS];
+    int n_requests;
+    hist latency[KILN_PHASE_COUNT];
+    hist batch[KILN_STAGE_COUNT];
+    uint64_t images;
+    uint64_t events[KILN_EVENT_COUNT];
+};
+
+static const char *phase_names[KILN_PHASE_COUNT] = {"queue", "encode", "denoise", "decode",
+                                                    "total"};
+static const char *event_names[KILN_EVENT_COUNT] = {"replica_lost", "redispatch", "timeout",
+                                                    "cancel"};
+
+kiln_metrics *kiln_metrics_create(kiln_err *err)
+{
+    kiln_metrics *m = calloc(1, sizeof *m);
+    if (!m)
+        kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    return m;
+}
+
+void kiln_metrics_destroy(kiln_metrics *m)
+{
+    free(m);
+}
+
+void kiln_metrics_request(kiln_metrics *m, const char *route, int status)
+{
+    for (int i = 0; i < m->n_requests; i++)
+        if (m->requests[i].status == status && strcmp(m->requests[i].route, route) == 0) {
+            m->requests[i].count++;
+            return;
+        }
+    if (m->n_requests == MAX_ROUTE_STATUS)
+        return;
+    m->requests[m->n_requests].route = route;
+    m->requests[m->n_requests].status = status;
+    m->requests[m->n_requests].count = 1;
+    m->n_requests++;
+}
+
+static void observe(hist *h, const double *bounds, int n, double v)
+{
+    int i = 0;
+    while (i < n && v > bounds[i])
+        i++;
+    h->buckets[i]++;
+    h->count++;
+    h->sum += v;
+}
+
+void kiln_metrics_latency(kiln_metrics *m, kiln_phase phase, double seconds)
+{
+    observe(&m->latency[phase], latency_bounds, N_LAT, seconds < 0 ? 0 : seconds);
+}
+
+void kiln_metrics_batch(kiln_metrics *m, kiln_stage stage, int rows)
+{
+    observe(&m->batch[stage], batch_bounds, N_BATCH, rows);
+}
+
+void kiln_metrics_images(kiln_metrics *m, int n)
+{
+    m->images += (uint64_t)n;
+}
+
+void kiln_metrics_event(kiln_metrics *m, kiln_event ev)
+{
+    m->events[ev]++;
+}
+
+typedef struct writer {
+    kiln_buf *out;
+    kiln_status st;
+    kiln_err *err;
+} writer;
+
+static void put(writer *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(writer *w, const char *fmt, ...)
+{
+    if (w->st)
+        return;
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof line)
+        n = (int)strlen(line);
+    w->st = kiln_buf_append(w->out, line, (size_t)n, w->err);
+}
+
+static void put_hist(writer *w, const char *family, const char *label, const char *value,
+                     const hist *h, const double *bounds, int n)
+{
+    uint64_t cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += h->buckets[i];
+        put(w, "%s_bucket{%s=\"%s\",le=\"%g\"} %llu\n", family, label, value, bounds[i],
+            (unsigned long long)cum);
+    }
+    put(w, "%s_bucket{%s=\"%s\",le=\"+Inf\"} %llu\n", family, label, value,
+        (unsigned long long)h->count);
+    put(w, "%s_sum{%s=\"%s\"} %.6f\n", family, label, value, h->sum);
+    put(w, "%s_count{%s=\"%s\"} %llu\n", family, label, value, (unsigned long long)h->count);
+}
+
+kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges *g, kiln_buf *out,
+                                kiln_err *err)
+{
+    size_t start = out->len;
+    writer w = {out, KILN_OK, err};
+    put(&w, "# HELP kiln_http_requests_total HTTP requests answered, by route and status.\n"
+            "# TYPE kiln_http_requests_total counter\n");
+    for (int i = 0; i < m->n_requests; i++)
+        put(&w, "kiln_http_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
+            m->requests[i].route, m->requests[i].status,
+            (unsigned long long)m->requests[i].count);
+
+    static const struct {
+        const char *name, *help;
+    } gauges[] = {
+        {"kiln_queue_depth", "Jobs waiting in the gateway's queue of a stage."},
+        {"kiln_inflight", "Jobs sent to a replica of a stage and not done."},
+        {"kiln_replicas", "Live replicas of a stage."},
+    };
+    for (int k = 0; k < 3; k++) {
+        const int *v = k == 0 ? g->queued : k == 1 ? g->inflight : g->replicas;
+        put(&w, "# HELP %s %s\n# TYPE %s gauge\n", gauges[k].name, gauges[k].help, gauges[k].name);
+        for (int s = 0; s < KILN_STAGE_COUNT; s++)
+            put(&w, "%s{stage=\"%s\"} %d\n", gauges[k].name, kiln_stage_name((kiln_stage)s), v[s]);
+    }
+    put(&w, "# HELP kiln_jobs Accepted requests not yet answered.\n# TYPE kiln_jobs gauge\n"
+            "kiln_jobs %d\n", g->jobs);
+
+    put(&w, "# HELP kiln_latency_seconds Request latency by phase.\n"
+            "# TYPE kiln_latency_seconds histogram\n");
+    for (int p = 0; p < KILN_PHASE_COUNT; p++)
+        put_hist(&w, "kiln_latency_seconds", "phase", phase_names[p], &m->latency[p],
+                 latency_bounds, N_LAT);
+    put(&w, "# HELP kiln_batch_rows Rows in the replica batch a job ran in.\n"
+            "# TYPE kiln_batch_rows histogram\n");
+    for (int s = 0; s < KILN_STAGE_COUNT; s++)
+        put_hist(&w, "kiln_batch_rows", "stage", kiln_stage_name((kiln_stage)s), &m->batch[s],
+                 batch_bounds, N_BATCH);
+    put(&w, "# HELP kiln_images_generated_total Images returned to clients.\n"
+            "# TYPE kiln_images_generated_total counter\nkiln_images_generated_total %llu\n",
+        (unsigned long long)m->images);
+    put(&w, "# HELP kiln_events_total Scheduler events.\n# TYPE kiln_events_total counter\n");
+    for (int e = 0; e < KILN_EVENT_COUNT; e++)
+        put(&w, "kiln_events_total{event=\"%s\"} %llu\n", event_names[e],
+            (unsigned long long)m->events[e]);
+    if (w.st)
+        out->len = start;
+    return w.st;
+}

@@ -1,0 +1,73 @@
+/* kiln gateway metrics: counters and histograms kept by the event loop and
+ * rendered in the Prometheus text format (version 0.0.4) for /metrics.
+ *
+ *   kiln_metrics *m = kiln_metrics_create(&err);
+ *   kiln_metrics_request(m, "/v1/images/generations", 200);
+ *   kiln_metrics_latency(m, KILN_PHASE_DENOISE, 0.412);
+ *   kiln_metrics_gauges g = {...from the scheduler...};
+ *   kiln_metrics_render(m, &g, &body, &err);
+ *
+ * Families: kiln_http_requests_total{route,status},
+ * kiln_latency_seconds{phase} (queue: each wait in a gateway stage queue;
+ * encode/denoise/decode: dispatch to done of that stage, so it includes the
+ * replica's own queue and batching; total: accepted to answered),
+ * kiln_batch_rows{stage} (rows of the batch a job ran in, as the replica
+ * reports it), kiln_images_generated_total (rate() gives images/s),
+ * kiln_events_total{event} (replica_lost, redispatch, timeout, cancel),
+ * and the gauges kiln_queue_depth{stage}, kiln_inflight{stage},
+ * kiln_replicas{stage}, kiln_jobs.
+ *
+ * Not thread-safe: the event loop thread alone updates and renders.
+ */
+#ifndef KILN_GW_METRICS_H
+#define KILN_GW_METRICS_H
+
+#include "common/buf.h"
+#include "common/error.h"
+#include "common/proto.h"
+
+typedef enum kiln_phase {
+    KILN_PHASE_QUEUE = 0,
+    KILN_PHASE_ENCODE,
+    KILN_PHASE_DENOISE,
+    KILN_PHASE_DECODE,
+    KILN_PHASE_TOTAL,
+    KILN_PHASE_COUNT
+} kiln_phase;
+
+typedef enum kiln_event {
+    KILN_EVENT_REPLICA_LOST = 0,
+    KILN_EVENT_REDISPATCH,
+    KILN_EVENT_TIMEOUT,
+    KILN_EVENT_CANCEL,
+    KILN_EVENT_COUNT
+} kiln_event;
+
+/* Values read at render time from the scheduler. */
+typedef struct kiln_metrics_gauges {
+    int queued[KILN_STAGE_COUNT];   /* jobs waiting in the gateway's stage queue */
+    int inflight[KILN_STAGE_COUNT]; /* jobs sent to a replica, not done */
+    int replicas[KILN_STAGE_COUNT]; /* live replicas */
+    int jobs;                       /* accepted requests not yet answered */
+} kiln_metrics_gauges;
+
+typedef struct kiln_metrics kiln_metrics;
+
+/* NULL with err set (KILN_ERR_NOMEM). */
+kiln_metrics *kiln_metrics_create(kiln_err *err);
+/* Accepts NULL. */
+void kiln_metrics_destroy(kiln_metrics *m);
+
+/* `route` must outlive m (the gateway passes string constants).  Counting
+ * silently stops for new (route, status) pairs past an internal bound. */
+void kiln_metrics_request(kiln_metrics *m, const char *route, int status);
+void kiln_metrics_latency(kiln_metrics *m, kiln_phase phase, double seconds);
+void kiln_metrics_batch(kiln_metrics *m, kiln_stage stage, int rows);
+void kiln_metrics_images(kiln_metrics *m, int n);
+void kiln_metrics_event(kiln_metrics *m, kiln_event ev);
+
+/* Appends the exposition text.  KILN_ERR_NOMEM. */
+kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges *g, kiln_buf *out,
+                                kiln_err *err);
+
+#endif

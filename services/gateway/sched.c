@@ -1,0 +1,374 @@
+/* The job table, stage queues and dispatch. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "sched_impl.h"
+
+kiln_sched *kiln_sched_create(const kiln_sched_opts *opts, const kiln_sched_ops *ops, void *ud,
+                              kiln_metrics *metrics, kiln_err *err)
+{
+    if (strlen(opts->model_id) >= KILN_PROTO_ID_MAX) {
+        kiln_err_set(err, KILN_ERR_INVALID, "model id is longer than %d bytes",
+                     KILN_PROTO_ID_MAX - 1);
+        return NULL;
+    }
+    kiln_sched *s = calloc(1, sizeof *s);
+    if (!s) {
+        kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    s->opts = *opts;
+    snprintf(s->model_id, sizeof s->model_id, "%s", opts->model_id);
+    s->opts.model_id = s->model_id;
+    s->ops = *ops;
+    s->ud = ud;
+    s->metrics = metrics;
+    link_init(&s->replicas);
+    link_init(&s->all);
+    for (int i = 0; i < KILN_STAGE_COUNT; i++)
+        link_init(&s->queue[i]);
+    s->next_id = 1;
+    return s;
+}
+
+void kiln_sched_destroy(kiln_sched *s)
+{
+    if (!s)
+        return;
+    while (!link_empty(&s->all)) {
+        sched_job *j = LINK_OWNER(s->all.next, sched_job, anode);
+        j->client = NULL;
+        sched_destroy_job(s, j);
+    }
+    while (!link_empty(&s->replicas)) {
+        sched_replica *r = LINK_OWNER(s->replicas.next, sched_replica, node);
+        link_remove(&r->node);
+        free(r);
+    }
+    kiln_idmap_free(&s->jobs);
+    free(s);
+}
+
+int sched_live(const kiln_sched *s, kiln_stage stage)
+{
+    int n = 0;
+    for (const sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
+        const sched_replica *r = LINK_OWNER(l, sched_replica, node);
+        n += r->alive && r->stage == stage;
+    }
+    return n;
+}
+
+int kiln_sched_ready(const kiln_sched *s)
+{
+    for (int i = 0; i < KILN_STAGE_COUNT; i++)
+        if (!sched_live(s, (kiln_stage)i))
+            return 0;
+    return 1;
+}
+
+void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g)
+{
+    memset(g, 0, sizeof *g);
+    for (int i = 0; i < KILN_STAGE_COUNT; i++) {
+        g->queued[i] = s->queued[i];
+        g->inflight[i] = s->inflight[i];
+        g->replicas[i] = sched_live(s, (kiln_stage)i);
+    }
+    g->jobs = s->n_jobs;
+}
+
+/* Takes the job out of its queue or off its replica. */
+void sched_detach(kiln_sched *s, sched_job *j)
+{
+    if (j->state == JOB_QUEUED) {
+        s->queued[j->stage]--;
+    } else if (j->state == JOB_RUNNING) {
+        s->inflight[j->stage]--;
+        j->on->n_inflight--;
+        j->on = NULL;
+    }
+    if (j->state != JOB_NEW)
+        link_remove(&j->qnode);
+    j->state = JOB_NEW;
+}
+
+void sched_destroy_job(kiln_sched *s, sched_job *j)
+{
+    sched_detach(s, j);
+    if (j->held) {
+        /* References nobody else will release return to their owner. */
+        if (!j->handed && !j->released)
+            sched_free_map(s, &j->held->done.out);
+        kiln_msg_free(j->held);
+    }
+    link_remove(&j->anode);
+    kiln_idmap_del(&s->jobs, j->id);
+    s->n_jobs--;
+    kiln_api_request_free(&j->req);
+    free(j->seeds);
+    free(j);
+}
+
+static void send_cancel(kiln_sched *s, sched_job *j)
+{
+    if (j->state != JOB_RUNNING || !j->on->alive)
+        return;
+    kiln_msg m = {.type = KILN_MSG_CANCEL, .cancel_job = j->id};
+    kiln_err err = {0};
+    if (s->ops.send(s->ud, j->on->id, &m, &err))
+        KILN_LOG_WARN("gateway: cancel of job %llu to %s: %s", (unsigned long long)j->id,
+                      j->on->id, err.msg);
+}
+
+void sched_fail(kiln_sched *s, sched_job *j, int status, const char *code, const char *fmt, ...)
+{
+    char msg[KILN_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* A replica still running the job is told to stop; it releases the
+     * inputs it was handed.  One that is gone released nothing. */
+    if (j->state == JOB_RUNNING && j->on->alive)
+        send_cancel(s, j);
+    else if (j->state == JOB_RUNNING && !j->released)
+        j->handed = 0;
+    KILN_LOG_INFO("gateway: job %llu failed (%d): %s", (unsigned long long)j->id, status, msg);
+    if (j->client) {
+        kiln_sched_result res = {.status = status, .message = msg, .code = code};
+        s->ops.finish(s->ud, j->client, &res);
+    }
+    sched_destroy_job(s, j);
+}
+
+void sched_enqueue(kiln_sched *s, sched_job *j, kiln_stage stage, int front, double now)
+{
+    sched_detach(s, j);
+    if (!sched_live(s, stage)) {
+        sched_fail(s, j, 503, "stage_unavailable", "no %s replica is available",
+                   kiln_stage_name(stage));
+        return;
+    }
+    j->stage = stage;
+    j->state = JOB_QUEUED;
+    j->t_enqueue = now;
+    link_insert_before(front ? s->queue[stage].next : &s->queue[stage], &j->qnode);
+    s->queued[stage]++;
+}
+
+/* The live replica of `stage` with the most credits (ties: the fewest jobs
+ * in flight), or NULL. */
+static sched_replica *pick(kiln_sched *s, kiln_stage stage)
+{
+    sched_replica *best = NULL;
+    for (sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
+        sched_replica *r = LINK_OWNER(l, sched_replica, node);
+        if (!r->alive || r->stage != stage || r->credits <= 0)
+            continue;
+        if (!best || r->credits > best->credits ||
+            (r->credits == best->credits && r->n_inflight < best->n_inflight))
+            best = r;
+    }
+    return best;
+}
+
+static void build_job(const sched_job *j, kiln_msg *m)
+{
+    memset(m, 0, sizeof *m);
+    m->type = KILN_MSG_JOB;
+    kiln_msg_job *mj = &m->job;
+    const kiln_request *q = &j->req.req;
+    mj->job = j->id;
+    mj->stage = j->stage;
+    switch (j->stage) {
+    case KILN_STAGE_ENCODE:
+        mj->encode.n_prompts = 1;
+        mj->encode.prompts[0] = j->req.prompt;
+        mj->encode.negative = j->req.cfg_negative;
+        mj->encode.max_seq = q->max_sequence_length;
+        mj->encode.n_refs = j->req.n_images;
+        for (int i = 0; i < j->req.n_images; i++)
+            mj->encode.refs[i] = (kiln_bytes){j->req.images[i].data, j->req.images[i].len};
+        break;
+    case KILN_STAGE_DENOISE:
+        mj->denoise.n = q->n;
+        mj->denoise.n_seeds = q->n;
+        memcpy(mj->denoise.seeds, j->seeds, (size_t)q->n * sizeof *j->seeds);
+        mj->denoise.width = q->width;
+        mj->denoise.height = q->height;
+        mj->denoise.steps = q->steps;
+        mj->denoise.guidance = q->guidance;
+        mj->denoise.batch_noise = q->batch_noise;
+        mj->in = j->held->done.out;
+        break;
+    default:
+        mj->decode.width = q->width;
+        mj->decode.height = q->height;
+        mj->decode.format = q->format;
+        mj->decode.compression = q->compression;
+        mj->in = j->held->done.out;
+        break;
+    }
+}
+
+static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
+{
+    kiln_msg *m = malloc(sizeof *m); /* a job message is ~20 KB: not on the stack */
+    kiln_err err = {0};
+    kiln_status st = KILN_ERR_NOMEM;
+    if (m) {
+        build_job(j, m);
+        st = s->ops.send(s->ud, r->id, m, &err);
+        free(m);
+    }
+    if (st) {
+        KILN_LOG_ERROR("gateway: cannot send job %llu to %s: %s", (unsigned long long)j->id,
+                       r->id, m ? err.msg : "out of memory");
+        sched_fail(s, j, 500, "server_error", "internal error dispatching the request");
+        return;
+    }
+    kiln_metrics_latency(s->metrics, KILN_PHASE_QUEUE, (now - j->t_enqueue) / 1000.0);
+    sched_detach(s, j);
+    r->credits--;
+    j->state = JOB_RUNNING;
+    j->on = r;
+    j->t_dispatch = now;
+    if (j->held)
+        j->handed = 1;
+    link_insert_before(&r->inflight, &j->qnode);
+    r->n_inflight++;
+    s->inflight[j->stage]++;
+}
+
+void sched_dispatch(kiln_sched *s, double now)
+{
+    for (int st = KILN_STAGE_COUNT - 1; st >= 0; st--) /* later stages first: finish work */
+        while (!link_empty(&s->queue[st])) {
+            sched_replica *r = pick(s, (kiln_stage)st);
+            if (!r)
+                break;
+            send_job(s, LINK_OWNER(s->queue[st].next, sched_job, qnode), r, now);
+        }
+}
+
+kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client, double now,
+                              uint64_t *id, kiln_err *err)
+{
+    for (int st = 0; st < KILN_STAGE_COUNT; st++)
+        if (!sched_live(s, (kiln_stage)st))
+            return kiln_err_set(err, KILN_ERR_UNAVAILABLE, "no %s replica is available",
+                                kiln_stage_name((kiln_stage)st));
+    for (int st = 0; st < KILN_STAGE_COUNT; st++)
+        if (s->queued[st] >= s->opts.queue_max)
+            return kiln_err_set(err, KILN_ERR_BUSY, "the server is busy (the %s queue is full); "
+                                                    "retry later",
+                                kiln_stage_name((kiln_stage)st));
+    if (req->req.n < 1 || req->req.n > KILN_PROTO_MAX_ROWS)
+        return kiln_err_set(err, KILN_ERR_INVALID, "n must be between 1 and %d",
+                            KILN_PROTO_MAX_ROWS);
+    sched_job *j = calloc(1, sizeof *j);
+    uint64_t *seeds = malloc((size_t)req->req.n * sizeof *seeds);
+    if (!j || !seeds || kiln_idmap_put(&s->jobs, s->next_id, j, err)) {
+        free(j);
+        free(seeds);
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    }
+    j->id = s->next_id++;
+    j->client = client;
+    j->req = *req;
+    memset(req, 0, sizeof *req);
+    j->seeds = seeds;
+    /* Image i uses seed + i, as the CLI does. */
+    for (int i = 0; i < j->req.req.n; i++)
+        seeds[i] = j->req.req.seed + (uint64_t)i;
+    j->t_submit = now;
+    link_init(&j->qnode);
+    link_insert_before(&s->all, &j->anode);
+    s->n_jobs++;
+    *id = j->id;
+    sched_enqueue(s, j, KILN_STAGE_ENCODE, 0, now);
+    sched_dispatch(s, now);
+    return KILN_OK;
+}
+
+void kiln_sched_cancel(kiln_sched *s, uint64_t id, double now)
+{
+    sched_job *j = kiln_idmap_get(&s->jobs, id);
+    if (!j)
+        return;
+    (void)now;
+    kiln_metrics_event(s->metrics, KILN_EVENT_CANCEL);
+    j->client = NULL;
+    sched_fail(s, j, 499, "cancelled", "the client went away");
+}
+
+void kiln_sched_on_unreachable(kiln_sched *s, const char *peer, double now)
+{
+    sched_replica *r = sched_replica_find(s, peer);
+    if (r)
+        sched_replica_lost(s, r, "unreachable on the bus", now);
+    sched_dispatch(s, now);
+}
+
+void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
+{
+    sched_replica *r = sched_replica_find(s, peer);
+    if (r) {
+        r->last_seen = now;
+        if (!r->alive && m->type != KILN_MSG_HELLO) {
+            KILN_LOG_INFO("gateway: replica %s is back", r->id);
+            r->alive = 1;
+        }
+    }
+    switch (m->type) {
+    case KILN_MSG_HELLO:
+        sched_on_hello(s, peer, &m->hello, now);
+        break;
+    case KILN_MSG_READY:
+        if (r)
+            r->credits += m->ready.credits;
+        break;
+    case KILN_MSG_DONE:
+        sched_on_done(s, r, m, now);
+        m = NULL; /* taken */
+        break;
+    case KILN_MSG_RELEASE:
+        sched_on_release(s, r, &m->refs);
+        break;
+    case KILN_MSG_HB:
+        break;
+    default:
+        KILN_LOG_WARN("gateway: unexpected %s message from %s", kiln_msg_type_name(m->type), peer);
+    }
+    if (!r && m && m->type != KILN_MSG_HELLO && m->type != KILN_MSG_RELEASE)
+        KILN_LOG_DEBUG("gateway: %s from unregistered replica %s", kiln_msg_type_name(m->type),
+                       peer);
+    kiln_msg_free(m);
+    sched_dispatch(s, now);
+}
+
+void kiln_sched_tick(kiln_sched *s, double now)
+{
+    for (sched_link *l = s->replicas.next, *next; l != &s->replicas; l = next) {
+        next = l->next;
+        sched_replica *r = LINK_OWNER(l, sched_replica, node);
+        if (r->alive && now - r->last_seen > s->opts.heartbeat_timeout_ms)
+            sched_replica_lost(s, r, "stopped heartbeating", now);
+    }
+    sched_replica_gc(s, now);
+    /* Every job has the same timeout, so submission order is deadline
+     * order. */
+    while (!link_empty(&s->all)) {
+        sched_job *j = LINK_OWNER(s->all.next, sched_job, anode);
+        if (now - j->t_submit < s->opts.job_timeout_ms)
+            break;
+        kiln_metrics_event(s->metrics, KILN_EVENT_TIMEOUT);
+        sched_fail(s, j, 504, "timeout", "the request did not complete within %.0f s",
+                   s->opts.job_timeout_ms / 1000.0);
+    }
+    sched_dispatch(s, now);
+}

@@ -1,0 +1,110 @@
+/* kiln gateway scheduler: the job table, per-stage queues, replica
+ * registry and dispatch (docs/ARCHITECTURE.md, "Services").
+ *
+ *   kiln_sched_ops ops = {.send = bus_send, .finish = answer_client};
+ *   kiln_sched *s = kiln_sched_create(&opts, &ops, ud, metrics, &err);
+ *   kiln_sched_on_msg(s, "encode-box-17", msg, now);     // every bus message
+ *   uint64_t id;
+ *   if (kiln_sched_submit(s, &req, client, now, &id, &err)) -> 429 / 503
+ *   ... later ops.finish(ud, client, &result) is called exactly once ...
+ *   kiln_sched_cancel(s, id, now);   // the client went away: no finish
+ *   kiln_sched_tick(s, now);         // every ~250 ms: heartbeats, timeouts
+ *
+ * A request becomes one job that flows encode -> denoise -> decode.  Each
+ * stage has a FIFO queue in the gateway; a job is sent to a live replica
+ * of its stage only while that replica has credits (pull: a replica's
+ * `ready` adds credits, each `done` returns one, each job sent takes one).
+ * Outputs of a stage are forwarded as the next stage's inputs by reference
+ * (the gateway never reads tensor bytes); the consumer releases them, and
+ * `release` messages are forwarded as `free` to the owning replica.  While
+ * a job waits between stages the gateway holds the references and frees
+ * them itself if the job ends there.
+ *
+ * Failures: a replica silent for heartbeat_timeout_ms, or unreachable on
+ * the bus, is dead; each of its in-flight jobs is re-dispatched once (from
+ * the same stage when its inputs were not yet released, else from the
+ * encode stage) when the stage still has a live replica, else failed with
+ * 503.  A stage losing its last replica fails the jobs queued for it with
+ * 503.  A job older than job_timeout_ms is failed with 504 and cancelled
+ * in its stage.  Error `done`s map to 400 (invalid), 429 (busy), 503
+ * (unavailable, nomem, cancelled by the replica) or 500.
+ *
+ * Time is passed in (milliseconds on any monotonic clock) so tests drive
+ * it.  Not thread-safe: the event loop thread owns the scheduler; ops are
+ * called from within its functions.
+ */
+#ifndef KILN_GW_SCHED_H
+#define KILN_GW_SCHED_H
+
+#include <stdint.h>
+
+#include "api_request.h"
+#include "common/proto.h"
+#include "metrics.h"
+
+typedef struct kiln_sched kiln_sched;
+
+typedef struct kiln_sched_opts {
+    const char *model_id;      /* replicas serving another model are refused */
+    int queue_max;             /* per stage: admission refuses (429) beyond it */
+    double heartbeat_timeout_ms; /* 2000 */
+    double job_timeout_ms;       /* 300000 */
+} kiln_sched_opts;
+
+typedef struct kiln_sched_result {
+    int status;          /* 200, or the HTTP error status */
+    const char *message; /* errors: safe to show the client */
+    const char *code;    /* errors: OpenAI-style code */
+    /* 200: the images in row order, each with its seed, and the request. */
+    int n_images;
+    const kiln_bytes *images;
+    const uint64_t *seeds;
+    const kiln_api_request *req;
+} kiln_sched_result;
+
+typedef struct kiln_sched_ops {
+    /* Queues `m` for replica `peer` (the message borrows scheduler memory:
+     * encode it before returning).  A failure here (the message does not
+     * encode, no memory) fails the job it carries with 500; a peer that
+     * turns out unreachable later comes back as kiln_sched_on_unreachable. */
+    kiln_status (*send)(void *ud, const char *peer, const kiln_msg *m, kiln_err *err);
+    /* The answer for `client`: exactly once per accepted request, never
+     * after kiln_sched_cancel.  The result's memory is valid during the
+     * call only. */
+    void (*finish)(void *ud, void *client, const kiln_sched_result *res);
+} kiln_sched_ops;
+
+/* NULL with err set.  `metrics` is borrowed and must outlive s. */
+kiln_sched *kiln_sched_create(const kiln_sched_opts *opts, const kiln_sched_ops *ops, void *ud,
+                              kiln_metrics *metrics, kiln_err *err);
+/* Frees every job (without finishing them: the caller is shutting its
+ * clients down) and every replica record.  Accepts NULL. */
+void kiln_sched_destroy(kiln_sched *s);
+
+/* Admits a validated request with req->req.seed already chosen.  On
+ * success the job owns req's memory (req is zeroed) and *id names it.
+ * Errors leave req to the caller: KILN_ERR_UNAVAILABLE (503: a stage has
+ * no live replica), KILN_ERR_BUSY (429: a stage queue is full), _NOMEM. */
+kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client, double now,
+                              uint64_t *id, kiln_err *err);
+
+/* The client of job `id` went away: drop it from its queue or cancel it on
+ * its replica, free the references the gateway holds.  No finish call
+ * follows.  Unknown ids are ignored. */
+void kiln_sched_cancel(kiln_sched *s, uint64_t id, double now);
+
+/* One message from replica `peer`; the scheduler takes ownership of m. */
+void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now);
+
+/* The bus could not route a message to `peer`: it is gone. */
+void kiln_sched_on_unreachable(kiln_sched *s, const char *peer, double now);
+
+/* Marks silent replicas dead and times jobs out. */
+void kiln_sched_tick(kiln_sched *s, double now);
+
+/* 1 when every stage has at least one live replica. */
+int kiln_sched_ready(const kiln_sched *s);
+
+void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g);
+
+#endif
