@@ -1,8 +1,10 @@
 #include "oracle_util.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "common/json.h"
 
@@ -66,4 +68,41 @@ double oracle_psnr_u8(const uint8_t *a, const uint8_t *b, size_t n)
     if (se == 0)
         return INFINITY;
     return 10.0 * log10(255.0 * 255.0 / (se / (double)n));
+}
+
+static const char *const kv_parts[] = {"text_encoder", "tokenizer", "transformer", "vae",
+                                       "scheduler", "model_index.json"};
+enum { KV_LINKED = 5 }; /* the first five are links, the index is written */
+
+const char *oracle_kv_checkpoint(const char *src, char *dir)
+{
+    snprintf(dir, PATH_MAX, "/tmp/kiln-kv-ckpt-XXXXXX");
+    if (!mkdtemp(dir))
+        return NULL;
+    char a[PATH_MAX], b[PATH_MAX];
+    for (int i = 0; i < KV_LINKED; i++) {
+        if (snprintf(a, sizeof a, "%s/%s", src, kv_parts[i]) >= (int)sizeof a ||
+            snprintf(b, sizeof b, "%s/%s", dir, kv_parts[i]) >= (int)sizeof b || symlink(a, b))
+            return NULL;
+    }
+    if (snprintf(b, sizeof b, "%s/model_index.json", dir) >= (int)sizeof b)
+        return NULL;
+    FILE *f = fopen(b, "w");
+    if (!f)
+        return NULL;
+    fputs("{\"_class_name\": \"Flux2KleinKVPipeline\", \"scheduler\": [\"diffusers\", "
+          "\"FlowMatchEulerDiscreteScheduler\"], \"text_encoder\": [\"transformers\", "
+          "\"Qwen3ForCausalLM\"], \"tokenizer\": [\"transformers\", \"Qwen2TokenizerFast\"], "
+          "\"transformer\": [\"diffusers\", \"Flux2Transformer2DModel\"], \"vae\": "
+          "[\"diffusers\", \"AutoencoderKLFlux2\"]}\n", f);
+    return fclose(f) ? NULL : dir;
+}
+
+void oracle_kv_checkpoint_remove(const char *dir)
+{
+    char p[PATH_MAX];
+    for (size_t i = 0; i < sizeof kv_parts / sizeof *kv_parts; i++)
+        if (snprintf(p, sizeof p, "%s/%s", dir, kv_parts[i]) < (int)sizeof p)
+            unlink(p);
+    rmdir(dir);
 }

@@ -24,4 +24,12 @@ float *oracle_f32(const kiln_st *st, const char *name, int64_t *numel);
 /* PSNR in dB of two 8-bit buffers (INFINITY when identical). */
 double oracle_psnr_u8(const uint8_t *a, const uint8_t *b, size_t n);
 
+/* The KV pipeline is chosen by model_index.json, so the klein KV case runs
+ * a copy of `src` (klein-tiny) whose index names Flux2KleinKVPipeline, its
+ * components linked.  Makes it in a fresh /tmp folder written to `dir`
+ * (PATH_MAX bytes) and returns dir, or NULL when it cannot be made. */
+const char *oracle_kv_checkpoint(const char *src, char *dir);
+/* Removes what oracle_kv_checkpoint made in dir. */
+void oracle_kv_checkpoint_remove(const char *dir);
+
 #endif

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/image.h"
 #include "common/json.h"
@@ -31,34 +30,6 @@ static double compare_dev(const kiln_tensor *t, const float *ref, const char *wh
     return e;
 }
 
-/* The KV pipeline is chosen by model_index.json, so the KV case runs a copy
- * of klein-tiny whose index names Flux2KleinKVPipeline (components linked). */
-static const char *kv_checkpoint(const char *src, char *dir)
-{
-    snprintf(dir, PATH_MAX, "/tmp/kiln-kv-ckpt-XXXXXX");
-    if (!mkdtemp(dir))
-        return NULL;
-    const char *parts[] = {"text_encoder", "tokenizer", "transformer", "vae", "scheduler"};
-    char a[PATH_MAX], b[PATH_MAX];
-    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
-        if (snprintf(a, sizeof a, "%s/%s", src, parts[i]) >= (int)sizeof a ||
-            snprintf(b, sizeof b, "%s/%s", dir, parts[i]) >= (int)sizeof b || symlink(a, b))
-            return NULL;
-    }
-    if (snprintf(b, sizeof b, "%s/model_index.json", dir) >= (int)sizeof b)
-        return NULL;
-    FILE *f = fopen(b, "w");
-    if (!f)
-        return NULL;
-    fputs("{\"_class_name\": \"Flux2KleinKVPipeline\", \"scheduler\": [\"diffusers\", "
-          "\"FlowMatchEulerDiscreteScheduler\"], \"text_encoder\": [\"transformers\", "
-          "\"Qwen3ForCausalLM\"], \"tokenizer\": [\"transformers\", \"Qwen2TokenizerFast\"], "
-          "\"transformer\": [\"diffusers\", \"Flux2Transformer2DModel\"], \"vae\": "
-          "[\"diffusers\", \"AutoencoderKLFlux2\"]}\n", f);
-    fclose(f);
-    return dir;
-}
-
 static void run_case(const char *name)
 {
     cJSON *meta = oracle_meta(name);
@@ -67,7 +38,7 @@ static void run_case(const char *name)
     snprintf(ckpt_src, sizeof ckpt_src, "%s",
              oracle_path(cJSON_GetObjectItem(meta, "checkpoint")->valuestring));
     int kv = !strcmp(cJSON_GetObjectItem(meta, "pipeline")->valuestring, "klein_kv");
-    const char *ckpt = kv ? kv_checkpoint(ckpt_src, kv_dir) : ckpt_src;
+    const char *ckpt = kv ? oracle_kv_checkpoint(ckpt_src, kv_dir) : ckpt_src;
     CHECK(ckpt != NULL);
     kiln_checkpoint *ck = kiln_checkpoint_open(ckpt, &err);
     CHECKF(ck != NULL, "%s", err.msg);
@@ -182,16 +153,8 @@ static void run_case(const char *name)
     kiln_st_close(ref);
     kiln_checkpoint_close(ck);
     cJSON_Delete(meta);
-    if (kv) {
-        const char *parts[] = {"text_encoder", "tokenizer", "transformer", "vae", "scheduler",
-                               "model_index.json"};
-        char p[PATH_MAX];
-        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
-            if (snprintf(p, sizeof p, "%s/%s", kv_dir, parts[i]) < (int)sizeof p)
-                unlink(p);
-        }
-        rmdir(kv_dir);
-    }
+    if (kv)
+        oracle_kv_checkpoint_remove(kv_dir);
 }
 
 int main(int argc, char **argv)
