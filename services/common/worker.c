@@ -1,0 +1,394 @@
+/* The worker's two loops: the bus thread (socket, heartbeats, incoming
+ * messages) and the batch loop on the backend thread. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "worker_impl.h"
+
+volatile sig_atomic_t kiln_worker_signalled;
+
+static void wake(kiln_worker *w)
+{
+    uint64_t one = 1;
+    /* A full eventfd counter still wakes the reader, so EAGAIN is fine. */
+    if (write(w->efd, &one, sizeof one) < 0 && errno != EAGAIN)
+        KILN_LOG_ERROR("worker: eventfd write: %s", strerror(errno));
+}
+
+kiln_status worker_send(kiln_worker *w, const kiln_msg *m)
+{
+    kiln_err err = {0};
+    kiln_buf f = {0};
+    if (kiln_msg_encode(m, &f, &err)) {
+        KILN_LOG_ERROR("worker: cannot encode %s: %s", kiln_msg_type_name(m->type), err.msg);
+        return err.code;
+    }
+    pthread_mutex_lock(&w->out_mu);
+    if (w->n_frames == w->cap_frames) {
+        int cap = w->cap_frames ? 2 * w->cap_frames : 16;
+        kiln_buf *v = realloc(w->frames, (size_t)cap * sizeof *v);
+        if (!v) {
+            pthread_mutex_unlock(&w->out_mu);
+            KILN_LOG_ERROR("worker: out of memory queueing %s", kiln_msg_type_name(m->type));
+            kiln_buf_free(&f);
+            return KILN_ERR_NOMEM;
+        }
+        w->frames = v, w->cap_frames = cap;
+    }
+    w->frames[w->n_frames++] = f;
+    pthread_mutex_unlock(&w->out_mu);
+    wake(w);
+    return KILN_OK;
+}
+
+void worker_unhold(kiln_worker *w, kiln_worker_job *j)
+{
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->n_held; i++)
+        if (w->held[i] == j) {
+            w->held[i] = w->held[--w->n_held];
+            break;
+        }
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void send_hello(kiln_worker *w)
+{
+    kiln_msg m = {.type = KILN_MSG_HELLO,
+                  .hello = {.stage = w->ops->stage, .replica = w->replica, .model = w->model,
+                            .host = w->host, .max_batch = w->opts.max_batch,
+                            .transports = KILN_TRANSPORT_BIT(KILN_REF_INLINE) |
+                                          KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+    worker_send(w, &m);
+    pthread_mutex_lock(&w->mu);
+    int credits = w->capacity - w->n_held;
+    pthread_mutex_unlock(&w->mu);
+    if (credits > 0) {
+        m = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = credits};
+        worker_send(w, &m);
+    }
+    KILN_LOG_INFO("%s: registered with the gateway as %s (%d credits)", w->ops->binary,
+                  w->replica, credits > 0 ? credits : 0);
+}
+
+static void fail_now(kiln_worker *w, kiln_msg *msg, kiln_status code, const char *why)
+{
+    /* A job we will not hold: answer it and give the credit back. */
+    kiln_worker_job *j = calloc(1, sizeof *j);
+    kiln_msg *done = calloc(1, sizeof *done);
+    if (!j || !done) {
+        free(j), free(done);
+        kiln_msg_free(msg);
+        KILN_LOG_ERROR("worker: out of memory refusing a job");
+        return;
+    }
+    j->msg = msg, j->done = done;
+    kiln_err err = {.code = code};
+    snprintf(err.msg, sizeof err.msg, "%s", why);
+    kiln_worker_done(w, j, code, &err);
+}
+
+static void on_job(kiln_worker *w, kiln_msg *msg)
+{
+    if (msg->job.stage != w->ops->stage) {
+        fail_now(w, msg, KILN_ERR_INVALID, "job for another stage");
+        return;
+    }
+    kiln_worker_job *j = calloc(1, sizeof *j);
+    kiln_msg *done = calloc(1, sizeof *done);
+    pthread_mutex_lock(&w->mu);
+    int dup = 0;
+    for (int i = 0; i < w->n_held; i++)
+        dup |= w->held[i]->msg->job.job == msg->job.job;
+    if (!dup && j && done && w->n_held == w->cap_held) {
+        int cap = w->cap_held ? 2 * w->cap_held : 16;
+        kiln_worker_job **v = realloc(w->held, (size_t)cap * sizeof *v);
+        if (v)
+            w->held = v, w->cap_held = cap;
+    }
+    if (dup || !j || !done || w->n_held == w->cap_held) {
+        pthread_mutex_unlock(&w->mu);
+        free(j), free(done);
+        if (dup) {
+            KILN_LOG_WARN("worker: dropped a duplicate of job %llu",
+                          (unsigned long long)msg->job.job);
+            kiln_msg_free(msg);
+        } else {
+            fail_now(w, msg, KILN_ERR_NOMEM, "out of memory");
+        }
+        return;
+    }
+    j->msg = msg, j->done = done;
+    j->stop = &w->stop;
+    j->t_recv = kiln_now_ms();
+    j->queued = 1;
+    w->held[w->n_held++] = j;
+    if (w->q_tail)
+        w->q_tail->next = j;
+    else
+        w->q_head = j;
+    w->q_tail = j;
+    w->q_rows += w->ops->rows(&msg->job);
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void unlink_queued(kiln_worker *w, kiln_worker_job *j)
+{
+    kiln_worker_job **pp = &w->q_head, *prev = NULL;
+    while (*pp && *pp != j)
+        prev = *pp, pp = &(*pp)->next;
+    if (!*pp)
+        return;
+    *pp = j->next;
+    if (w->q_tail == j)
+        w->q_tail = prev;
+    j->next = NULL;
+    j->queued = 0;
+    w->q_rows -= w->ops->rows(&j->msg->job);
+}
+
+static void on_cancel(kiln_worker *w, uint64_t id)
+{
+    kiln_worker_job *queued = NULL;
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->n_held; i++) {
+        kiln_worker_job *j = w->held[i];
+        if (j->msg->job.job != id)
+            continue;
+        atomic_store(&j->cancelled, 1);
+        if (j->queued) {
+            unlink_queued(w, j);
+            queued = j;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (queued)
+        kiln_worker_done(w, queued, KILN_ERR_CANCELLED, NULL);
+}
+
+static void on_free(kiln_worker *w, const kiln_msg_refs *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        kiln_err err = {0};
+        if (r->refs[i].kind != KILN_REF_SHM || kiln_transport_free(w->shm, &r->refs[i], &err))
+            KILN_LOG_WARN("worker: ignored a free: %s",
+                          err.msg[0] ? err.msg : "not a shm reference");
+    }
+}
+
+static void dispatch(kiln_worker *w, const kiln_buf *f)
+{
+    kiln_err err = {0};
+    kiln_msg *m = kiln_msg_decode(f->data, f->len, &err);
+    if (!m) {
+        KILN_LOG_WARN("worker: dropped a malformed message: %s", err.msg);
+        return;
+    }
+    switch (m->type) {
+    case KILN_MSG_JOB: on_job(w, m); return; /* the job owns m */
+    case KILN_MSG_CANCEL: on_cancel(w, m->cancel_job); break;
+    case KILN_MSG_FREE: on_free(w, &m->refs); break;
+    default:
+        KILN_LOG_WARN("worker: dropped an unexpected '%s' message", kiln_msg_type_name(m->type));
+    }
+    kiln_msg_free(m);
+}
+
+static void flush_frames(kiln_worker *w)
+{
+    pthread_mutex_lock(&w->out_mu);
+    kiln_buf *frames = w->frames;
+    int n = w->n_frames;
+    w->frames = NULL, w->n_frames = w->cap_frames = 0;
+    pthread_mutex_unlock(&w->out_mu);
+    for (int i = 0; i < n; i++) {
+        kiln_err err = {0};
+        if (kiln_bus_send(w->bus, NULL, frames[i].data, frames[i].len, &err))
+            KILN_LOG_ERROR("worker: lost an outgoing message: %s", err.msg);
+        kiln_buf_free(&frames[i]);
+    }
+    free(frames);
+}
+
+static void begin_stop(kiln_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    atomic_store(&w->stop, 1);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void *bus_main(void *arg)
+{
+    kiln_worker *w = arg;
+    kiln_buf f = {0};
+    double next_hb = kiln_now_ms();
+    while (!atomic_load(&w->bus_stop)) {
+        kiln_err err = {0};
+        if (kiln_worker_signalled && !atomic_load(&w->stop)) {
+            KILN_LOG_INFO("%s: signal received, shutting down", w->ops->binary);
+            begin_stop(w);
+        }
+        double now = kiln_now_ms();
+        if (now >= next_hb) {
+            kiln_msg hb = {.type = KILN_MSG_HB};
+            worker_send(w, &hb);
+            next_hb = now + WORKER_HB_MS;
+        }
+        int ev = kiln_bus_wait(w->bus, w->efd, (int)(next_hb - now) + 1, &err);
+        if (ev < 0) {
+            KILN_LOG_ERROR("worker: %s", err.msg);
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (ev & KILN_BUS_FD) {
+            uint64_t v;
+            (void)!read(w->efd, &v, sizeof v);
+        }
+        if (ev & KILN_BUS_CONNECTED)
+            send_hello(w);
+        for (int rc; (rc = kiln_bus_recv(w->bus, NULL, 0, &f, &err)) != 0;) {
+            if (rc < 0) {
+                KILN_LOG_WARN("worker: %s", err.msg);
+                if (err.code != KILN_ERR_INVALID)
+                    break;
+                continue;
+            }
+            dispatch(w, &f);
+        }
+        flush_frames(w);
+    }
+    flush_frames(w);
+    kiln_buf_free(&f);
+    return NULL;
+}
+
+kiln_status worker_start(kiln_worker *w, kiln_err *err)
+{
+    w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->efd < 0)
+        return kiln_err_set(err, KILN_ERR_IO, "eventfd: %s", strerror(errno));
+    if (pthread_mutex_init(&w->mu, NULL) || pthread_mutex_init(&w->out_mu, NULL) ||
+        pthread_cond_init(&w->cv, NULL))
+        return kiln_err_set(err, KILN_ERR_NOMEM, "cannot create worker locks");
+    w->bus = kiln_bus_connect(w->opts.bus, w->replica, err);
+    if (!w->bus)
+        return err->code;
+    if (pthread_create(&w->bus_thread, NULL, bus_main, w))
+        return kiln_err_set(err, KILN_ERR_NOMEM, "cannot start the bus thread");
+    w->bus_started = 1;
+    return KILN_OK;
+}
+
+static int timed_wait(kiln_worker *w, double deadline_ms)
+{
+    double left = deadline_ms - kiln_now_ms();
+    if (left <= 0)
+        return ETIMEDOUT;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = ts.tv_nsec + (long long)(left * 1e6);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    return pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+}
+
+/* Takes the oldest job and the compatible ones behind it, up to
+ * max_batch rows, after giving the oldest a short window to gather
+ * company.  Called with w->mu held; returns the count. */
+static int take_batch(kiln_worker *w, kiln_worker_job **batch)
+{
+    kiln_worker_job *head = w->q_head;
+    double deadline = head->t_recv + w->opts.batch_window_ms;
+    while (!atomic_load(&w->stop) && w->q_rows < w->opts.max_batch &&
+           timed_wait(w, deadline) != ETIMEDOUT) {
+    }
+    head = w->q_head;
+    int n = 0, rows = 0;
+    for (kiln_worker_job *j = head, *next; j && n < KILN_PROTO_MAX_ROWS; j = next) {
+        next = j->next;
+        int r = w->ops->rows(&j->msg->job);
+        if (j != head && (rows + r > w->opts.max_batch ||
+                          !w->ops->compatible(&head->msg->job, &j->msg->job)))
+            continue;
+        unlink_queued(w, j);
+        batch[n++] = j;
+        rows += r;
+    }
+    return n;
+}
+
+void worker_serve(kiln_worker *w)
+{
+    kiln_worker_job *batch[KILN_PROTO_MAX_ROWS];
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->q_head && !atomic_load(&w->stop))
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (atomic_load(&w->stop)) {
+            pthread_mutex_unlock(&w->mu);
+            break;
+        }
+        int n = take_batch(w, batch);
+        pthread_mutex_unlock(&w->mu);
+        int live = 0;
+        double now = kiln_now_ms();
+        for (int i = 0; i < n; i++) {
+            if (kiln_worker_cancelled(batch[i])) {
+                kiln_worker_done(w, batch[i], KILN_ERR_CANCELLED, NULL);
+                continue;
+            }
+            batch[i]->t_start = now;
+            kiln_worker_timing(batch[i], "queue", now - batch[i]->t_recv);
+            batch[live++] = batch[i];
+        }
+        if (live)
+            w->ops->run(w->state, w, batch, live);
+    }
+}
+
+void worker_shutdown(kiln_worker *w)
+{
+    /* Jobs still queued go back to the gateway, which may re-dispatch them. */
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        kiln_worker_job *j = w->q_head;
+        if (j)
+            unlink_queued(w, j);
+        pthread_mutex_unlock(&w->mu);
+        if (!j)
+            break;
+        kiln_err err = {.code = KILN_ERR_UNAVAILABLE};
+        snprintf(err.msg, sizeof err.msg, "replica shutting down");
+        kiln_worker_done(w, j, KILN_ERR_UNAVAILABLE, &err);
+    }
+    /* Give consumers up to 2 s to release our ranges before the slabs go
+     * away, and jobs finishing on other threads time to reply. */
+    double until = kiln_now_ms() + 2000;
+    while (w->bus_started && kiln_now_ms() < until) {
+        kiln_transport_stats st;
+        kiln_transport_stats_get(w->shm, &st);
+        pthread_mutex_lock(&w->mu);
+        int held = w->n_held;
+        pthread_mutex_unlock(&w->mu);
+        if (!st.live && !held)
+            break;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (w->bus_started) {
+        atomic_store(&w->bus_stop, 1);
+        wake(w);
+        pthread_join(w->bus_thread, NULL);
+        w->bus_started = 0;
+    }
+}

@@ -1,0 +1,112 @@
+/* kiln stage workers: the loop shared by kiln-encoder, kiln-denoiser and
+ * kiln-decoder.  A stage supplies a kiln_stage_ops table; the worker does
+ * the rest: registration, heartbeats, credits, the job queue, batching of
+ * compatible jobs, cancellation, tensor references in and out, and the
+ * `done` / `release` replies.
+ *
+ *   int main(int argc, char **argv) { return kiln_worker_main(argc, argv, &kiln_decoder_ops); }
+ *
+ * Threads: the main thread loads the model and runs batches (it owns the
+ * backend); a bus thread owns the ZeroMQ socket, sends heartbeats every
+ * 250 ms however long a batch runs, queues incoming jobs, answers cancels
+ * of queued jobs and returns freed ranges to the shm pool.  Stages may
+ * finish jobs from other threads (the decoder's image encoders):
+ * kiln_worker_done and the job helpers below are thread-safe for distinct
+ * jobs.
+ */
+#ifndef KILN_SERVICES_WORKER_H
+#define KILN_SERVICES_WORKER_H
+
+#include "common/buf.h"
+#include "common/checkpoint.h"
+#include "common/proto.h"
+#include "engine/request.h"
+#include "kernels/backend.h"
+
+typedef struct kiln_worker kiln_worker;
+typedef struct kiln_worker_job kiln_worker_job;
+
+typedef struct kiln_worker_opts {
+    const char *model;   /* checkpoint folder */
+    const char *bus;     /* gateway ROUTER endpoint */
+    const char *device;  /* "cpu" or "cuda" */
+    int gpu;
+    int max_batch;       /* rows per batch (a bigger job runs alone) */
+    int batch_window_ms; /* how long the first job waits for company */
+    int out_layers[KILN_MAX_OUT_LAYERS];
+    int n_out_layers;
+} kiln_worker_opts;
+
+typedef struct kiln_stage_ops {
+    kiln_stage stage;
+    const char *binary; /* "kiln-encoder", for usage and logs */
+    /* Loads this stage's part of the checkpoint onto `be`; NULL with err. */
+    void *(*load)(kiln_backend *be, const kiln_checkpoint *ck, const kiln_worker_opts *o,
+                  kiln_err *err);
+    void (*unload)(void *state);
+    /* Rows a job adds to a batch (images, prompts). */
+    int (*rows)(const kiln_msg_job *job);
+    /* 1 when `job` may run in one batch with `head` (the oldest queued
+     * job): same shapes and parameters, so that concatenating rows gives
+     * each row exactly the result it gets alone. */
+    int (*compatible)(const kiln_msg_job *head, const kiln_msg_job *job);
+    /* Runs a batch of n >= 1 jobs.  Every job must end in exactly one
+     * kiln_worker_done (here or later, from any thread). */
+    void (*run)(void *state, kiln_worker *w, kiln_worker_job **jobs, int n);
+} kiln_stage_ops;
+
+/* Parses the common command line (--model --bus [--device] [--gpu]
+ * [--max-batch] [--text-encoder-out-layers] [--batch-window-ms]), loads the
+ * stage, serves until SIGINT/SIGTERM, and returns the exit status (0, 1 on
+ * a fatal error, 2 on a usage error). */
+int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops);
+
+/* ---- for stage implementations ---- */
+
+const kiln_msg_job *kiln_worker_job_msg(const kiln_worker_job *j);
+kiln_backend *kiln_worker_backend(kiln_worker *w);
+
+/* 1 once the gateway cancelled the job or the worker is shutting down. */
+int kiln_worker_cancelled(const kiln_worker_job *j);
+
+/* Opens input `name` of the job.  A missing optional input gives KILN_OK
+ * with t zeroed.  The tensor's memory is the mapped reference itself when
+ * the backend can use it in place (CPU backend, same dtype), otherwise a
+ * fresh backend tensor uploaded from it; either way it stays valid until
+ * kiln_worker_done or kiln_worker_release_inputs.  Errors:
+ * KILN_ERR_INVALID for a missing required input or a bad reference,
+ * KILN_ERR_UNSUPPORTED for a transport this worker cannot open. */
+kiln_status kiln_worker_input(kiln_worker *w, kiln_worker_job *j, const char *name, int required,
+                              kiln_tensor *t, kiln_err *err);
+/* The same, as host bytes (small tensors such as ref_ids); *data points to
+ * ref->len bytes valid as above. */
+kiln_status kiln_worker_input_host(kiln_worker *w, kiln_worker_job *j, const char *name,
+                                   int required, const kiln_tensor_ref **ref, const void **data,
+                                   kiln_err *err);
+
+/* Closes the job's inputs and sends `release` for their shm references
+ * (idempotent; kiln_worker_done does it too). */
+void kiln_worker_release_inputs(kiln_worker *w, kiln_worker_job *j);
+
+/* Output `name` of the job: rows [row0, row0 + rows) of a backend tensor,
+ * copied into the shm pool (or an inline buffer when asked, for small
+ * tensors). */
+kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *name,
+                               const kiln_tensor *src, int64_t row0, int64_t rows, int as_inline,
+                               kiln_err *err);
+/* Output from host memory (e.g. int32 ids), always inline. */
+kiln_status kiln_worker_output_host(kiln_worker *w, kiln_worker_job *j, const char *name,
+                                    kiln_dtype dt, int ndim, const int64_t *shape,
+                                    const void *data, kiln_err *err);
+/* Appends encoded image `row` (the job takes the buffer's memory). */
+kiln_status kiln_worker_output_image(kiln_worker_job *j, int row, kiln_buf *img, kiln_err *err);
+/* Records a stage timing reported in done.ms. */
+void kiln_worker_timing(kiln_worker_job *j, const char *name, double ms);
+
+/* Finishes a job: st == KILN_OK sends done with its outputs; otherwise
+ * done with the error (err's message; KILN_ERR_CANCELLED when the job was
+ * cancelled), and its shm outputs return to the pool.  Releases inputs,
+ * returns one credit to the gateway and frees the job. */
+void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const kiln_err *err);
+
+#endif

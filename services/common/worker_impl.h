@@ -1,0 +1,87 @@
+/* Internals shared by the worker's files (queue and bus thread in
+ * worker.c, job inputs/outputs in worker_io.c, start-up in worker_main.c). */
+#ifndef KILN_SERVICES_WORKER_IMPL_H
+#define KILN_SERVICES_WORKER_IMPL_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+
+#include "common/bus.h"
+#include "common/transport.h"
+#include "worker.h"
+
+#define WORKER_HB_MS 250
+
+typedef struct job_input {
+    kiln_tensor_ref ref; /* a copy: the message may be freed first */
+    kiln_transport *tx;  /* the transport it was opened with */
+    kiln_tensor t;       /* backend tensor when uploaded (owned) */
+    int uploaded;
+} job_input;
+
+typedef struct job_output {
+    kiln_transport *tx;
+    kiln_tensor_ref ref;
+} job_output;
+
+struct kiln_worker_job {
+    kiln_msg *msg; /* the decoded `job` */
+    atomic_int cancelled;
+    atomic_int *stop; /* the worker's: shutting down counts as cancelled */
+    double t_recv, t_start;
+    kiln_worker_job *next; /* queue link */
+    int queued;
+    job_input in[KILN_PROTO_MAX_TENSORS];
+    int n_in, released;
+    job_output out[KILN_PROTO_MAX_TENSORS];
+    int n_out;
+    kiln_msg *done; /* the reply under construction */
+    kiln_buf *images; /* KILN_PROTO_MAX_ROWS, allocated on the first image */
+};
+
+struct kiln_worker {
+    const kiln_stage_ops *ops;
+    kiln_worker_opts opts;
+    char replica[KILN_PROTO_ID_MAX], host[KILN_PROTO_ID_MAX], model[KILN_PROTO_ID_MAX];
+    kiln_checkpoint *ck;
+    kiln_backend *be;
+    void *state;
+    kiln_transport *shm, *inl;
+    int capacity; /* jobs held at most (queued + running) */
+
+    pthread_mutex_t mu; /* queue and held */
+    pthread_cond_t cv;
+    kiln_worker_job *q_head, *q_tail;
+    int q_rows;
+    kiln_worker_job **held;
+    int n_held, cap_held;
+
+    pthread_mutex_t out_mu; /* outbound frames */
+    kiln_buf *frames;
+    int n_frames, cap_frames;
+    int efd; /* eventfd waking the bus thread */
+
+    atomic_int stop;     /* shutting down: no new batches */
+    atomic_int bus_stop; /* the bus thread flushes and exits */
+    pthread_t bus_thread;
+    int bus_started;
+    kiln_bus *bus;
+};
+
+/* Set by the SIGINT/SIGTERM handler, polled by the bus thread. */
+extern volatile sig_atomic_t kiln_worker_signalled;
+
+/* Encodes m and queues it for the bus thread (any thread); fails when m
+ * cannot be encoded (logged). */
+kiln_status worker_send(kiln_worker *w, const kiln_msg *m);
+/* Removes a job from the held table (any thread). */
+void worker_unhold(kiln_worker *w, kiln_worker_job *j);
+void worker_job_free(kiln_worker_job *j);
+
+kiln_status worker_start(kiln_worker *w, kiln_err *err);
+/* Runs batches until stop, then fails queued jobs and winds down. */
+void worker_serve(kiln_worker *w);
+void worker_shutdown(kiln_worker *w);
+
+#endif

@@ -1,0 +1,275 @@
+/* A job's tensors: opening its input references, placing outputs in the
+ * shm pool or inline, and the `done` / `release` replies. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker_impl.h"
+
+const kiln_msg_job *kiln_worker_job_msg(const kiln_worker_job *j) { return &j->msg->job; }
+
+kiln_backend *kiln_worker_backend(kiln_worker *w) { return w->be; }
+
+static int job_cancelled(const kiln_worker_job *j)
+{
+    return atomic_load(&((kiln_worker_job *)j)->cancelled);
+}
+
+int kiln_worker_cancelled(const kiln_worker_job *j)
+{
+    return job_cancelled(j) || (j->stop && atomic_load(j->stop));
+}
+
+static kiln_transport *transport_for(kiln_worker *w, kiln_ref_kind k)
+{
+    return k == KILN_REF_SHM ? w->shm : k == KILN_REF_INLINE ? w->inl : NULL;
+}
+
+static kiln_status open_input(kiln_worker *w, kiln_worker_job *j, const char *name, int required,
+                              job_input **out, const void **data, kiln_err *err)
+{
+    *out = NULL;
+    const kiln_tensor_ref *ref = kiln_ref_map_get(&j->msg->job.in, name);
+    if (!ref)
+        return required ? kiln_err_set(err, KILN_ERR_INVALID, "input %s missing", name) : KILN_OK;
+    kiln_transport *tx = transport_for(w, ref->kind);
+    if (!tx)
+        return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "input %s: %s references are not supported "
+                            "by this replica", name, kiln_ref_kind_name(ref->kind));
+    if (j->n_in == KILN_PROTO_MAX_TENSORS)
+        return kiln_err_set(err, KILN_ERR_INTERNAL, "input %s opened too often", name);
+    if (kiln_transport_open(tx, ref, data, err))
+        return kiln_err_wrap(err, "input %s", name);
+    job_input *in = &j->in[j->n_in++];
+    memset(in, 0, sizeof *in);
+    in->ref = *ref;
+    in->tx = tx;
+    *out = in;
+    return KILN_OK;
+}
+
+kiln_status kiln_worker_input_host(kiln_worker *w, kiln_worker_job *j, const char *name,
+                                   int required, const kiln_tensor_ref **ref, const void **data,
+                                   kiln_err *err)
+{
+    job_input *in;
+    *ref = NULL, *data = NULL;
+    kiln_status st = open_input(w, j, name, required, &in, data, err);
+    if (!st && in)
+        *ref = &in->ref;
+    return st;
+}
+
+kiln_status kiln_worker_input(kiln_worker *w, kiln_worker_job *j, const char *name, int required,
+                              kiln_tensor *t, kiln_err *err)
+{
+    memset(t, 0, sizeof *t);
+    job_input *in;
+    const void *data;
+    kiln_status st = open_input(w, j, name, required, &in, &data, err);
+    if (st || !in)
+        return st;
+    kiln_backend *be = w->be;
+    if (!strcmp(be->name, "cpu") && in->ref.dtype == be->act_dtype) {
+        /* The CPU backend's tensors are plain host memory: use the mapped
+         * range in place.  It is read-only, which the stages respect (their
+         * inputs are const). */
+        kiln_tensor_set_shape(t, in->ref.dtype, in->ref.ndim, in->ref.shape);
+        t->data = (void *)data;
+        return KILN_OK;
+    }
+    if (kiln_be_from_host(be, &in->t, in->ref.ndim, in->ref.shape, data, in->ref.dtype)) {
+        kiln_be_check(be, err);
+        return kiln_err_wrap(err, "input %s", name);
+    }
+    in->uploaded = 1;
+    *t = in->t;
+    return KILN_OK;
+}
+
+void kiln_worker_release_inputs(kiln_worker *w, kiln_worker_job *j)
+{
+    if (j->released)
+        return;
+    j->released = 1;
+    for (int i = 0; i < j->n_in; i++) {
+        if (j->in[i].uploaded)
+            kiln_be_free(w->be, &j->in[i].t);
+        kiln_transport_close(j->in[i].tx, &j->in[i].ref);
+    }
+    /* Every shm input goes back to its owner, opened or not. */
+    kiln_msg *m = calloc(1, sizeof *m);
+    if (!m) {
+        KILN_LOG_ERROR("worker: out of memory releasing inputs of job %llu",
+                       (unsigned long long)j->msg->job.job);
+        return;
+    }
+    m->type = KILN_MSG_RELEASE;
+    const kiln_ref_map *in = &j->msg->job.in;
+    for (int i = 0; i < in->n; i++)
+        if (in->items[i].ref.kind != KILN_REF_INLINE)
+            m->refs.refs[m->refs.n++] = in->items[i].ref;
+    if (m->refs.n)
+        worker_send(w, m);
+    free(m);
+}
+
+static kiln_status add_output(kiln_worker_job *j, const char *name, kiln_transport *tx,
+                              const kiln_tensor_ref *ref, kiln_err *err)
+{
+    if (j->n_out == KILN_PROTO_MAX_TENSORS ||
+        kiln_ref_map_put(&j->done->done.out, name, ref, err)) {
+        kiln_transport_free(tx, ref, NULL);
+        return kiln_err_set(err, KILN_ERR_INTERNAL, "too many outputs");
+    }
+    j->out[j->n_out++] = (job_output){.tx = tx, .ref = *ref};
+    return KILN_OK;
+}
+
+kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *name,
+                               const kiln_tensor *src, int64_t row0, int64_t rows, int as_inline,
+                               kiln_err *err)
+{
+    if (src->ndim < 1 || row0 < 0 || rows < 1 || row0 + rows > src->shape[0])
+        return kiln_err_set(err, KILN_ERR_INTERNAL, "output %s: bad rows", name);
+    kiln_tensor view = *src;
+    size_t row_bytes = kiln_tensor_nbytes(src) / (size_t)src->shape[0];
+    view.shape[0] = rows;
+    view.data = (char *)src->data + (size_t)row0 * row_bytes;
+    /* Device tensors come down as f32 (the consumer converts on upload). */
+    kiln_dtype dt = src->on_device ? KILN_F32 : src->dtype;
+    kiln_transport *tx = as_inline ? w->inl : w->shm;
+    kiln_tensor_ref ref;
+    void *dst;
+    if (kiln_transport_alloc(tx, dt, view.ndim, view.shape, &ref, &dst, err))
+        return kiln_err_wrap(err, "output %s", name);
+    if (src->on_device) {
+        kiln_be_download(w->be, &view, dst);
+        if (kiln_be_check(w->be, err)) {
+            kiln_transport_free(tx, &ref, NULL);
+            return kiln_err_wrap(err, "output %s", name);
+        }
+    } else {
+        memcpy(dst, view.data, (size_t)ref.len);
+    }
+    return add_output(j, name, tx, &ref, err);
+}
+
+kiln_status kiln_worker_output_host(kiln_worker *w, kiln_worker_job *j, const char *name,
+                                    kiln_dtype dt, int ndim, const int64_t *shape,
+                                    const void *data, kiln_err *err)
+{
+    kiln_tensor_ref ref;
+    void *dst;
+    if (kiln_transport_alloc(w->inl, dt, ndim, shape, &ref, &dst, err))
+        return kiln_err_wrap(err, "output %s", name);
+    memcpy(dst, data, (size_t)ref.len);
+    return add_output(j, name, w->inl, &ref, err);
+}
+
+kiln_status kiln_worker_output_image(kiln_worker_job *j, int row, kiln_buf *img, kiln_err *err)
+{
+    if (row < 0 || row >= KILN_PROTO_MAX_ROWS)
+        return kiln_err_set(err, KILN_ERR_INTERNAL, "image row %d out of range", row);
+    if (!j->images) {
+        j->images = calloc(KILN_PROTO_MAX_ROWS, sizeof *j->images);
+        if (!j->images)
+            return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    }
+    kiln_buf_free(&j->images[row]);
+    j->images[row] = *img;
+    memset(img, 0, sizeof *img);
+    return KILN_OK;
+}
+
+void kiln_worker_timing(kiln_worker_job *j, const char *name, double ms)
+{
+    kiln_msg_done *d = &j->done->done;
+    for (int i = 0; i < d->n_ms; i++)
+        if (!strcmp(d->ms[i].name, name)) {
+            d->ms[i].ms = ms;
+            return;
+        }
+    if (d->n_ms < KILN_PROTO_MAX_TIMINGS)
+        d->ms[d->n_ms++] = (kiln_timing){.name = name, .ms = ms > 0 ? ms : 0};
+}
+
+void worker_job_free(kiln_worker_job *j)
+{
+    if (j->images)
+        for (int i = 0; i < KILN_PROTO_MAX_ROWS; i++)
+            kiln_buf_free(&j->images[i]);
+    free(j->images);
+    free(j->done);
+    kiln_msg_free(j->msg);
+    free(j);
+}
+
+/* Fills done.images from the rows the stage produced; all rows below the
+ * highest must be present. */
+static kiln_status collect_images(kiln_worker_job *j, kiln_err *err)
+{
+    kiln_msg_done *d = &j->done->done;
+    d->n_images = 0;
+    if (!j->images)
+        return KILN_OK;
+    int top = -1;
+    for (int i = 0; i < KILN_PROTO_MAX_ROWS; i++)
+        if (j->images[i].len)
+            top = i;
+    for (int i = 0; i <= top; i++) {
+        if (!j->images[i].len)
+            return kiln_err_set(err, KILN_ERR_INTERNAL, "image %d missing", i);
+        d->images[d->n_images++] = (kiln_bytes){j->images[i].data, j->images[i].len};
+    }
+    return KILN_OK;
+}
+
+void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const kiln_err *err)
+{
+    worker_unhold(w, j);
+    kiln_worker_release_inputs(w, j);
+    kiln_err local = {0};
+    if (!st && job_cancelled(j))
+        st = KILN_ERR_CANCELLED;
+    if (st == KILN_ERR_CANCELLED && !job_cancelled(j)) {
+        /* Stopped by our shutdown, not by the client: the gateway may
+         * re-dispatch it. */
+        st = kiln_err_set(&local, KILN_ERR_UNAVAILABLE, "replica shutting down");
+        err = &local;
+    }
+    if (!st)
+        st = collect_images(j, &local), err = &local;
+    kiln_msg_done *d = &j->done->done;
+    j->done->type = KILN_MSG_DONE;
+    d->job = j->msg->job.job;
+    if (j->t_start > 0)
+        kiln_worker_timing(j, "run", kiln_now_ms() - j->t_start);
+    d->ok = st == KILN_OK;
+    if (!d->ok) {
+        d->code = st;
+        d->message = st == KILN_ERR_CANCELLED ? "request cancelled"
+                     : err && err->msg[0]  ? err->msg
+                                           : kiln_status_name(st);
+        d->out.n = d->n_images = 0;
+        if (st != KILN_ERR_CANCELLED)
+            KILN_LOG_WARN("%s: job %llu failed: %s", w->ops->binary, (unsigned long long)d->job,
+                          d->message);
+    }
+    if (worker_send(w, j->done)) {
+        /* Too big or unencodable: the gateway still gets an answer. */
+        kiln_msg *fallback = j->done;
+        fallback->done = (kiln_msg_done){.job = j->msg->job.job, .code = KILN_ERR_INTERNAL,
+                                         .message = "reply could not be sent"};
+        worker_send(w, fallback);
+    }
+    for (int i = 0; i < j->n_out; i++) {
+        /* Inline buffers are in the sent frame now; shm ranges stay for
+         * the consumer unless the job failed. */
+        if (!d->ok || j->out[i].tx == w->inl)
+            kiln_transport_free(j->out[i].tx, &j->out[i].ref, NULL);
+    }
+    kiln_msg ready = {.type = KILN_MSG_READY, .ready.credits = 1};
+    worker_send(w, &ready);
+    worker_job_free(j);
+}

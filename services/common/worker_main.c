@@ -1,0 +1,193 @@
+/* Start-up and shutdown of a stage worker: the command line, the replica
+ * id, the model, the transports and the signal handlers. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "worker_impl.h"
+
+static void usage(FILE *f, const kiln_stage_ops *ops)
+{
+    fprintf(f,
+            "usage: %s --model DIR --bus ENDPOINT [--device cpu|cuda] [--gpu N]\n"
+            "  [--max-batch N] [--batch-window-ms MS]%s\n"
+            "Serves the %s stage of the checkpoint's pipeline to the kiln gateway at\n"
+            "ENDPOINT (e.g. tcp://127.0.0.1:8001).\n",
+            ops->binary, ops->stage == KILN_STAGE_ENCODE ? " [--text-encoder-out-layers A,B,C]" : "",
+            kiln_stage_name(ops->stage));
+}
+
+static int parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_layers(const char *s, kiln_worker_opts *o)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    o->n_out_layers = 0;
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (o->n_out_layers == KILN_MAX_OUT_LAYERS ||
+            parse_int(tok, -1000, 1000, &o->out_layers[o->n_out_layers]))
+            return -1;
+        o->n_out_layers++;
+    }
+    return o->n_out_layers ? 0 : -1;
+}
+
+static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_worker_opts *o)
+{
+    enum { O_LAYERS = 256, O_WINDOW };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
+        {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
+        {"max-batch", required_argument, 0, 'B'},  {"batch-window-ms", required_argument, 0, O_WINDOW},
+        {"text-encoder-out-layers", required_argument, 0, O_LAYERS},
+        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+    };
+    *o = (kiln_worker_opts){.device = "cpu", .max_batch = 4, .batch_window_ms = 5,
+                            .out_layers = {9, 18, 27}, .n_out_layers = 3};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'b': o->bus = optarg; break;
+        case 'd': o->device = optarg; break;
+        case 'g': bad = parse_int(optarg, 0, 64, &o->gpu); break;
+        case 'B': bad = parse_int(optarg, 1, KILN_PROTO_MAX_ROWS, &o->max_batch); break;
+        case O_WINDOW: bad = parse_int(optarg, 0, 1000, &o->batch_window_ms); break;
+        case O_LAYERS: bad = ops->stage != KILN_STAGE_ENCODE || parse_layers(optarg, o); break;
+        case 'h': usage(stdout, ops); exit(0);
+        default: bad = 1;
+        }
+        if (bad) {
+            if (c != '?')
+                fprintf(stderr, "%s: invalid value '%s' for %s\n", ops->binary,
+                        optarg ? optarg : "", argv[optind - 1]);
+            usage(stderr, ops);
+            return 2;
+        }
+    }
+    if (optind < argc || !o->model || !o->bus) {
+        fprintf(stderr, "%s: %s\n", ops->binary,
+                optind < argc ? "unexpected argument" : "--model and --bus are required");
+        usage(stderr, ops);
+        return 2;
+    }
+    return 0;
+}
+
+/* Copies s keeping [A-Za-z0-9.-] (the replica id alphabet minus ':' and
+ * '@', which stay free as separators) and at most cap - 1 bytes. */
+static void sanitize(char *dst, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (; *s && n + 1 < cap; s++) {
+        char ch = *s;
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '.' || ch == '-' || ch == '_';
+        dst[n++] = ok ? ch : '_';
+    }
+    dst[n] = '\0';
+    if (!n)
+        snprintf(dst, cap, "unknown");
+}
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    kiln_worker_signalled = 1;
+}
+
+static kiln_status setup(kiln_worker *w, kiln_err *err)
+{
+    char host[64] = "";
+    if (gethostname(host, sizeof host - 1))
+        snprintf(host, sizeof host, "unknown");
+    sanitize(w->host, 48, host);
+    snprintf(w->replica, sizeof w->replica, "%s-%.48s-%ld", kiln_stage_name(w->ops->stage), w->host,
+             (long)getpid());
+    char real[PATH_MAX];
+    const char *base = realpath(w->opts.model, real) ? strrchr(real, '/') : NULL;
+    sanitize(w->model, 64, base && base[1] ? base + 1 : w->opts.model);
+
+    int stale = kiln_transport_shm_clean_stale(err);
+    if (stale < 0)
+        KILN_LOG_WARN("%s: %s", w->ops->binary, err->msg);
+    w->shm = kiln_transport_shm_create(w->replica, kiln_stage_name(w->ops->stage), 0, 0, err);
+    w->inl = w->shm ? kiln_transport_inline_create(err) : NULL;
+    if (!w->inl)
+        return err->code;
+    w->ck = kiln_checkpoint_open(w->opts.model, err);
+    if (!w->ck)
+        return err->code;
+    w->be = kiln_backend_create(w->opts.device, w->opts.gpu, err);
+    if (!w->be)
+        return err->code;
+    double t0 = kiln_now_ms();
+    w->state = w->ops->load(w->be, w->ck, &w->opts, err);
+    if (!w->state)
+        return err->code;
+    KILN_LOG_INFO("%s: %s loaded on %s in %.0f ms", w->ops->binary, w->model, w->be->name,
+                  kiln_now_ms() - t0);
+    /* Room for a batch running and the next one gathering. */
+    w->capacity = 2 * w->opts.max_batch;
+    return worker_start(w, err);
+}
+
+static void teardown(kiln_worker *w)
+{
+    worker_shutdown(w);
+    kiln_bus_close(w->bus);
+    if (w->state)
+        w->ops->unload(w->state);
+    kiln_backend_destroy(w->be);
+    kiln_checkpoint_close(w->ck);
+    kiln_transport_destroy(w->inl);
+    kiln_transport_destroy(w->shm);
+    for (int i = 0; i < w->n_frames; i++)
+        kiln_buf_free(&w->frames[i]);
+    free(w->frames);
+    free(w->held);
+    if (w->efd > 0)
+        close(w->efd);
+}
+
+int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops)
+{
+    kiln_worker w = {.ops = ops, .efd = -1};
+    int rc = parse_args(argc, argv, ops, &w.opts);
+    if (rc)
+        return rc;
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL)) {
+        fprintf(stderr, "%s: cannot install signal handlers: %s\n", ops->binary, strerror(errno));
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    kiln_err err = {0};
+    if (setup(&w, &err)) {
+        fprintf(stderr, "%s: %s\n", ops->binary, err.msg);
+        rc = 1;
+    } else {
+        worker_serve(&w);
+    }
+    teardown(&w);
+    KILN_LOG_INFO("%s: %s stopped", ops->binary, w.replica);
+    return rc;
+}

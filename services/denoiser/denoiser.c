@@ -1,0 +1,228 @@
+/* kiln-denoiser: the FLUX.2 DiT loop (engine/denoise_stage.h) over
+ * embeddings from kiln-encoder, producing packed latents for kiln-decoder.
+ *
+ * Rows are laid out as `kiln generate` lays them out: prompt-major, row b
+ * of a job is prompt b / n and uses seeds[b]; a base checkpoint's CFG
+ * repeats the single negative embedding on every row.  Jobs of the same
+ * size, steps, guidance and text length, without references and without
+ * batch_noise (whose single draw depends on the whole batch), run as one
+ * batch: the engine treats rows independently, so each job's latents are
+ * the bytes it gets alone. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/denoise_stage.h"
+#include "services/common/worker.h"
+
+typedef struct den_state {
+    kiln_backend *be;
+    kiln_denoise_stage *den;
+    kiln_model_traits traits;
+} den_state;
+
+static void *den_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_worker_opts *o,
+                      kiln_err *err)
+{
+    (void)o;
+    den_state *s = calloc(1, sizeof *s);
+    if (!s) {
+        kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    s->be = be;
+    s->den = kiln_denoise_stage_create(be, ck, err);
+    if (!s->den) {
+        free(s);
+        return NULL;
+    }
+    s->traits = kiln_denoise_stage_traits(s->den);
+    return s;
+}
+
+static void den_unload(void *state)
+{
+    den_state *s = state;
+    kiln_denoise_stage_destroy(s->den);
+    free(s);
+}
+
+static int den_rows(const kiln_msg_job *j) { return j->denoise.n_seeds; }
+
+static int den_compatible(const kiln_msg_job *head, const kiln_msg_job *j)
+{
+    const kiln_job_denoise *a = &head->denoise, *b = &j->denoise;
+    const kiln_tensor_ref *ea = kiln_ref_map_get(&head->in, "embeds");
+    const kiln_tensor_ref *eb = kiln_ref_map_get(&j->in, "embeds");
+    return a->width == b->width && a->height == b->height && a->steps == b->steps &&
+           !memcmp(&a->guidance, &b->guidance, sizeof a->guidance) && !a->batch_noise &&
+           !b->batch_noise && !kiln_ref_map_get(&head->in, "ref_tokens") &&
+           !kiln_ref_map_get(&j->in, "ref_tokens") &&
+           !kiln_ref_map_get(&head->in, "neg") == !kiln_ref_map_get(&j->in, "neg") && ea && eb &&
+           ea->dtype == eb->dtype && ea->ndim == 3 && eb->ndim == 3 &&
+           ea->shape[1] == eb->shape[1] && ea->shape[2] == eb->shape[2];
+}
+
+/* One job's inputs, checked against its parameters. */
+typedef struct prep {
+    kiln_worker_job *job;
+    kiln_tensor emb, neg, ref_tokens;
+    const int32_t *ref_ids;
+    int64_t R;
+} prep;
+
+static kiln_status prepare(den_state *s, kiln_worker *w, prep *p, kiln_err *err)
+{
+    const kiln_job_denoise *d = &kiln_worker_job_msg(p->job)->denoise;
+    if (kiln_worker_input(w, p->job, "embeds", 1, &p->emb, err))
+        return err->code;
+    if (p->emb.ndim != 3 || p->emb.shape[0] * d->n != d->n_seeds)
+        return kiln_err_set(err, KILN_ERR_INVALID, "embeds must be (P, T, J) with P * n = %d rows",
+                            d->n_seeds);
+    if (s->traits.cfg && d->guidance > 1.0f) {
+        if (kiln_worker_input(w, p->job, "neg", 1, &p->neg, err))
+            return kiln_err_wrap(err, "CFG needs the negative prompt's embedding");
+        if (p->neg.ndim != 3 || p->neg.shape[0] != 1 || p->neg.shape[1] != p->emb.shape[1] ||
+            p->neg.shape[2] != p->emb.shape[2])
+            return kiln_err_set(err, KILN_ERR_INVALID, "neg must be (1, T, J) like embeds");
+    }
+    if (kiln_worker_input(w, p->job, "ref_tokens", 0, &p->ref_tokens, err))
+        return err->code;
+    if (!p->ref_tokens.data)
+        return KILN_OK;
+    const kiln_tensor_ref *ids_ref;
+    const void *ids;
+    if (kiln_worker_input_host(w, p->job, "ref_ids", 1, &ids_ref, &ids, err))
+        return err->code;
+    if (p->ref_tokens.ndim != 3 || p->ref_tokens.shape[0] != 1 || ids_ref->dtype != KILN_I32 ||
+        ids_ref->ndim != 2 || ids_ref->shape[0] != p->ref_tokens.shape[1] || ids_ref->shape[1] != 4)
+        return kiln_err_set(err, KILN_ERR_INVALID, "ref_tokens (1, R, C) and ref_ids (R, 4) I32 "
+                            "do not match");
+    p->ref_ids = ids;
+    p->R = p->ref_tokens.shape[1];
+    return KILN_OK;
+}
+
+/* Batch rows from the jobs' tensors: row b of job j is row b / per_row of
+ * its source (n images per prompt; B rows for a single negative). */
+static kiln_status gather(kiln_backend *be, prep *ps, int n, int neg, int64_t B, kiln_tensor *dst,
+                          kiln_err *err)
+{
+    const kiln_tensor *first = neg ? &ps[0].neg : &ps[0].emb;
+    int64_t shape[3] = {B, first->shape[1], first->shape[2]};
+    if (kiln_be_alloc(be, dst, be->act_dtype, 3, shape))
+        return kiln_be_check(be, err);
+    size_t row = kiln_tensor_nbytes(dst) / (size_t)B;
+    int64_t b = 0;
+    for (int i = 0; i < n; i++) {
+        const kiln_tensor *src = neg ? &ps[i].neg : &ps[i].emb;
+        const kiln_job_denoise *d = &kiln_worker_job_msg(ps[i].job)->denoise;
+        for (int64_t r = 0; r < d->n_seeds; r++, b++) {
+            kiln_tensor dv = *dst, sv = *src;
+            dv.shape[0] = sv.shape[0] = 1;
+            dv.data = (char *)dst->data + (size_t)b * row;
+            sv.data = (char *)src->data + (size_t)(neg ? 0 : r / d->n) * row;
+            kiln_be_copy(be, &dv, &sv);
+        }
+    }
+    return kiln_be_check(be, err);
+}
+
+typedef struct batch_ctx {
+    prep *ps;
+    int n;
+} batch_ctx;
+
+/* The loop stops only when every job of the batch is cancelled; a
+ * cancelled job in a live batch is answered `cancelled` at the end. */
+static int batch_cancelled(void *user)
+{
+    const batch_ctx *c = user;
+    for (int i = 0; i < c->n; i++)
+        if (!kiln_worker_cancelled(c->ps[i].job))
+            return 0;
+    return 1;
+}
+
+static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
+{
+    den_state *s = state;
+    kiln_backend *be = s->be;
+    prep *ps = calloc((size_t)n, sizeof *ps);
+    uint64_t *seeds = calloc(KILN_PROTO_MAX_ROWS, sizeof *seeds);
+    kiln_err err = {0};
+    if (!ps || !seeds) {
+        kiln_err_set(&err, KILN_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < n; i++)
+            kiln_worker_done(w, jobs[i], KILN_ERR_NOMEM, &err);
+        free(ps), free(seeds);
+        return;
+    }
+    /* Jobs with bad inputs fail alone; the rest run. */
+    int live = 0;
+    int64_t B = 0;
+    for (int i = 0; i < n; i++) {
+        prep *p = &ps[live];
+        memset(p, 0, sizeof *p);
+        p->job = jobs[i];
+        kiln_err jerr = {0};
+        if (prepare(s, w, p, &jerr)) {
+            kiln_worker_done(w, jobs[i], jerr.code, &jerr);
+            continue;
+        }
+        const kiln_job_denoise *d = &kiln_worker_job_msg(jobs[i])->denoise;
+        memcpy(seeds + B, d->seeds, (size_t)d->n_seeds * sizeof *seeds);
+        B += d->n_seeds;
+        live++;
+    }
+    if (!live) {
+        free(ps), free(seeds);
+        return;
+    }
+    const kiln_job_denoise *d = &kiln_worker_job_msg(ps[0].job)->denoise;
+    int cfg = ps[0].neg.data != NULL;
+    kiln_tensor emb = {0}, neg = {0}, lat = {0};
+    kiln_status st = KILN_OK;
+    /* A lone job with one image per prompt uses its input as it came. */
+    int own_emb = live > 1 || d->n > 1;
+    if (own_emb)
+        st = gather(be, ps, live, 0, B, &emb, &err);
+    if (!st && cfg && B > 1)
+        st = gather(be, ps, live, 1, B, &neg, &err);
+    batch_ctx ctx = {ps, live};
+    kiln_denoise_job job = {
+        .B = B, .embeds = own_emb ? &emb : &ps[0].emb,
+        .neg_embeds = cfg ? (B > 1 ? &neg : &ps[0].neg) : NULL,
+        .width = d->width, .height = d->height, .steps = d->steps, .guidance = d->guidance,
+        .seeds = seeds, .batch_noise = d->batch_noise,
+        .ref_tokens = ps[0].R ? &ps[0].ref_tokens : NULL, .ref_ids = ps[0].ref_ids, .R = ps[0].R,
+        .cancelled = batch_cancelled, .user = &ctx,
+    };
+    if (!st)
+        st = kiln_denoise_run(s->den, &job, &lat, &err);
+    kiln_be_free(be, &emb), kiln_be_free(be, &neg);
+    int64_t row = 0;
+    for (int i = 0; i < live; i++) {
+        kiln_err jerr = err;
+        kiln_status jst = st;
+        int64_t rows = kiln_worker_job_msg(ps[i].job)->denoise.n_seeds;
+        kiln_worker_release_inputs(w, ps[i].job);
+        if (!jst)
+            jst = kiln_worker_output(w, ps[i].job, "latents", &lat, row, rows, 0, &jerr);
+        row += rows;
+        kiln_worker_done(w, ps[i].job, jst, &jerr);
+    }
+    kiln_be_free(be, &lat);
+    free(ps), free(seeds);
+}
+
+static const kiln_stage_ops denoiser_ops = {
+    .stage = KILN_STAGE_DENOISE,
+    .binary = "kiln-denoiser",
+    .load = den_load,
+    .unload = den_unload,
+    .rows = den_rows,
+    .compatible = den_compatible,
+    .run = den_run,
+};
+
+int main(int argc, char **argv) { return kiln_worker_main(argc, argv, &denoiser_ops); }

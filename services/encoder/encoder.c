@@ -1,0 +1,146 @@
+/* kiln-encoder: prompts to text embeddings (tokenizer + Qwen3) and edit
+ * references to latent tokens (VAE encoder), as engine/encode_stage.h
+ * computes them for `kiln generate` / `kiln edit`.
+ *
+ * A batch joins the prompts (and negative prompts) of every job with the
+ * same max_seq into one kiln_encode_prompts call; Qwen3 rows never
+ * interact, so each job's rows are the bytes it gets alone.  References
+ * are encoded per job (their sizes differ). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "engine/encode_stage.h"
+#include "services/common/worker.h"
+
+typedef struct enc_state {
+    kiln_backend *be;
+    kiln_encode_stage *enc;
+} enc_state;
+
+static void *enc_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_worker_opts *o,
+                      kiln_err *err)
+{
+    enc_state *s = calloc(1, sizeof *s);
+    if (!s) {
+        kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    kiln_encode_opts eo = {.n_out_layers = o->n_out_layers, .with_references = 1};
+    memcpy(eo.out_layers, o->out_layers, sizeof eo.out_layers);
+    s->be = be;
+    s->enc = kiln_encode_stage_create(be, ck, &eo, err);
+    if (!s->enc) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void enc_unload(void *state)
+{
+    enc_state *s = state;
+    kiln_encode_stage_destroy(s->enc);
+    free(s);
+}
+
+static int enc_rows(const kiln_msg_job *j) { return j->encode.n_prompts + (j->encode.negative != NULL); }
+
+static int enc_compatible(const kiln_msg_job *head, const kiln_msg_job *j)
+{
+    return head->encode.max_seq == j->encode.max_seq;
+}
+
+/* Edit references: decode the uploaded files as `kiln edit` reads them,
+ * then VAE-encode.  Outputs ref_tokens (1, R, C) and ref_ids (R, 4). */
+static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *job, kiln_err *err)
+{
+    const kiln_job_encode *e = &kiln_worker_job_msg(job)->encode;
+    kiln_image imgs[KILN_PROTO_MAX_EDIT_REFS] = {{0}};
+    kiln_tensor tokens = {0};
+    int32_t *ids = NULL;
+    int64_t R = 0;
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < e->n_refs && !st; i++)
+        if ((st = kiln_image_decode(e->refs[i].data, e->refs[i].len, NULL, &imgs[i], err)))
+            kiln_err_wrap(err, "image %d", i);
+    if (!st)
+        st = kiln_encode_references(s->enc, imgs, e->n_refs, &tokens, &ids, &R, err);
+    if (!st)
+        st = kiln_worker_output(w, job, "ref_tokens", &tokens, 0, 1, 0, err);
+    if (!st)
+        st = kiln_worker_output_host(w, job, "ref_ids", KILN_I32, 2, (int64_t[]){R, 4}, ids, err);
+    kiln_be_free(s->be, &tokens);
+    free(ids);
+    for (int i = 0; i < e->n_refs; i++)
+        kiln_image_free(&imgs[i]);
+    return st;
+}
+
+/* One kiln_encode_prompts call over the batch's rows: each job's prompts,
+ * then its negative prompt. */
+static kiln_status encode_batch(enc_state *s, kiln_worker_job **jobs, int n, kiln_tensor *emb,
+                                kiln_err *err)
+{
+    int total = 0;
+    for (int i = 0; i < n; i++)
+        total += enc_rows(kiln_worker_job_msg(jobs[i]));
+    const char **rows = malloc((size_t)total * sizeof *rows);
+    if (!rows)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    int r = 0;
+    for (int i = 0; i < n; i++) {
+        const kiln_job_encode *e = &kiln_worker_job_msg(jobs[i])->encode;
+        for (int p = 0; p < e->n_prompts; p++)
+            rows[r++] = e->prompts[p];
+        if (e->negative)
+            rows[r++] = e->negative;
+    }
+    int max_seq = kiln_worker_job_msg(jobs[0])->encode.max_seq;
+    kiln_status st = kiln_encode_prompts(s->enc, rows, total, max_seq, emb, NULL, err);
+    free(rows);
+    return st;
+}
+
+static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
+{
+    enc_state *s = state;
+    kiln_err err = {0};
+    kiln_tensor emb = {0};
+    kiln_status st = encode_batch(s, jobs, n, &emb, &err);
+    if (st && n > 1) {
+        /* One bad prompt (say invalid UTF-8) must not fail its neighbours:
+         * run the jobs one by one to find it. */
+        KILN_LOG_INFO("kiln-encoder: batch of %d failed (%s); retrying one by one", n, err.msg);
+        for (int i = 0; i < n; i++)
+            enc_run(state, w, &jobs[i], 1);
+        return;
+    }
+    int64_t row = 0;
+    for (int i = 0; i < n; i++) {
+        const kiln_job_encode *e = &kiln_worker_job_msg(jobs[i])->encode;
+        kiln_err jerr = err;
+        kiln_status jst = st;
+        if (!jst)
+            jst = kiln_worker_output(w, jobs[i], "embeds", &emb, row, e->n_prompts, 0, &jerr);
+        if (!jst && e->negative)
+            jst = kiln_worker_output(w, jobs[i], "neg", &emb, row + e->n_prompts, 1, 0, &jerr);
+        if (!jst && e->n_refs)
+            jst = encode_refs(s, w, jobs[i], &jerr);
+        row += enc_rows(kiln_worker_job_msg(jobs[i]));
+        kiln_worker_done(w, jobs[i], jst, &jerr);
+    }
+    kiln_be_free(s->be, &emb);
+}
+
+static const kiln_stage_ops encoder_ops = {
+    .stage = KILN_STAGE_ENCODE,
+    .binary = "kiln-encoder",
+    .load = enc_load,
+    .unload = enc_unload,
+    .rows = enc_rows,
+    .compatible = enc_compatible,
+    .run = enc_run,
+};
+
+int main(int argc, char **argv) { return kiln_worker_main(argc, argv, &encoder_ops); }
