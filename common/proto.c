@@ -2,7 +2,10 @@
  * send) and the decoder (refuse to accept). */
 #include "proto.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const msg_names[] = {
@@ -86,6 +89,25 @@ int kiln_slab_name_valid(const char *name)
         if (!name_char(name[i]))
             return 0;
     return 1;
+}
+
+void kiln_proto_model_id(const char *model_dir, char *out, size_t cap)
+{
+    char real[PATH_MAX];
+    const char *path = realpath(model_dir, real) ? real : model_dir;
+    size_t end = strlen(path);
+    while (end > 1 && path[end - 1] == '/')
+        end--;
+    size_t start = end;
+    while (start > 0 && path[start - 1] != '/')
+        start--;
+    size_t n = 0;
+    for (size_t i = start; i < end && n + 1 < cap; i++)
+        out[n++] = name_char(path[i]) ? path[i] : '_';
+    if (cap)
+        out[n] = '\0';
+    if (!n && cap)
+        snprintf(out, cap, "model");
 }
 
 /* Replica ids and host names: 1..127 characters of [A-Za-z0-9._:@-]. */

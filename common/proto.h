@@ -86,6 +86,13 @@ const char *kiln_stage_name(kiln_stage s);
 /* Returns -1 for an unknown name. */
 int kiln_stage_parse(const char *name, kiln_stage *out);
 
+/* The model name replicas announce in `hello` (and the gateway compares
+ * with its own): the base name of the checkpoint folder after resolving
+ * symlinks and trailing slashes, characters outside [A-Za-z0-9._-] turned
+ * into '_', at most cap - 1 bytes (cap <= KILN_PROTO_ID_MAX keeps it valid
+ * in a hello).  "model" when nothing is left. */
+void kiln_proto_model_id(const char *model_dir, char *out, size_t cap);
+
 /* The reverse of kiln_status_name (error codes travel by name); -1 when
  * unknown. */
 int kiln_status_parse(const char *name, kiln_status *out);

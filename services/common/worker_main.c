@@ -2,7 +2,6 @@
  * id, the model, the transports and the signal handlers. */
 #include <errno.h>
 #include <getopt.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,9 +120,7 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
     sanitize(w->host, 48, host);
     snprintf(w->replica, sizeof w->replica, "%s-%.48s-%ld", kiln_stage_name(w->ops->stage), w->host,
              (long)getpid());
-    char real[PATH_MAX];
-    const char *base = realpath(w->opts.model, real) ? strrchr(real, '/') : NULL;
-    sanitize(w->model, 64, base && base[1] ? base + 1 : w->opts.model);
+    kiln_proto_model_id(w->opts.model, w->model, sizeof w->model);
 
     int stale = kiln_transport_shm_clean_stale(err);
     if (stale < 0)

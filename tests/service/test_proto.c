@@ -349,6 +349,19 @@ static void test_corruption(void)
     free(m);
 }
 
+static void test_model_id(void)
+{
+    char id[KILN_PROTO_ID_MAX];
+    kiln_proto_model_id("/nonexistent/models/FLUX.2-klein-4B//", id, sizeof id);
+    CHECK(!strcmp(id, "FLUX.2-klein-4B"));
+    kiln_proto_model_id("my model@v2", id, sizeof id);
+    CHECK(!strcmp(id, "my_model_v2"));
+    kiln_proto_model_id("", id, sizeof id);
+    CHECK(!strcmp(id, "model"));
+    kiln_proto_model_id("/nonexistent/abcdefgh", id, 5);
+    CHECK(!strcmp(id, "abcd"));
+}
+
 int main(void)
 {
     RUN(test_hello_ready_hb_cancel);
@@ -357,5 +370,6 @@ int main(void)
     RUN(test_encode_refuses);
     RUN(test_malformed);
     RUN(test_corruption);
+    RUN(test_model_id);
     return test_finish();
 }
