@@ -16,8 +16,8 @@
  *   kiln_transport_close(rx, &ref);                // then send `release`
  *
  * One interface (kiln_transport_ops) with three implementations: `shm`
- * (POSIX shared-memory slabs, here), `inline` (bytes carried in the message,
- * here) and `cuda_ipc` (device slabs, with the CUDA backend).
+ * (POSIX shared-memory slabs), `inline` (bytes carried in the message) and
+ * `cuda_ipc` (device slabs, in builds with the CUDA backend).
  *
  * shm: a producer creates slabs named /kiln-<stage>-<pid>-<n> on demand
  * (reserved with posix_fallocate, so a full /dev/shm is an error here, not
@@ -88,6 +88,34 @@ kiln_transport *kiln_transport_shm_create(const char *owner, const char *stage, 
  * producer frees them with kiln_transport_free once the message is sent);
  * open returns ref->data, which lives as long as the decoded message. */
 kiln_transport *kiln_transport_inline_create(kiln_err *err);
+
+/* A cuda_ipc transport for replica `owner` of `stage` on GPU `device`:
+ * device slabs of at least slab_bytes (0 = 64 MiB; rounded up to MiB; a
+ * bigger tensor gets a slab of its own) up to max_bytes (0 = 16 GiB),
+ * allocated with cudaMalloc and exported once with cudaIpcGetMemHandle
+ * (the handle travels in every reference; the slab label
+ * "/kiln-cuda-<stage>-<pid>-<n>-<MiB>" carries its size so consumers can
+ * bound-check offsets).  alloc's *ptr is device memory.
+ * Consumers map each slab once with cudaIpcOpenMemHandle on their own
+ * `device` (peer access enabled lazily for a slab of another GPU) and keep
+ * at most 16 idle mappings; a slab of the calling process itself is used
+ * directly (CUDA cannot IPC-open its own memory).
+ * Ordering is the callers' duty, as the transport sees no streams: the
+ * producer's writes into *ptr must be complete (kiln_be_sync, or a stream
+ * or event sync) before the reference is sent, and a consumer's reads
+ * complete before it closes the reference and sends `release`.
+ * NULL with err set: KILN_ERR_UNSUPPORTED in a build without CUDA,
+ * KILN_ERR_UNAVAILABLE without that device, KILN_ERR_INVALID for bad
+ * names.  The caller owns it; destroying it frees the producer's slabs
+ * (consumers must have closed theirs: their mappings end when their own
+ * transport is destroyed or evicts them). */
+kiln_transport *kiln_transport_cuda_ipc_create(const char *owner, const char *stage, int device,
+                                               size_t slab_bytes, size_t max_bytes, kiln_err *err);
+
+/* 1 when a consumer on GPU consumer_device can map cuda_ipc slabs of
+ * producer_device (the same device, or peer access between the two);
+ * 0 otherwise and in a build without CUDA. */
+int kiln_transport_cuda_ipc_reachable(int consumer_device, int producer_device);
 
 /* Destroys a transport: unmaps consumer mappings and unlinks and unmaps
  * the producer's slabs (consumers' existing mappings stay valid).

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "slab_ranges.h"
 #include "transport.h"
 
 #define DEFAULT_SLAB (64u << 20)
@@ -21,21 +22,11 @@
 #define SLAB_ROUND (1u << 20)
 #define MAX_IDLE_MAPPINGS 64
 
-typedef struct range {
-    uint64_t off, len;
-} range;
-
-typedef struct range_list {
-    range *v;
-    int n, cap;
-} range_list;
-
 typedef struct slab {
     char name[KILN_PROTO_SLAB_MAX];
     uint8_t *base;
     size_t size;
-    range_list free; /* sorted by offset, never adjacent */
-    range_list used; /* live ranges, any order */
+    kiln_slab_ranges ranges;
 } slab;
 
 typedef struct mapping {
@@ -63,68 +54,6 @@ typedef struct shm_impl {
 static atomic_uint next_slab_id;
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-static int list_insert(range_list *l, int at, range r)
-{
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 8;
-        range *v = realloc(l->v, (size_t)cap * sizeof *v);
-        if (!v)
-            return -1;
-        l->v = v, l->cap = cap;
-    }
-    memmove(&l->v[at + 1], &l->v[at], (size_t)(l->n - at) * sizeof *l->v);
-    l->v[at] = r;
-    l->n++;
-    return 0;
-}
-
-static void list_remove(range_list *l, int at)
-{
-    memmove(&l->v[at], &l->v[at + 1], (size_t)(l->n - at - 1) * sizeof *l->v);
-    l->n--;
-}
-
-/* First fit in one slab; the range is recorded as used. */
-static int slab_take(slab *s, uint64_t len, uint64_t *off)
-{
-    for (int i = 0; i < s->free.n; i++) {
-        range *f = &s->free.v[i];
-        if (f->len < len)
-            continue;
-        if (list_insert(&s->used, s->used.n, (range){f->off, len}))
-            return -1;
-        *off = f->off;
-        f->off += len, f->len -= len;
-        if (!f->len)
-            list_remove(&s->free, i);
-        return 0;
-    }
-    return -1;
-}
-
-/* Returns [off, off+len) to the free list, merging with its neighbours. */
-static int slab_give(slab *s, uint64_t off, uint64_t len)
-{
-    int i = 0;
-    while (i < s->free.n && s->free.v[i].off < off)
-        i++;
-    range *prev = i > 0 ? &s->free.v[i - 1] : NULL;
-    range *next = i < s->free.n ? &s->free.v[i] : NULL;
-    if (prev && prev->off + prev->len == off) {
-        prev->len += len;
-        if (next && off + len == next->off) {
-            prev->len += next->len;
-            list_remove(&s->free, i);
-        }
-        return 0;
-    }
-    if (next && off + len == next->off) {
-        next->off = off, next->len += len;
-        return 0;
-    }
-    return list_insert(&s->free, i, (range){off, len});
-}
 
 static kiln_status new_slab(shm_impl *im, size_t size, slab **out, kiln_err *err)
 {
@@ -159,7 +88,7 @@ static kiln_status new_slab(shm_impl *im, size_t size, slab **out, kiln_err *err
     }
     s->base = base;
     s->size = size;
-    if (list_insert(&s->free, 0, (range){0, size})) {
+    if (kiln_slab_ranges_init(&s->ranges, size)) {
         munmap(base, size);
         shm_unlink(s->name);
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
@@ -178,13 +107,13 @@ static kiln_status shm_alloc(kiln_transport *t, size_t bytes, kiln_tensor_ref *r
     pthread_mutex_lock(&im->mu);
     slab *s = NULL;
     for (int i = 0; i < im->n_slabs && !s; i++)
-        if (!slab_take(&im->slabs[i], len, &off))
+        if (!kiln_slab_ranges_take(&im->slabs[i].ranges, len, &off))
             s = &im->slabs[i];
     kiln_status st = KILN_OK;
     if (!s) {
         size_t size = len > im->slab_bytes ? round_up(len, SLAB_ROUND) : im->slab_bytes;
         st = new_slab(im, size, &s, err);
-        if (!st && slab_take(s, len, &off))
+        if (!st && kiln_slab_ranges_take(&s->ranges, len, &off))
             st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
     }
     if (!st) {
@@ -204,26 +133,17 @@ static kiln_status shm_free(kiln_transport *t, const kiln_tensor_ref *ref, kiln_
     if (strcmp(ref->owner, im->owner))
         return kiln_err_set(err, KILN_ERR_INVALID, "shm free: owned by %s, not %s", ref->owner,
                             im->owner);
-    int found = 0, nomem = 0;
+    int rc = 1;
     pthread_mutex_lock(&im->mu);
-    for (int i = 0; i < im->n_slabs && !found; i++) {
-        slab *s = &im->slabs[i];
-        if (strcmp(s->name, ref->slab))
-            continue;
-        for (int u = 0; u < s->used.n && !found; u++) {
-            if (s->used.v[u].off != ref->off || s->used.v[u].len != len)
-                continue;
-            found = 1;
-            nomem = slab_give(s, ref->off, len);
-            if (!nomem)
-                list_remove(&s->used, u);
+    for (int i = 0; i < im->n_slabs; i++)
+        if (!strcmp(im->slabs[i].name, ref->slab)) {
+            rc = kiln_slab_ranges_give(&im->slabs[i].ranges, ref->off, len);
+            break;
         }
-        break;
-    }
     pthread_mutex_unlock(&im->mu);
-    if (nomem)
+    if (rc < 0)
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
-    if (!found)
+    if (rc)
         return kiln_err_set(err, KILN_ERR_INVALID, "shm free: %s+%llu is not a live range",
                             ref->slab, (unsigned long long)ref->off);
     return KILN_OK;
@@ -325,9 +245,9 @@ static void shm_stats(kiln_transport *t, kiln_transport_stats *st)
     st->slabs = im->n_slabs;
     st->slab_bytes = im->total;
     for (int i = 0; i < im->n_slabs; i++) {
-        st->live += im->slabs[i].used.n;
-        for (int u = 0; u < im->slabs[i].used.n; u++)
-            st->used_bytes += im->slabs[i].used.v[u].len;
+        int live;
+        st->used_bytes += kiln_slab_ranges_used(&im->slabs[i].ranges, &live);
+        st->live += live;
     }
     st->mapped = im->n_maps;
     st->open = im->open;
@@ -342,7 +262,7 @@ static void shm_destroy(kiln_transport *t)
         munmap(s->base, s->size);
         if (shm_unlink(s->name))
             KILN_LOG_WARN("shm_unlink %s: %s", s->name, strerror(errno));
-        free(s->free.v), free(s->used.v);
+        kiln_slab_ranges_release(&s->ranges);
     }
     for (int i = 0; i < im->n_maps; i++)
         munmap((void *)im->maps[i].base, im->maps[i].size);
