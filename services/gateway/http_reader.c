@@ -13,7 +13,7 @@ struct kiln_http_reader {
     kiln_http_limits lim;
     kiln_http_request req;
     size_t header_bytes, target_len, ctype_len, expect_len;
-    int in_request, complete, continue_pending, seen_ctype;
+    int in_request, headers_done, complete, continue_pending, seen_ctype;
     int error_status;
     const char *error_msg;
     /* The header being read: its name may arrive in pieces, and a value
@@ -123,6 +123,7 @@ static int on_headers_complete(http_parser *p)
     if (query)
         *query = '\0';
     q->keep_alive = http_should_keep_alive(p);
+    r->headers_done = 1;
     int has_length = (p->flags & F_CONTENTLENGTH) != 0;
     if (has_length && p->content_length > r->lim.max_body_bytes)
         return fail(r, 413, "request body is too large");
@@ -175,7 +176,8 @@ static void reset_request(kiln_http_reader *r)
     kiln_buf_free(&r->req.body);
     memset(&r->req, 0, sizeof r->req);
     r->header_bytes = r->target_len = r->ctype_len = r->expect_len = r->field_len = 0;
-    r->in_request = r->complete = r->continue_pending = r->seen_ctype = r->in_value = 0;
+    r->in_request = r->headers_done = r->complete = r->continue_pending = 0;
+    r->seen_ctype = r->in_value = 0;
     r->expect[0] = r->field[0] = '\0';
 }
 
@@ -250,6 +252,11 @@ int kiln_http_reader_error(const kiln_http_reader *r, const char **message)
 int kiln_http_reader_in_request(const kiln_http_reader *r)
 {
     return r->in_request && !r->complete;
+}
+
+int kiln_http_reader_headers_done(const kiln_http_reader *r)
+{
+    return r->headers_done;
 }
 
 int kiln_http_reader_take_continue(kiln_http_reader *r)

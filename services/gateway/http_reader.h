@@ -89,6 +89,10 @@ int kiln_http_reader_error(const kiln_http_reader *r, const char **message);
  * read timeouts). */
 int kiln_http_reader_in_request(const kiln_http_reader *r);
 
+/* 1 once the current request's headers are complete (its body may still
+ * be arriving). */
+int kiln_http_reader_headers_done(const kiln_http_reader *r);
+
 /* 1 once per request whose headers asked for `Expect: 100-continue` and
  * were accepted (the body size is within limits). */
 int kiln_http_reader_take_continue(kiln_http_reader *r);

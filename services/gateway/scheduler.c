@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "sched_impl.h"
+#include "scheduler_impl.h"
 
 kiln_sched *kiln_sched_create(const kiln_sched_opts *opts, const kiln_sched_ops *ops, void *ud,
                               kiln_metrics *metrics, kiln_err *err)
@@ -290,9 +290,13 @@ kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client
     link_insert_before(&s->all, &j->anode);
     s->n_jobs++;
     *id = j->id;
-    sched_enqueue(s, j, KILN_STAGE_ENCODE, 0, now);
-    sched_dispatch(s, now);
+    sched_enqueue(s, j, KILN_STAGE_ENCODE, 0, now); /* cannot fail: the stage is live */
     return KILN_OK;
+}
+
+void kiln_sched_kick(kiln_sched *s, double now)
+{
+    sched_dispatch(s, now);
 }
 
 void kiln_sched_cancel(kiln_sched *s, uint64_t id, double now)

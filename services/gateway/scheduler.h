@@ -82,11 +82,17 @@ kiln_sched *kiln_sched_create(const kiln_sched_opts *opts, const kiln_sched_ops 
 void kiln_sched_destroy(kiln_sched *s);
 
 /* Admits a validated request with req->req.seed already chosen.  On
- * success the job owns req's memory (req is zeroed) and *id names it.
- * Errors leave req to the caller: KILN_ERR_UNAVAILABLE (503: a stage has
- * no live replica), KILN_ERR_BUSY (429: a stage queue is full), _NOMEM. */
+ * success the job owns req's memory (req is zeroed) and *id names it; it
+ * waits in the encode queue until kiln_sched_kick (so that finish never
+ * runs before the caller has recorded the id).  Errors leave req to the
+ * caller: KILN_ERR_UNAVAILABLE (503: a stage has no live replica),
+ * KILN_ERR_BUSY (429: a stage queue is full), _INVALID (n beyond the
+ * protocol's rows), _NOMEM. */
 kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client, double now,
                               uint64_t *id, kiln_err *err);
+
+/* Sends queued jobs to replicas with credits. */
+void kiln_sched_kick(kiln_sched *s, double now);
 
 /* The client of job `id` went away: drop it from its queue or cancel it on
  * its replica, free the references the gateway holds.  No finish call

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "sched_impl.h"
+#include "scheduler_impl.h"
 
 /* A dead replica's record is kept this long (its late messages revive it,
  * and its late dones are recognised) before it is forgotten. */

@@ -1,5 +1,5 @@
-/* Internals of the gateway scheduler (sched.c: jobs, queues, dispatch;
- * sched_replica.c: the replica registry; sched_done.c: results and
+/* Internals of the gateway scheduler (scheduler.c: jobs, queues, dispatch;
+ * scheduler_replica.c: the replica registry; scheduler_done.c: results and
  * references). */
 #ifndef KILN_GW_SCHED_IMPL_H
 #define KILN_GW_SCHED_IMPL_H
@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 #include "idmap.h"
-#include "sched.h"
+#include "scheduler.h"
 
 /* Intrusive circular doubly-linked list; a head is its own sentinel. */
 typedef struct sched_link {
@@ -79,7 +79,7 @@ struct kiln_sched {
     uint64_t next_id;
 };
 
-/* sched.c */
+/* scheduler.c */
 void sched_enqueue(kiln_sched *s, sched_job *j, kiln_stage stage, int front, double now);
 void sched_dispatch(kiln_sched *s, double now);
 void sched_detach(kiln_sched *s, sched_job *j);
@@ -90,13 +90,13 @@ void sched_fail(kiln_sched *s, sched_job *j, int status, const char *code, const
 void sched_destroy_job(kiln_sched *s, sched_job *j);
 int sched_live(const kiln_sched *s, kiln_stage stage);
 
-/* sched_replica.c */
+/* scheduler_replica.c */
 sched_replica *sched_replica_find(kiln_sched *s, const char *id);
 void sched_replica_lost(kiln_sched *s, sched_replica *r, const char *why, double now);
 void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg_hello *h, double now);
 void sched_replica_gc(kiln_sched *s, double now);
 
-/* sched_done.c */
+/* scheduler_done.c */
 void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now);
 void sched_on_release(kiln_sched *s, sched_replica *r, const kiln_msg_refs *refs);
 /* Sends `free` to the owners of the shm / cuda_ipc references in refs[n]. */

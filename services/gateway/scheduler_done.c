@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "sched_impl.h"
+#include "scheduler_impl.h"
 
 static int releasable(const kiln_tensor_ref *r)
 {

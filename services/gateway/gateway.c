@@ -1,0 +1,200 @@
+/* Start-up, signals, the periodic tick and shutdown of kiln-gateway. */
+#include "gateway.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/checkpoint.h"
+#include "common/log.h"
+
+#define TICK_MS 250
+
+enum { H_TICK = 1, H_SIGINT = 2, H_SIGTERM = 4 };
+
+void kiln_gw_model_id(const char *dir, char *out, size_t cap)
+{
+    char real[PATH_MAX];
+    const char *base = realpath(dir, real) ? strrchr(real, '/') : NULL;
+    const char *s = base && base[1] ? base + 1 : dir;
+    size_t n = 0;
+    for (; *s && n + 1 < cap && n < 63; s++) {
+        char ch = *s;
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '.' || ch == '-' || ch == '_';
+        out[n++] = ok ? ch : '_';
+    }
+    out[n] = '\0';
+    if (!n)
+        snprintf(out, cap, "unknown");
+}
+
+static void on_bus_msg(void *ud, const char *peer, kiln_msg *m)
+{
+    kiln_gateway *gw = ud;
+    kiln_sched_on_msg(gw->sched, peer, m, kiln_now_ms());
+}
+
+static void on_bus_lost(void *ud, const char *peer)
+{
+    kiln_gateway *gw = ud;
+    kiln_sched_on_unreachable(gw->sched, peer, kiln_now_ms());
+}
+
+/* Closes whatever has started; the loop then runs out. */
+static void close_all(kiln_gateway *gw)
+{
+    if (gw->closing)
+        return;
+    gw->closing = 1;
+    /* Connections first: aborting their requests sends cancels on the bus. */
+    if (gw->http)
+        kiln_http_server_stop(gw->http);
+    if (gw->bus)
+        kiln_gw_bus_stop(gw->bus);
+    if (gw->handles & H_TICK)
+        uv_close((uv_handle_t *)&gw->tick, NULL);
+    if (gw->handles & H_SIGINT)
+        uv_close((uv_handle_t *)&gw->sigint, NULL);
+    if (gw->handles & H_SIGTERM)
+        uv_close((uv_handle_t *)&gw->sigterm, NULL);
+}
+
+static void shutdown_now(kiln_gateway *gw)
+{
+    KILN_LOG_INFO("gateway: shutting down");
+    close_all(gw);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    kiln_gateway *gw = t->data;
+    double now = kiln_now_ms();
+    kiln_sched_tick(gw->sched, now);
+    if (gw->draining) {
+        kiln_metrics_gauges g;
+        kiln_sched_gauges(gw->sched, &g);
+        if (g.jobs == 0 || now >= gw->drain_deadline)
+            shutdown_now(gw);
+    }
+}
+
+static void on_signal(uv_signal_t *h, int sig)
+{
+    kiln_gateway *gw = h->data;
+    if (gw->draining) { /* a second signal: stop waiting */
+        shutdown_now(gw);
+        return;
+    }
+    gw->draining = 1;
+    gw->drain_deadline = kiln_now_ms() + gw->opt.drain_s * 1000.0;
+    KILN_LOG_INFO("gateway: signal %d: finishing accepted requests (up to %.0f s)", sig,
+                  gw->opt.drain_s);
+}
+
+static int check_options(const kiln_gw_options *o)
+{
+    if (o->min_size % 16 || o->max_size % 16 || o->min_size < 64 || o->max_size > 4096 ||
+        o->min_size > o->max_size) {
+        KILN_LOG_ERROR("gateway: --min-size/--max-size must be multiples of 16 with "
+                       "64 <= min <= max <= 4096");
+        return -1;
+    }
+    return 0;
+}
+
+static int start(kiln_gateway *gw, kiln_err *err)
+{
+    const kiln_gw_options *o = &gw->opt;
+    kiln_checkpoint *ck = kiln_checkpoint_open(o->model_dir, err);
+    if (!ck)
+        return -1;
+    gw->api.traits = kiln_model_traits_of(ck);
+    kiln_checkpoint_close(ck);
+    kiln_gw_model_id(o->model_dir, gw->model_id, sizeof gw->model_id);
+    gw->api.model_id = gw->model_id;
+    gw->api.limits = KILN_LIMITS_SERVICE;
+    gw->api.limits.min_side = o->min_size;
+    gw->api.limits.max_side = o->max_size;
+    gw->api.image_limits = KILN_IMAGE_LIMITS_DEFAULT;
+    gw->started = (int64_t)time(NULL);
+
+    if (!(gw->metrics = kiln_metrics_create(err)))
+        return -1;
+    kiln_sched_opts so = {.model_id = gw->model_id, .queue_max = o->queue_max,
+                          .heartbeat_timeout_ms = o->heartbeat_timeout_ms,
+                          .job_timeout_ms = o->request_timeout_s * 1000.0};
+    kiln_sched_ops ops = {.send = kiln_gw_send, .finish = kiln_gw_finish};
+    if (!(gw->sched = kiln_sched_create(&so, &ops, gw, gw->metrics, err)))
+        return -1;
+    char bus[128];
+    if (o->bus)
+        snprintf(bus, sizeof bus, "%s", o->bus);
+    else
+        snprintf(bus, sizeof bus, "tcp://127.0.0.1:%d", o->port + 1);
+    if (!(gw->bus = kiln_gw_bus_start(gw->loop, bus, on_bus_msg, on_bus_lost, gw, err)))
+        return -1;
+    kiln_http_server_opts ho = {
+        .host = o->host, .port = o->port,
+        .limits = {.max_header_bytes = o->max_header_bytes, .max_body_bytes = o->max_body_bytes},
+        .max_connections = o->max_connections, .header_timeout_ms = o->header_timeout_ms,
+        .request_timeout_ms = o->read_timeout_ms, .idle_timeout_ms = o->idle_timeout_ms,
+        .write_timeout_ms = o->write_timeout_ms,
+    };
+    if (!(gw->http = kiln_http_server_start(gw->loop, &ho, &kiln_gw_http_handlers, gw, err)))
+        return -1;
+    int rc;
+    if ((rc = uv_timer_init(gw->loop, &gw->tick)) == 0) {
+        gw->handles |= H_TICK;
+        rc = uv_timer_start(&gw->tick, on_tick, TICK_MS, TICK_MS);
+    }
+    if (!rc && (rc = uv_signal_init(gw->loop, &gw->sigint)) == 0) {
+        gw->handles |= H_SIGINT;
+        rc = uv_signal_start(&gw->sigint, on_signal, SIGINT);
+    }
+    if (!rc && (rc = uv_signal_init(gw->loop, &gw->sigterm)) == 0) {
+        gw->handles |= H_SIGTERM;
+        rc = uv_signal_start(&gw->sigterm, on_signal, SIGTERM);
+    }
+    if (rc) {
+        kiln_err_set(err, KILN_ERR_IO, "libuv: %s", uv_strerror(rc));
+        return -1;
+    }
+    gw->tick.data = gw->sigint.data = gw->sigterm.data = gw;
+    KILN_LOG_INFO("gateway: serving model '%s' on http://%s:%d, bus %s", gw->model_id, o->host,
+                  kiln_http_server_port(gw->http), bus);
+    return 0;
+}
+
+int kiln_gateway_run(const kiln_gw_options *o)
+{
+    if (check_options(o))
+        return 2;
+    kiln_gateway *gw = calloc(1, sizeof *gw);
+    uv_loop_t *loop = malloc(sizeof *loop);
+    if (!gw || !loop || uv_loop_init(loop)) {
+        KILN_LOG_ERROR("gateway: cannot create the event loop");
+        free(gw);
+        free(loop);
+        return 1;
+    }
+    gw->loop = loop;
+    gw->opt = *o;
+    kiln_err err = {0};
+    int status = 0;
+    if (start(gw, &err)) {
+        KILN_LOG_ERROR("gateway: %s", err.msg);
+        status = 1;
+        close_all(gw);
+    }
+    uv_run(loop, UV_RUN_DEFAULT);
+    kiln_sched_destroy(gw->sched);
+    kiln_metrics_destroy(gw->metrics);
+    if (uv_loop_close(loop))
+        KILN_LOG_WARN("gateway: event loop closed with handles still open");
+    free(loop);
+    free(gw);
+    return status;
+}

@@ -1,0 +1,81 @@
+/* kiln-gateway: the pieces of the gateway process and how they meet.
+ *
+ *   kiln_gw_options o = KILN_GW_DEFAULTS;
+ *   o.model_dir = "/models/klein-4b"; o.port = 8000;
+ *   return kiln_gateway_run(&o);     // serves until SIGINT / SIGTERM
+ *
+ * One libuv loop thread runs the HTTP server (http_server.c), the routes
+ * (routes.c), the scheduler (scheduler*.c) and the metrics; request bodies are
+ * parsed and validated on libuv's worker pool (api_request.c); the bus
+ * thread (gw_bus.c) owns the ZeroMQ socket.  On SIGINT/SIGTERM the gateway
+ * stops admitting work (503, /readyz fails), lets accepted requests finish
+ * for up to drain_s, then closes everything.
+ */
+#ifndef KILN_GW_GATEWAY_H
+#define KILN_GW_GATEWAY_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "api_request.h"
+#include "gw_bus.h"
+#include "http_server.h"
+#include "metrics.h"
+#include "scheduler.h"
+
+typedef struct kiln_gw_options {
+    const char *host;
+    int port;
+    const char *bus;       /* NULL: tcp://127.0.0.1:<port + 1> */
+    const char *model_dir; /* the checkpoint the replicas serve */
+    int min_size, max_size;
+    size_t max_body_bytes, max_header_bytes;
+    int max_connections;
+    int queue_max;
+    int header_timeout_ms, read_timeout_ms, idle_timeout_ms, write_timeout_ms;
+    double request_timeout_s;
+    double heartbeat_timeout_ms;
+    double drain_s;
+} kiln_gw_options;
+
+#define KILN_GW_DEFAULTS                                                                        \
+    ((kiln_gw_options){.host = "0.0.0.0", .port = 8000, .min_size = 256, .max_size = 2048,      \
+                       .max_body_bytes = 64u << 20, .max_header_bytes = 16u << 10,              \
+                       .max_connections = 1024, .queue_max = 128, .header_timeout_ms = 10000,   \
+                       .read_timeout_ms = 60000, .idle_timeout_ms = 60000,                     \
+                       .write_timeout_ms = 60000, .request_timeout_s = 300,                    \
+                       .heartbeat_timeout_ms = 2000, .drain_s = 30})
+
+typedef struct kiln_gateway {
+    uv_loop_t *loop;
+    kiln_gw_options opt;
+    char model_id[64];
+    kiln_api_config api;
+    int64_t started; /* unix seconds, for /v1/models */
+    kiln_http_server *http;
+    kiln_gw_bus *bus;
+    kiln_sched *sched;
+    kiln_metrics *metrics;
+    uv_timer_t tick;
+    uv_signal_t sigint, sigterm;
+    unsigned handles; /* which of tick, sigint, sigterm are initialised */
+    int draining, closing;
+    double drain_deadline;
+} kiln_gateway;
+
+/* Runs the gateway; returns the process exit status (0 after a clean
+ * shutdown, 1 when it cannot start). */
+int kiln_gateway_run(const kiln_gw_options *o);
+
+/* The model id replicas report for a checkpoint folder: the base name of
+ * its real path with characters outside [A-Za-z0-9._-] replaced by '_',
+ * at most 63 bytes (the rule of services/common/worker_main.c). */
+void kiln_gw_model_id(const char *dir, char *out, size_t cap);
+
+/* routes.c: the HTTP side. */
+extern const kiln_http_handlers kiln_gw_http_handlers;
+/* routes.c: the scheduler's ops (ud is the kiln_gateway). */
+kiln_status kiln_gw_send(void *ud, const char *peer, const kiln_msg *m, kiln_err *err);
+void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res);
+
+#endif

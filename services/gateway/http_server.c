@@ -1,0 +1,467 @@
+#include "http_server.h"
+
+#include <assert.h>
+#include <http_parser.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_response.h"
+#include "common/log.h"
+
+#define READ_CHUNK 65536
+#define PIPELINE_MAX (1u << 20) /* buffered bytes beyond the request being handled */
+#define LINGER_MS 2000
+
+typedef enum conn_state {
+    C_READING, /* reading a request (or idle between requests) */
+    C_BUSY,    /* the handler has the request */
+    C_WRITING, /* the response is being written */
+    C_LINGER,  /* our side shut down; draining what the client sends */
+} conn_state;
+
+struct kiln_http_conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_write_t wreq;
+    uv_shutdown_t sreq;
+    kiln_http_server *srv;
+    struct kiln_http_conn *prev, *next;
+    kiln_http_reader *reader;
+    kiln_buf in; /* read bytes; [in_off, in.len) not parsed yet */
+    size_t in_off;
+    conn_state state;
+    int reading, closing, n_closed, eof, close_after, head_only;
+    void *pending;
+    char head[512];
+    kiln_buf body;
+    uint64_t t_request; /* first byte of the request being read */
+    uint64_t t_state;   /* entering the current state */
+};
+
+struct kiln_http_server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    kiln_http_server_opts opts;
+    kiln_http_handlers h;
+    void *ud;
+    kiln_http_conn *conns;
+    int n_conns;
+    int port;
+    int stopping, listener_closed;
+};
+
+typedef struct reject {
+    uv_tcp_t tcp;
+} reject;
+
+static void close_conn(kiln_http_conn *c);
+static void process(kiln_http_conn *c);
+static void arm(kiln_http_conn *c);
+
+static void maybe_free_server(kiln_http_server *s)
+{
+    if (s->stopping && s->listener_closed && s->n_conns == 0)
+        free(s);
+}
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    kiln_http_conn *c = h->data;
+    if (++c->n_closed < 2)
+        return;
+    kiln_http_server *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->n_conns--;
+    kiln_http_reader_destroy(c->reader);
+    kiln_buf_free(&c->in);
+    kiln_buf_free(&c->body);
+    free(c);
+    maybe_free_server(s);
+}
+
+static void close_conn(kiln_http_conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    if (c->pending || c->state == C_BUSY) {
+        void *p = c->pending;
+        c->pending = NULL;
+        c->srv->h.on_abort(c->srv->ud, c, p);
+    }
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+    uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    kiln_http_conn *c = h->data;
+    (void)suggested;
+    if (c->in_off && c->in_off == c->in.len)
+        c->in_off = c->in.len = 0;
+    if (kiln_buf_reserve(&c->in, READ_CHUNK, NULL)) {
+        *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS: the connection closes */
+        return;
+    }
+    *buf = uv_buf_init((char *)c->in.data + c->in.len, READ_CHUNK);
+}
+
+static void on_written(uv_write_t *w, int status)
+{
+    kiln_http_conn *c = w->data;
+    kiln_buf_free(&c->body);
+    if (c->closing)
+        return;
+    if (status < 0) {
+        close_conn(c);
+        return;
+    }
+    if (c->close_after || c->eof) {
+        c->state = C_LINGER;
+        c->t_state = uv_now(c->srv->loop);
+        if (c->eof || uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, NULL)) {
+            close_conn(c);
+            return;
+        }
+        arm(c);
+        return;
+    }
+    kiln_http_reader_next(c->reader);
+    c->state = C_READING;
+    c->t_state = uv_now(c->srv->loop);
+    process(c);
+}
+
+static void write_response(kiln_http_conn *c, int status, const char *ctype, const char *extra,
+                           kiln_buf *body)
+{
+    if (c->srv->stopping)
+        c->close_after = 1;
+    const char *reason = http_status_str((enum http_status)status);
+    snprintf(c->head, sizeof c->head,
+             "HTTP/1.1 %d %s\r\nServer: kiln\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+             "%sConnection: %s\r\n\r\n",
+             status, reason, ctype, body->len, extra ? extra : "",
+             c->close_after ? "close" : "keep-alive");
+    c->body = *body;
+    *body = (kiln_buf){0};
+    uv_buf_t bufs[2] = {uv_buf_init(c->head, (unsigned)strlen(c->head)),
+                        uv_buf_init((char *)c->body.data, (unsigned)c->body.len)};
+    c->state = C_WRITING;
+    c->t_state = uv_now(c->srv->loop);
+    c->wreq.data = c;
+    int n = c->head_only || !c->body.len ? 1 : 2;
+    if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, bufs, (unsigned)n, on_written)) {
+        kiln_buf_free(&c->body);
+        close_conn(c);
+        return;
+    }
+    arm(c);
+}
+
+/* An error the server answers itself; the connection closes after it. */
+static void own_error(kiln_http_conn *c, int status, const char *msg)
+{
+    kiln_buf body = {0};
+    const char *code = status == 408 ? "timeout" : status == 413 ? "too_large" : "invalid_request";
+    if (kiln_api_error_json(&body, status, msg, NULL, code, NULL))
+        kiln_buf_clear(&body);
+    c->close_after = 1;
+    c->head_only = 0;
+    c->srv->h.on_own_response(c->srv->ud, status);
+    write_response(c, status, "application/json", NULL, &body);
+    kiln_buf_free(&body);
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    kiln_http_conn *c = t->data;
+    switch (c->state) {
+    case C_READING:
+        if (kiln_http_reader_in_request(c->reader))
+            own_error(c, 408, "the request did not arrive in time");
+        else
+            close_conn(c); /* idle keep-alive */
+        break;
+    case C_WRITING: /* the client does not read its response */
+    case C_LINGER:
+        close_conn(c);
+        break;
+    case C_BUSY:
+        break;
+    }
+}
+
+/* Sets the timer for the connection's state. */
+static void arm(kiln_http_conn *c)
+{
+    if (c->closing)
+        return;
+    const kiln_http_server_opts *o = &c->srv->opts;
+    uint64_t now = uv_now(c->srv->loop), deadline;
+    switch (c->state) {
+    case C_READING:
+        if (kiln_http_reader_in_request(c->reader)) {
+            deadline = c->t_request + (uint64_t)o->request_timeout_ms;
+            if (!kiln_http_reader_headers_done(c->reader) &&
+                c->t_request + (uint64_t)o->header_timeout_ms < deadline)
+                deadline = c->t_request + (uint64_t)o->header_timeout_ms;
+        } else {
+            deadline = c->t_state + (uint64_t)o->idle_timeout_ms;
+        }
+        break;
+    case C_WRITING: deadline = c->t_state + (uint64_t)o->write_timeout_ms; break;
+    case C_LINGER: deadline = c->t_state + LINGER_MS; break;
+    default: uv_timer_stop(&c->timer); return;
+    }
+    uv_timer_start(&c->timer, on_timer, deadline > now ? deadline - now : 0, 0);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+static void set_reading(kiln_http_conn *c, int on)
+{
+    if (c->closing || c->eof || c->reading == on)
+        return;
+    if (on ? uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read)
+           : uv_read_stop((uv_stream_t *)&c->tcp)) {
+        close_conn(c);
+        return;
+    }
+    c->reading = on;
+}
+
+static void process(kiln_http_conn *c)
+{
+    while (c->state == C_READING && !c->closing && c->in_off < c->in.len) {
+        int was_in_request = kiln_http_reader_in_request(c->reader);
+        kiln_http_event ev;
+        size_t n = kiln_http_reader_feed(c->reader, (const char *)c->in.data + c->in_off,
+                                         c->in.len - c->in_off, &ev);
+        c->in_off += n;
+        if (!was_in_request && (kiln_http_reader_in_request(c->reader) || ev != KILN_HTTP_NEED_MORE))
+            c->t_request = uv_now(c->srv->loop);
+        if (kiln_http_reader_take_continue(c->reader)) {
+            static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+            uv_buf_t b = uv_buf_init((char *)cont, sizeof cont - 1);
+            /* Best effort: a client that misses it sends the body after
+             * its own short wait. */
+            if (uv_try_write((uv_stream_t *)&c->tcp, &b, 1) != (int)(sizeof cont - 1))
+                KILN_LOG_DEBUG("http: 100 Continue not written in one go");
+        }
+        if (ev == KILN_HTTP_ERROR) {
+            const char *msg;
+            int status = kiln_http_reader_error(c->reader, &msg);
+            own_error(c, status, msg);
+            return;
+        }
+        if (ev == KILN_HTTP_REQUEST) {
+            kiln_http_request *req = kiln_http_reader_request(c->reader);
+            c->state = C_BUSY;
+            c->close_after = !req->keep_alive;
+            c->head_only = req->method == KILN_HTTP_HEAD;
+            uv_timer_stop(&c->timer);
+            c->srv->h.on_request(c->srv->ud, c, req);
+            return;
+        }
+    }
+    if (c->closing)
+        return;
+    if (c->in_off == c->in.len)
+        c->in_off = c->in.len = 0;
+    if (c->state == C_READING && c->eof) {
+        close_conn(c); /* the client sent all it will, and no request is whole */
+        return;
+    }
+    set_reading(c, c->state == C_LINGER || c->in.len - c->in_off < PIPELINE_MAX);
+    arm(c);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    kiln_http_conn *c = st->data;
+    (void)buf;
+    if (c->closing)
+        return;
+    if (nread < 0) {
+        /* EOF or an error: a request being handled is abandoned; a
+         * response being written finishes first. */
+        c->eof = 1;
+        c->reading = 0;
+        uv_read_stop(st);
+        if (c->state != C_WRITING)
+            close_conn(c);
+        return;
+    }
+    if (c->state == C_LINGER)
+        return; /* discarded: the bytes stay past in.len */
+    c->in.len += (size_t)nread;
+    if (c->state == C_READING)
+        process(c);
+    else if (c->in.len - c->in_off >= PIPELINE_MAX)
+        set_reading(c, 0);
+}
+
+static void reject_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void refuse(kiln_http_server *s)
+{
+    reject *r = calloc(1, sizeof *r);
+    if (!r || uv_tcp_init(s->loop, &r->tcp)) {
+        free(r);
+        return;
+    }
+    r->tcp.data = r;
+    if (uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)&r->tcp) == 0) {
+        char msg[256];
+        kiln_buf body = {0};
+        kiln_api_error_json(&body, 503, "too many connections", NULL, "too_many_connections",
+                            NULL);
+        int n = snprintf(msg, sizeof msg,
+                         "HTTP/1.1 503 Service Unavailable\r\nServer: kiln\r\n"
+                         "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                         "Retry-After: 1\r\nConnection: close\r\n\r\n", body.len);
+        uv_buf_t b[2] = {uv_buf_init(msg, (unsigned)n),
+                         uv_buf_init((char *)body.data, (unsigned)body.len)};
+        if (uv_try_write((uv_stream_t *)&r->tcp, b, 2) < 0)
+            KILN_LOG_DEBUG("http: could not tell a refused connection why");
+        kiln_buf_free(&body);
+        s->h.on_own_response(s->ud, 503);
+    }
+    uv_close((uv_handle_t *)&r->tcp, reject_closed);
+}
+
+static void on_connection(uv_stream_t *l, int status)
+{
+    kiln_http_server *s = l->data;
+    if (status < 0 || s->stopping) {
+        KILN_LOG_WARN("http: accept: %s", uv_strerror(status));
+        return;
+    }
+    if (s->n_conns >= s->opts.max_connections) {
+        refuse(s);
+        return;
+    }
+    kiln_http_conn *c = calloc(1, sizeof *c);
+    kiln_http_reader *r = c ? kiln_http_reader_create(&s->opts.limits, NULL) : NULL;
+    if (!r || uv_tcp_init(s->loop, &c->tcp)) {
+        kiln_http_reader_destroy(r);
+        free(c);
+        refuse(s);
+        return;
+    }
+    c->reader = r;
+    c->srv = s;
+    c->tcp.data = c;
+    c->n_closed = 1; /* the timer is not initialised yet: one close to wait for */
+    /* Linked first so that close_conn's callback can unlink it. */
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->n_conns++;
+    if (uv_timer_init(s->loop, &c->timer)) {
+        c->closing = 1;
+        uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+        return;
+    }
+    c->n_closed = 0;
+    c->timer.data = c;
+    c->t_state = uv_now(s->loop);
+    if (uv_accept(l, (uv_stream_t *)&c->tcp)) {
+        close_conn(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    set_reading(c, 1);
+    arm(c);
+}
+
+static void listener_closed(uv_handle_t *h)
+{
+    kiln_http_server *s = h->data;
+    s->listener_closed = 1;
+    maybe_free_server(s);
+}
+
+kiln_http_server *kiln_http_server_start(uv_loop_t *loop, const kiln_http_server_opts *opts,
+                                         const kiln_http_handlers *h, void *ud, kiln_err *err)
+{
+    kiln_http_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    s->loop = loop;
+    s->opts = *opts;
+    s->h = *h;
+    s->ud = ud;
+    struct sockaddr_storage addr;
+    int rc = strchr(opts->host, ':')
+                 ? uv_ip6_addr(opts->host, opts->port, (struct sockaddr_in6 *)&addr)
+                 : uv_ip4_addr(opts->host, opts->port, (struct sockaddr_in *)&addr);
+    if (rc) {
+        kiln_err_set(err, KILN_ERR_INVALID, "invalid listen address '%s'", opts->host);
+        free(s);
+        return NULL;
+    }
+    if ((rc = uv_tcp_init(loop, &s->listener))) {
+        kiln_err_set(err, KILN_ERR_IO, "uv_tcp_init: %s", uv_strerror(rc));
+        free(s);
+        return NULL;
+    }
+    s->listener.data = s;
+    if ((rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&addr, 0)) ||
+        (rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection))) {
+        kiln_err_set(err, KILN_ERR_IO, "cannot listen on %s:%d: %s", opts->host, opts->port,
+                     uv_strerror(rc));
+        /* The handle is registered with the loop: its memory goes in the
+         * close callback, on the loop's next run. */
+        s->stopping = 1;
+        uv_close((uv_handle_t *)&s->listener, listener_closed);
+        return NULL;
+    }
+    struct sockaddr_storage bound;
+    int len = sizeof bound;
+    if (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &len) == 0)
+        s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                    : ((struct sockaddr_in *)&bound)->sin_port);
+    return s;
+}
+
+int kiln_http_server_port(const kiln_http_server *s)
+{
+    return s->port;
+}
+
+void kiln_http_server_stop(kiln_http_server *s)
+{
+    if (!s || s->stopping)
+        return;
+    s->stopping = 1;
+    uv_close((uv_handle_t *)&s->listener, listener_closed);
+    for (kiln_http_conn *c = s->conns; c; c = c->next)
+        close_conn(c);
+}
+
+void kiln_http_set_pending(kiln_http_conn *c, void *pending)
+{
+    c->pending = pending;
+}
+
+void kiln_http_respond(kiln_http_conn *c, int status, const char *content_type,
+                       const char *extra_headers, kiln_buf *body)
+{
+    assert(c->state == C_BUSY && !c->closing);
+    c->pending = NULL;
+    write_response(c, status, content_type, extra_headers, body);
+}

@@ -1,0 +1,92 @@
+/* kiln HTTP/1.1 server on libuv: connections, keep-alive, pipelining,
+ * limits and timeouts.  What to answer is the handler's business.
+ *
+ *   kiln_http_handlers h = {.on_request = route, .on_abort = forget, .on_own_response = count};
+ *   kiln_http_server *s = kiln_http_server_start(loop, &opts, &h, ud, &err);
+ *   // in route(ud, conn, req): answer now ...
+ *   kiln_http_respond(conn, 200, "application/json", NULL, &body);
+ *   // ... or later: kiln_http_set_pending(conn, state) and respond when ready;
+ *   // if the client goes first, on_abort(ud, conn, state) runs instead and
+ *   // conn must not be used again.
+ *   kiln_http_server_stop(s);
+ *
+ * Each connection owns its TCP handle, timer, request reader and buffers;
+ * its memory is freed in the handles' close callbacks.  One request per
+ * connection is handled at a time: bytes of pipelined requests are
+ * buffered (reading pauses past 1 MiB) and parsed once the previous
+ * response has been written, so responses keep request order.  Reading
+ * continues while a request is being handled, so a client that disconnects
+ * (EOF or error, including a half-close) is noticed at once and its
+ * request aborted.
+ *
+ * Limits: header and body sizes (kiln_http_limits: 431/414, 413 with an
+ * OpenAI error body); a request's headers must arrive within
+ * header_timeout_ms of its first byte and the whole request within
+ * request_timeout_ms (else 408 and close: slowloris); an idle keep-alive
+ * connection closes after idle_timeout_ms; a response not drained by the
+ * client within write_timeout_ms closes the connection; past
+ * max_connections a new connection gets 503 and is closed.  After an
+ * error response or `Connection: close` the server shuts its side down
+ * and reads what the client still sends for up to 2 s before closing, so
+ * the client sees the response rather than a reset.
+ *
+ * Not thread-safe: everything runs on the loop's thread.
+ */
+#ifndef KILN_GW_HTTP_SERVER_H
+#define KILN_GW_HTTP_SERVER_H
+
+#include <uv.h>
+
+#include "common/buf.h"
+#include "common/error.h"
+#include "http_reader.h"
+
+typedef struct kiln_http_server_opts {
+    const char *host; /* IPv4 or IPv6 literal */
+    int port;         /* 0: any free port (see kiln_http_server_port) */
+    kiln_http_limits limits;
+    int max_connections;
+    int header_timeout_ms;
+    int request_timeout_ms;
+    int idle_timeout_ms;
+    int write_timeout_ms;
+} kiln_http_server_opts;
+
+typedef struct kiln_http_server kiln_http_server;
+typedef struct kiln_http_conn kiln_http_conn;
+
+typedef struct kiln_http_handlers {
+    /* A complete request: answer with kiln_http_respond, now or later.
+     * The handler may move req->body out. */
+    void (*on_request)(void *ud, kiln_http_conn *c, kiln_http_request *req);
+    /* The connection closes before the pending request was answered. */
+    void (*on_abort)(void *ud, kiln_http_conn *c, void *pending);
+    /* A response the server made itself (400/408/413/414/431/503), for
+     * metrics. */
+    void (*on_own_response)(void *ud, int status);
+} kiln_http_handlers;
+
+/* Binds, listens and starts accepting.  NULL with err set (KILN_ERR_IO
+ * naming the address when it cannot bind). */
+kiln_http_server *kiln_http_server_start(uv_loop_t *loop, const kiln_http_server_opts *opts,
+                                         const kiln_http_handlers *h, void *ud, kiln_err *err);
+
+/* The bound port. */
+int kiln_http_server_port(const kiln_http_server *s);
+
+/* Stops accepting and closes every connection (pending requests are
+ * aborted through on_abort).  The memory goes once the handles have
+ * closed, so the loop must run on. */
+void kiln_http_server_stop(kiln_http_server *s);
+
+/* Remembers the handler's state for the request being handled (given back
+ * by on_abort). */
+void kiln_http_set_pending(kiln_http_conn *c, void *pending);
+
+/* Answers the request being handled.  Takes body's memory (it may be
+ * empty); extra_headers is NULL or complete "Name: value\r\n" lines.
+ * The connection stays open when the client allows it. */
+void kiln_http_respond(kiln_http_conn *c, int status, const char *content_type,
+                       const char *extra_headers, kiln_buf *body);
+
+#endif

@@ -1,0 +1,102 @@
+/* kiln-gateway: the HTTP front of the kiln service (see gateway.h). */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kiln-gateway --model DIR [--port P] [--host ADDR] [--bus ENDPOINT]\n"
+            "  [--min-size PX] [--max-size PX] [--max-body-mb N] [--max-header-kb N]\n"
+            "  [--max-connections N] [--queue-max N] [--request-timeout-s S]\n"
+            "  [--header-timeout-ms MS] [--read-timeout-ms MS] [--idle-timeout-ms MS]\n"
+            "  [--write-timeout-ms MS] [--heartbeat-timeout-ms MS] [--drain-s S]\n"
+            "Defaults: --host 0.0.0.0 --port 8000 --bus tcp://127.0.0.1:<port+1>\n"
+            "--min-size 256 --max-size 2048 --max-body-mb 64 --max-header-kb 16\n"
+            "--max-connections 1024 --queue-max 128 --request-timeout-s 300\n"
+            "--header-timeout-ms 10000 --read-timeout-ms 60000 --idle-timeout-ms 60000\n"
+            "--write-timeout-ms 60000 --heartbeat-timeout-ms 2000 --drain-s 30\n");
+}
+
+static int num(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    enum { O_MIN = 256, O_MAX, O_BODY, O_HEADER, O_CONNS, O_QUEUE, O_REQ_TIMEOUT, O_HDR_TIMEOUT,
+           O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_WRITE_TIMEOUT, O_HB, O_DRAIN };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"port", required_argument, 0, 'p'},
+        {"host", required_argument, 0, 'H'},
+        {"bus", required_argument, 0, 'b'},
+        {"min-size", required_argument, 0, O_MIN},
+        {"max-size", required_argument, 0, O_MAX},
+        {"max-body-mb", required_argument, 0, O_BODY},
+        {"max-header-kb", required_argument, 0, O_HEADER},
+        {"max-connections", required_argument, 0, O_CONNS},
+        {"queue-max", required_argument, 0, O_QUEUE},
+        {"request-timeout-s", required_argument, 0, O_REQ_TIMEOUT},
+        {"header-timeout-ms", required_argument, 0, O_HDR_TIMEOUT},
+        {"read-timeout-ms", required_argument, 0, O_READ_TIMEOUT},
+        {"idle-timeout-ms", required_argument, 0, O_IDLE_TIMEOUT},
+        {"write-timeout-ms", required_argument, 0, O_WRITE_TIMEOUT},
+        {"heartbeat-timeout-ms", required_argument, 0, O_HB},
+        {"drain-s", required_argument, 0, O_DRAIN},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    kiln_gw_options o = KILN_GW_DEFAULTS;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        double v = 0;
+        int bad = 0;
+        switch (c) {
+        case 'm': o.model_dir = optarg; break;
+        case 'H': o.host = optarg; break;
+        case 'b': o.bus = optarg; break;
+        case 'p': bad = num(optarg, 0, 65534, &v), o.port = (int)v; break;
+        case O_MIN: bad = num(optarg, 16, 1 << 16, &v), o.min_size = (int)v; break;
+        case O_MAX: bad = num(optarg, 16, 1 << 16, &v), o.max_size = (int)v; break;
+        case O_BODY: bad = num(optarg, 1, 4096, &v), o.max_body_bytes = (size_t)(v * (1 << 20)); break;
+        case O_HEADER: bad = num(optarg, 1, 1024, &v), o.max_header_bytes = (size_t)(v * 1024); break;
+        case O_CONNS: bad = num(optarg, 1, 1e6, &v), o.max_connections = (int)v; break;
+        case O_QUEUE: bad = num(optarg, 1, 1e6, &v), o.queue_max = (int)v; break;
+        case O_REQ_TIMEOUT: bad = num(optarg, 0.001, 1e6, &v), o.request_timeout_s = v; break;
+        case O_HDR_TIMEOUT: bad = num(optarg, 1, 1e9, &v), o.header_timeout_ms = (int)v; break;
+        case O_READ_TIMEOUT: bad = num(optarg, 1, 1e9, &v), o.read_timeout_ms = (int)v; break;
+        case O_IDLE_TIMEOUT: bad = num(optarg, 1, 1e9, &v), o.idle_timeout_ms = (int)v; break;
+        case O_WRITE_TIMEOUT: bad = num(optarg, 1, 1e9, &v), o.write_timeout_ms = (int)v; break;
+        case O_HB: bad = num(optarg, 1, 1e9, &v), o.heartbeat_timeout_ms = v; break;
+        case O_DRAIN: bad = num(optarg, 0, 1e6, &v), o.drain_s = v; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "kiln-gateway: invalid value '%s' for %s\n", optarg, argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (optind < argc || !o.model_dir) {
+        fprintf(stderr, "kiln-gateway: %s\n", optind < argc ? "unexpected argument"
+                                                              : "--model is required");
+        usage(stderr);
+        return 2;
+    }
+    /* A client that vanishes mid-response must not kill the process. */
+    signal(SIGPIPE, SIG_IGN);
+    return kiln_gateway_run(&o);
+}

@@ -1,0 +1,322 @@
+/* The HTTP routes: health, readiness, metrics, models, and the two image
+ * routes, whose requests are parsed on the worker pool and then handed to
+ * the scheduler. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "api_response.h"
+#include "common/log.h"
+#include "gateway.h"
+
+#define R_GENERATIONS "/v1/images/generations"
+#define R_EDITS "/v1/images/edits"
+#define R_MODELS "/v1/models"
+#define R_HEALTH "/healthz"
+#define R_READY "/readyz"
+#define R_METRICS "/metrics"
+#define R_OTHER "other"
+
+typedef enum pending_state { P_PARSING, P_QUEUED } pending_state;
+
+/* An image request between its arrival and its answer. */
+typedef struct gw_pending {
+    kiln_gateway *gw;
+    kiln_http_conn *conn; /* NULL once the client went away */
+    const char *route;
+    pending_state state;
+    uv_work_t work;
+    kiln_api_kind kind;
+    char content_type[KILN_HTTP_CTYPE_MAX + 1];
+    kiln_buf body;
+    kiln_api_request req;
+    kiln_api_error e;
+    kiln_status st;
+    uint64_t job;
+} gw_pending;
+
+static void reply(kiln_gateway *gw, kiln_http_conn *c, const char *route, int status,
+                  const char *ctype, const char *extra, kiln_buf *body)
+{
+    kiln_metrics_request(gw->metrics, route, status);
+    kiln_http_respond(c, status, ctype, extra, body);
+    kiln_buf_free(body);
+}
+
+static void reply_error(kiln_gateway *gw, kiln_http_conn *c, const char *route, int status,
+                        const char *msg, const char *param, const char *code, const char *extra)
+{
+    kiln_buf body = {0};
+    if (kiln_api_error_json(&body, status, msg, param, code, NULL))
+        kiln_buf_clear(&body); /* out of memory: the status alone must do */
+    reply(gw, c, route, status, "application/json", extra, &body);
+}
+
+static void reply_text(kiln_gateway *gw, kiln_http_conn *c, const char *route, int status,
+                       const char *ctype, const char *text)
+{
+    kiln_buf body = {0};
+    if (kiln_buf_append(&body, text, strlen(text), NULL)) {
+        reply_error(gw, c, route, 500, "out of memory", NULL, "server_error", NULL);
+        return;
+    }
+    reply(gw, c, route, status, ctype, NULL, &body);
+}
+
+static void route_ready(kiln_gateway *gw, kiln_http_conn *c)
+{
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(gw->sched, &g);
+    char text[256];
+    int ok = !gw->draining && kiln_sched_ready(gw->sched);
+    snprintf(text, sizeof text,
+             "{\"status\":\"%s\",\"replicas\":{\"encode\":%d,\"denoise\":%d,\"decode\":%d}}",
+             ok ? "ready" : gw->draining ? "draining" : "not_ready", g.replicas[0], g.replicas[1],
+             g.replicas[2]);
+    reply_text(gw, c, R_READY, ok ? 200 : 503, "application/json", text);
+}
+
+static void route_metrics(kiln_gateway *gw, kiln_http_conn *c)
+{
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(gw->sched, &g);
+    kiln_buf body = {0};
+    /* Counted before rendering, so a scrape sees itself. */
+    kiln_metrics_request(gw->metrics, R_METRICS, 200);
+    if (kiln_metrics_render(gw->metrics, &g, &body, NULL)) {
+        kiln_buf_free(&body);
+        reply_error(gw, c, R_METRICS, 500, "out of memory", NULL, "server_error", NULL);
+        return;
+    }
+    kiln_http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, &body);
+    kiln_buf_free(&body);
+}
+
+static void route_models(kiln_gateway *gw, kiln_http_conn *c, const char *path)
+{
+    char text[512];
+    char model[256];
+    snprintf(model, sizeof model,
+             "{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"kiln\"}",
+             gw->model_id, (long long)gw->started);
+    if (strcmp(path, R_MODELS) == 0) {
+        snprintf(text, sizeof text, "{\"object\":\"list\",\"data\":[%s]}", model);
+        reply_text(gw, c, R_MODELS, 200, "application/json", text);
+    } else if (strcmp(path + sizeof R_MODELS, gw->model_id) == 0) {
+        reply_text(gw, c, R_MODELS, 200, "application/json", model);
+    } else {
+        reply_error(gw, c, R_MODELS, 404, "The model does not exist", "model", "model_not_found",
+                    NULL);
+    }
+}
+
+static void parse_work(uv_work_t *w)
+{
+    gw_pending *p = w->data;
+    p->st = kiln_api_parse(p->kind, p->content_type, p->body.data, p->body.len, &p->gw->api,
+                           &p->req, &p->e);
+    kiln_buf_free(&p->body);
+}
+
+static void pending_free(gw_pending *p)
+{
+    kiln_api_request_free(&p->req);
+    kiln_buf_free(&p->body);
+    free(p);
+}
+
+/* A fresh seed per request without one: never a fixed default.  Kept
+ * below 2^53 so JSON clients that read numbers as doubles see it exactly. */
+static int random_seed(uint64_t *seed)
+{
+    uint64_t v;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        return -1;
+    *seed = v & ((1ull << 53) - 1);
+    return 0;
+}
+
+static void parse_done(uv_work_t *w, int status)
+{
+    gw_pending *p = w->data;
+    kiln_gateway *gw = p->gw;
+    kiln_http_conn *c = p->conn;
+    if (!c || status) { /* the client left while we parsed */
+        if (c)
+            reply_error(gw, c, p->route, 500, "internal error", NULL, "server_error", NULL);
+        pending_free(p);
+        return;
+    }
+    if (p->st) {
+        if (p->e.status >= 500)
+            KILN_LOG_ERROR("gateway: parsing a request: %s", p->e.err.msg);
+        reply_error(gw, c, p->route, p->e.status, p->e.status >= 500 ? "internal error"
+                                                                       : p->e.err.msg,
+                    p->e.param, p->e.code, NULL);
+        pending_free(p);
+        return;
+    }
+    if (!p->req.seed_given && random_seed(&p->req.req.seed)) {
+        KILN_LOG_ERROR("gateway: getrandom failed");
+        reply_error(gw, c, p->route, 500, "internal error", NULL, "server_error", NULL);
+        pending_free(p);
+        return;
+    }
+    if (gw->draining) {
+        reply_error(gw, c, p->route, 503, "the server is shutting down", NULL, "shutting_down",
+                    NULL);
+        pending_free(p);
+        return;
+    }
+    kiln_err err = {0};
+    double now = kiln_now_ms();
+    if (kiln_sched_submit(gw->sched, &p->req, p, now, &p->job, &err)) {
+        int st = err.code == KILN_ERR_BUSY ? 429 : err.code == KILN_ERR_UNAVAILABLE ? 503
+                 : err.code == KILN_ERR_INVALID ? 400 : 500;
+        const char *code = st == 429 ? "queue_full" : st == 503 ? "stage_unavailable"
+                           : st == 400 ? "invalid_value" : "server_error";
+        reply_error(gw, c, p->route, st, st == 500 ? "internal error" : err.msg, NULL, code,
+                    st == 429 || st == 503 ? "Retry-After: 1\r\n" : NULL);
+        pending_free(p);
+        return;
+    }
+    p->state = P_QUEUED;
+    kiln_sched_kick(gw->sched, now);
+}
+
+static void route_images(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request *req,
+                         const char *route, kiln_api_kind kind)
+{
+    if (gw->draining) {
+        reply_error(gw, c, route, 503, "the server is shutting down", NULL, "shutting_down", NULL);
+        return;
+    }
+    gw_pending *p = calloc(1, sizeof *p);
+    if (!p) {
+        reply_error(gw, c, route, 500, "internal error", NULL, "server_error", NULL);
+        return;
+    }
+    p->gw = gw;
+    p->conn = c;
+    p->route = route;
+    p->kind = kind;
+    p->state = P_PARSING;
+    memcpy(p->content_type, req->content_type, sizeof p->content_type);
+    p->body = req->body;
+    req->body = (kiln_buf){0};
+    p->work.data = p;
+    int rc = uv_queue_work(gw->loop, &p->work, parse_work, parse_done);
+    if (rc) {
+        KILN_LOG_ERROR("gateway: uv_queue_work: %s", uv_strerror(rc));
+        pending_free(p);
+        reply_error(gw, c, route, 500, "internal error", NULL, "server_error", NULL);
+        return;
+    }
+    kiln_http_set_pending(c, p);
+}
+
+typedef enum route_id { RT_GENERATIONS, RT_EDITS, RT_MODELS, RT_HEALTH, RT_READY, RT_METRICS } route_id;
+
+static const struct {
+    const char *path;
+    route_id id;
+    int post;
+} routes[] = {
+    {R_GENERATIONS, RT_GENERATIONS, 1}, {R_EDITS, RT_EDITS, 1}, {R_MODELS, RT_MODELS, 0},
+    {R_HEALTH, RT_HEALTH, 0},           {R_READY, RT_READY, 0}, {R_METRICS, RT_METRICS, 0},
+};
+
+static void on_request(void *ud, kiln_http_conn *c, kiln_http_request *req)
+{
+    kiln_gateway *gw = ud;
+    const char *path = req->path;
+    int k = 0, n = (int)(sizeof routes / sizeof routes[0]);
+    /* /v1/models/<id> is the models route too. */
+    while (k < n && strcmp(path, routes[k].path) != 0 &&
+           !(routes[k].id == RT_MODELS && strncmp(path, R_MODELS "/", sizeof R_MODELS) == 0))
+        k++;
+    if (k == n) {
+        reply_error(gw, c, R_OTHER, 404, "Unknown route", NULL, "not_found", NULL);
+        return;
+    }
+    const char *route = routes[k].path;
+    int ok = routes[k].post ? req->method == KILN_HTTP_POST
+                            : req->method == KILN_HTTP_GET || req->method == KILN_HTTP_HEAD;
+    if (!ok) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "%s is not allowed on %s", req->method_name, route);
+        reply_error(gw, c, route, 405, msg, NULL, "method_not_allowed",
+                    routes[k].post ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n");
+        return;
+    }
+    switch (routes[k].id) {
+    case RT_GENERATIONS: route_images(gw, c, req, route, KILN_API_GENERATE); break;
+    case RT_EDITS: route_images(gw, c, req, route, KILN_API_EDIT); break;
+    case RT_MODELS: route_models(gw, c, path); break;
+    case RT_HEALTH: reply_text(gw, c, R_HEALTH, 200, "application/json", "{\"status\":\"ok\"}"); break;
+    case RT_READY: route_ready(gw, c); break;
+    case RT_METRICS: route_metrics(gw, c); break;
+    }
+}
+
+static void on_abort(void *ud, kiln_http_conn *c, void *pending)
+{
+    kiln_gateway *gw = ud;
+    gw_pending *p = pending;
+    (void)c;
+    if (!p)
+        return;
+    if (p->state == P_PARSING) {
+        p->conn = NULL; /* parse_done frees it */
+        return;
+    }
+    kiln_metrics_request(gw->metrics, p->route, 499); /* nginx's "client closed request" */
+    kiln_sched_cancel(gw->sched, p->job, kiln_now_ms());
+    pending_free(p);
+}
+
+static void on_own_response(void *ud, int status)
+{
+    kiln_gateway *gw = ud;
+    kiln_metrics_request(gw->metrics, R_OTHER, status);
+}
+
+const kiln_http_handlers kiln_gw_http_handlers = {
+    .on_request = on_request,
+    .on_abort = on_abort,
+    .on_own_response = on_own_response,
+};
+
+kiln_status kiln_gw_send(void *ud, const char *peer, const kiln_msg *m, kiln_err *err)
+{
+    kiln_gateway *gw = ud;
+    return kiln_gw_bus_send(gw->bus, peer, m, err);
+}
+
+void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
+{
+    kiln_gateway *gw = ud;
+    gw_pending *p = client;
+    kiln_http_conn *c = p->conn;
+    if (res->status != 200) {
+        reply_error(gw, c, p->route, res->status, res->message, NULL, res->code,
+                    res->status == 429 || res->status == 503 ? "Retry-After: 1\r\n" : NULL);
+        pending_free(p);
+        return;
+    }
+    kiln_api_image imgs[KILN_PROTO_MAX_ROWS];
+    for (int i = 0; i < res->n_images; i++)
+        imgs[i] = (kiln_api_image){res->images[i].data, res->images[i].len, res->seeds[i]};
+    const kiln_request *q = &res->req->req;
+    kiln_buf body = {0};
+    if (kiln_api_images_json(&body, (int64_t)time(NULL), imgs, res->n_images, q->format, q->width,
+                             q->height, NULL)) {
+        kiln_buf_free(&body);
+        reply_error(gw, c, p->route, 500, "internal error", NULL, "server_error", NULL);
+    } else {
+        reply(gw, c, p->route, 200, "application/json", NULL, &body);
+    }
+    pending_free(p);
+}
