@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Run on the development machine (not the GPU one): builds what the GPU checks
-# need into .devbuild/ (release, CUDA required) and copies the non-system
-# shared libraries those programs need into .devlibs/, so that a device `run`
-# can carry both (carry: [".devbuild", ".devlibs"]) and tools/gpu/check.sh
-# runs them there without building.  Both folders are git-ignored.
+# need into .devbuild/ (release, CUDA required), copies the non-system
+# shared libraries those programs need into .devlibs/ and the klein oracle
+# cases and checkpoints (about 30 MB, folder layout of ../shared kept so the
+# checkpoints' link stubs resolve) into .devdata/, so that a device `run`
+# can carry all three (carry: [".devbuild", ".devlibs", ".devdata"]) and
+# tools/gpu/check.sh runs them there without building.  All are git-ignored.
 #
 # Usage: tools/gpu/build.sh [ninja targets...]   (default: the check programs)
 # Env:   KILN_BUNDLE_LIBS  the bundle-libs script (default ../shared/device/bundle-libs)
+#        KILN_SHARED       the shared data folder (default ../shared)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 build=.devbuild
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(tests/cuda/test_cuda_ops)
+[ ${#targets[@]} -gt 0 ] || targets=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline
+                                     tests/cuda/test_cuda_ipc tests/cuda/compare_outputs tools/kiln)
 
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" -Dcuda=enabled --buildtype=release >/dev/null
@@ -25,5 +29,17 @@ mkdir -p .devlibs
 bins=()
 for t in "${targets[@]}"; do bins+=("$build/$t"); done
 "$bundle" .devlibs "${bins[@]}" >/dev/null
+# The klein oracle without the debug tensors (the GPU test does not read them).
+shared=${KILN_SHARED:-$root/../shared}
+rm -rf .devdata
+mkdir -p .devdata/oracle/ckpt .devdata/data/qwen3-tokenizer
+cp -r "$shared"/oracle/ckpt/klein-tiny "$shared"/oracle/ckpt/klein-base-tiny .devdata/oracle/ckpt/
+cp "$shared"/data/qwen3-tokenizer/{vocab.json,merges.txt} .devdata/data/qwen3-tokenizer/
+for c in "$shared"/oracle/cases/klein_*; do
+  mkdir -p ".devdata/oracle/cases/${c##*/}"
+  cp "$c"/meta.json "$c"/ref_*.safetensors "$c"/*.png ".devdata/oracle/cases/${c##*/}/"
+done
+chmod -R u+w .devdata
+
 echo "built ${targets[*]} into $build; $(ls .devlibs | wc -l) bundled libraries in .devlibs" \
-     "($(du -sh "$build" .devlibs | awk '{print $1}' | paste -sd+) to carry)"
+     "($(du -sh "$build" .devlibs .devdata | awk '{print $1}' | paste -sd+) to carry)"

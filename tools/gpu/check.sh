@@ -9,9 +9,17 @@
 #          the dev machine, libraries in .devlibs/), else builds there with
 #          meson/ninja/nvcc
 #   ops    tests/cuda/test_cuda_ops: every backend op against the CPU reference
+#   pipeline  tests/cuda/test_cuda_pipeline: every klein oracle case on the GPU,
+#          fp32 and bf16 noise draws (oracle from .devdata/, else ../shared)
+#   ipc    tests/cuda/test_cuda_ipc: the cuda_ipc transport between two processes
 # Not run by default (slow; name them):
 #   memcheck   test_cuda_ops under compute-sanitizer memcheck (out-of-bounds)
 #   racecheck  test_cuda_ops under compute-sanitizer racecheck (shared memory)
+#   fullsize   a random-weight klein-4B checkpoint (kiln make-checkpoint, ~16 GB
+#              bf16, in $KILN_FULLSIZE_DIR, default /tmp/kiln-klein-4b; kept for
+#              the next run): kiln generate --device cuda at 1024x1024, 4 steps,
+#              then CUDA vs CPU at 128x128, 1 step, 32 text tokens, same fp32
+#              noise (bar: final latents rel err < 2e-2; image PSNR reported)
 # Add a section by writing a function sec_<name> and listing it in SECTIONS
 # (or only in OPTIONAL when it should run on request).
 #
@@ -23,8 +31,10 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops)
-OPTIONAL=(memcheck racecheck)
+SECTIONS=(env build ops pipeline ipc)
+OPTIONAL=(memcheck racecheck fullsize)
+BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_ipc
+          tests/cuda/compare_outputs tools/kiln)
 
 # CUDA libraries: the toolkit's folders, then the pip wheels next to PyTorch.
 cuda_lib_dirs() {
@@ -51,22 +61,81 @@ sec_env() {
 }
 
 sec_build() {
-  local bin=$build/tests/cuda/test_cuda_ops
-  if [ -x "$bin" ] && ! ldd "$bin" | grep -q "not found"; then
+  local b missing=0
+  for b in "${BINARIES[@]}"; do
+    if [ ! -x "$build/$b" ]; then
+      missing=1
+    elif ldd "$build/$b" | grep -q "not found"; then
+      echo "carried $b misses libraries:"; ldd "$build/$b" | grep "not found"; missing=1
+    fi
+  done
+  if [ $missing -eq 0 ]; then
     echo "using the carried build in $build"
     return 0
   fi
-  [ -x "$bin" ] && { echo "carried build misses libraries:"; ldd "$bin" | grep "not found"; }
   echo "building in $build (needs meson, ninja, nvcc and kiln's library headers)"
   export PATH=$PATH:/usr/local/cuda/bin
   if [ ! -f "$build/build.ninja" ]; then
     meson setup "$build" -Dcuda=enabled --buildtype=release || return 1
   fi
-  ninja -C "$build" tests/cuda/test_cuda_ops
+  ninja -C "$build" "${BINARIES[@]}"
 }
 
 sec_ops() {
   "$build/tests/cuda/test_cuda_ops" 2>&1 | tee "$logs/ops.log"
+}
+
+# The oracle data: the copy tools/gpu/build.sh made, else the shared folder.
+oracle_root() {
+  if [ -d "$root/.devdata/oracle" ]; then echo "$root/.devdata"; else echo "$root/../shared"; fi
+}
+
+sec_pipeline() {
+  KILN_SHARED=$(oracle_root) "$build/tests/cuda/test_cuda_pipeline" \
+    2>"$logs/pipeline.err" | tee "$logs/pipeline.log"
+  local rc=${PIPESTATUS[0]}
+  grep -E "checks, .* failed|CHECK failed" "$logs/pipeline.err"
+  return "$rc"
+}
+
+sec_ipc() {
+  "$build/tests/cuda/test_cuda_ipc" 2>&1 | tee "$logs/ipc.log"
+  return "${PIPESTATUS[0]}"
+}
+
+# Runs a command, logging to $logs/fullsize/<name>.log, and prints its wall
+# time and the pipeline's stage-time line.
+timed() {
+  local name=$1 t0 rc
+  shift
+  t0=$(date +%s%N)
+  "$@" >"$logs/fullsize/$name.log" 2>&1
+  rc=$?
+  printf '%-14s rc %d, %6.1f s  %s\n' "$name" "$rc" "$((($(date +%s%N) - t0) / 1000000))e-3" \
+    "$(grep -o 'image(s) .*' "$logs/fullsize/$name.log" | tail -1)"
+  [ $rc -eq 0 ] || tail -5 "$logs/fullsize/$name.log"
+  return $rc
+}
+
+sec_fullsize() {
+  local dir=${KILN_FULLSIZE_DIR:-/tmp/kiln-klein-4b} kiln=$build/tools/kiln w=$logs/fullsize
+  mkdir -p "$w"
+  if [ ! -f "$dir/model_index.json" ]; then
+    rm -rf "$dir"
+    timed make-checkpoint "$kiln" make-checkpoint --preset klein-4b --out "$dir" || return 1
+  fi
+  echo "checkpoint $dir: $(du -sh "$dir" | cut -f1)"
+  timed cuda-1024 "$kiln" generate --model "$dir" --device cuda --width 1024 --height 1024 \
+    --steps 4 --seed 1 --prompt "a red fox sitting in fresh snow, soft winter light" \
+    --out "$w/cuda-1024.png" || return 1
+  local small=(generate --model "$dir" --width 128 --height 128 --steps 1 --seed 7
+               --max-sequence-length 32 --fp32-noise --prompt "a lighthouse on a cliff at dusk")
+  timed cuda-128 "$kiln" "${small[@]}" --device cuda --out "$w/cuda-128.png" \
+    --latents-out "$w/cuda-128.safetensors" || return 1
+  timed cpu-128 timeout "${KILN_CPU_TIMEOUT:-300}" "$kiln" "${small[@]}" --device cpu \
+    --out "$w/cpu-128.png" --latents-out "$w/cpu-128.safetensors" || return 1
+  "$build/tests/cuda/compare_outputs" --latents "$w/cuda-128.safetensors" "$w/cpu-128.safetensors" \
+    --image "$w/cuda-128.png" "$w/cpu-128.png" --max-rel-err 2e-2
 }
 
 # The op test under a compute-sanitizer tool; prints the sanitizer's summary.
