@@ -1,0 +1,582 @@
+/* The gateway's request and response formats without a server: base64,
+ * multipart/form-data, the OpenAI request fields (JSON and multipart, every
+ * refusal with its status, param and code), validation through
+ * kiln_request_resolve, and the error / image response bodies. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "services/gateway/api_request.h"
+#include "services/gateway/api_response.h"
+#include "services/gateway/base64.h"
+#include "services/gateway/multipart.h"
+#include "tests/test.h"
+
+static const kiln_model_traits distilled = {.cfg = 0, .default_steps = 4, .default_guidance = 1.0f};
+static const kiln_model_traits base = {.cfg = 1, .default_steps = 50, .default_guidance = 4.0f};
+
+static kiln_api_config config(const kiln_model_traits *t)
+{
+    kiln_api_config c = {.model_id = "klein-tiny", .traits = *t, .limits = KILN_LIMITS_SERVICE,
+                         .image_limits = KILN_IMAGE_LIMITS_DEFAULT};
+    c.limits.min_side = 64;
+    c.limits.max_side = 1024;
+    return c;
+}
+
+/* A w x h PNG with a gradient. */
+static kiln_buf make_png(int w, int h)
+{
+    kiln_image img = {0};
+    kiln_buf out = {0};
+    if (kiln_image_alloc(&img, w, h, NULL))
+        abort();
+    for (int i = 0; i < w * h * 3; i++)
+        img.pixels[i] = (uint8_t)(i * 7);
+    if (kiln_image_encode(&img, NULL, &out, NULL))
+        abort();
+    kiln_image_free(&img);
+    return out;
+}
+
+static kiln_status parse_json(const char *json, kiln_api_kind kind, const kiln_model_traits *t,
+                              kiln_api_request *r, kiln_api_error *e)
+{
+    kiln_api_config c = config(t);
+    return kiln_api_parse(kind, "application/json", json, strlen(json), &c, r, e);
+}
+
+/* Expects a 400 (or `status`) naming `param` with `code`. */
+static void expect_error(const char *json, kiln_api_kind kind, int status, const char *param,
+                         const char *code)
+{
+    kiln_api_request r;
+    kiln_api_error e;
+    kiln_status st = parse_json(json, kind, &distilled, &r, &e);
+    CHECKF(st != KILN_OK, "accepted: %s", json);
+    if (st == KILN_OK) {
+        kiln_api_request_free(&r);
+        return;
+    }
+    CHECKF(e.status == status, "%s: status %d", json, e.status);
+    CHECKF(strcmp(e.param, param) == 0, "%s: param '%s' (%s)", json, e.param, e.err.msg);
+    CHECKF(code == NULL || (e.code && strcmp(e.code, code) == 0), "%s: code %s", json,
+           e.code ? e.code : "(null)");
+    CHECKF(e.err.msg[0] != '\0', "%s: empty message", json);
+    /* Nothing is owned after a failure. */
+    CHECK(r.prompt == NULL && r.n_images == 0);
+}
+
+static void test_base64(void)
+{
+    const char *vec[][2] = {{"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},
+                            {"foo", "Zm9v"},  {"foob", "Zm9vYg=="},  {"fooba", "Zm9vYmE="},
+                            {"foobar", "Zm9vYmFy"}};
+    for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++) {
+        kiln_buf e = {0}, d = {0};
+        CHECK(kiln_base64_encode(vec[i][0], strlen(vec[i][0]), &e, NULL) == KILN_OK);
+        CHECK(e.len == strlen(vec[i][1]) && (e.len == 0 || memcmp(e.data, vec[i][1], e.len) == 0));
+        CHECK(kiln_base64_encoded_len(strlen(vec[i][0])) == e.len);
+        CHECK(kiln_base64_decode(vec[i][1], strlen(vec[i][1]), &d, NULL) == KILN_OK);
+        CHECK(d.len == strlen(vec[i][0]) && (d.len == 0 || memcmp(d.data, vec[i][0], d.len) == 0));
+        kiln_buf_free(&e), kiln_buf_free(&d);
+    }
+    /* All byte values, both alphabets, no padding, MIME line breaks. */
+    uint8_t all[256];
+    for (int i = 0; i < 256; i++)
+        all[i] = (uint8_t)i;
+    kiln_buf e = {0}, d = {0};
+    CHECK(kiln_base64_encode(all, sizeof all, &e, NULL) == KILN_OK);
+    char *url = malloc(e.len * 2 + 1);
+    size_t n = 0;
+    for (size_t i = 0; i < e.len; i++) {
+        char ch = (char)e.data[i];
+        if (ch == '=')
+            continue;
+        url[n++] = ch == '+' ? '-' : ch == '/' ? '_' : ch;
+        if (i % 76 == 75)
+            url[n++] = '\n';
+    }
+    CHECK(kiln_base64_decode(url, n, &d, NULL) == KILN_OK);
+    CHECK(d.len == sizeof all && memcmp(d.data, all, sizeof all) == 0);
+    free(url);
+    kiln_buf_free(&e), kiln_buf_free(&d);
+    const char *bad[] = {"Zg=", "Z", "Zm9v!", "Zg==Zg==", "Zh==", "Zm9=", "====", "Zg===", "Z==="};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kiln_buf b = {0};
+        kiln_err err = {0};
+        CHECKF(kiln_base64_decode(bad[i], strlen(bad[i]), &b, &err) == KILN_ERR_INVALID, "%s",
+               bad[i]);
+        CHECK(b.len == 0);
+        kiln_buf_free(&b);
+    }
+}
+
+static void test_multipart_boundary(void)
+{
+    char b[KILN_MULTIPART_BOUNDARY_MAX];
+    CHECK(kiln_multipart_boundary("multipart/form-data; boundary=abc123", b, NULL) == KILN_OK);
+    CHECK(strcmp(b, "abc123") == 0);
+    CHECK(kiln_multipart_boundary("Multipart/Form-Data;charset=utf-8; BOUNDARY=\"a b:c\"", b,
+                                  NULL) == KILN_OK);
+    CHECK(strcmp(b, "a b:c") == 0);
+    CHECK(kiln_multipart_boundary("multipart/form-data", b, NULL) == KILN_ERR_INVALID);
+    CHECK(kiln_multipart_boundary("multipart/mixed; boundary=x", b, NULL) == KILN_ERR_INVALID);
+    CHECK(kiln_multipart_boundary("multipart/form-data; boundary=\"\"", b, NULL) ==
+          KILN_ERR_INVALID);
+    CHECK(kiln_multipart_boundary("multipart/form-data; boundary=a\x01", b, NULL) ==
+          KILN_ERR_INVALID);
+    char longb[200] = "multipart/form-data; boundary=";
+    memset(longb + strlen(longb), 'x', 71);
+    CHECK(kiln_multipart_boundary(longb, b, NULL) == KILN_ERR_INVALID);
+    CHECK(kiln_multipart_boundary("multipart/form-data; boundary=\"abc", b, NULL) ==
+          KILN_ERR_INVALID);
+}
+
+static void test_multipart_parse(void)
+{
+    static const char body[] =
+        "preamble to ignore\r\n"
+        "--XyZ\r\n"
+        "Content-Disposition: form-data; name=\"prompt\"\r\n"
+        "\r\n"
+        "a red \"cat\"\r\n--not the boundary\r\n"
+        "--XyZ  \r\n"
+        "content-disposition: form-data; name=\"image[]\"; filename=\"a.png\"\r\n"
+        "Content-Type: image/png\r\n"
+        "\r\n"
+        "\x89PNG\r\n\x1a\n\0bytes\r\n"
+        "--XyZ\n"
+        "Content-Disposition: form-data; name=\"empty\"\n"
+        "\n"
+        "\r\n"
+        "--XyZ--\r\n"
+        "epilogue";
+    kiln_multipart_part parts[8];
+    int n = 0;
+    kiln_err err = {0};
+    CHECKF(kiln_multipart_parse(body, sizeof body - 1, "XyZ", parts, 4, &n, &err) == KILN_OK, "%s",
+           err.msg);
+    CHECK(n == 3);
+    CHECK(strcmp(parts[0].name, "prompt") == 0 && !parts[0].is_file);
+    CHECK(parts[0].len == strlen("a red \"cat\"\r\n--not the boundary") &&
+          memcmp(parts[0].data, "a red \"cat\"", 11) == 0);
+    CHECK(strcmp(parts[1].name, "image[]") == 0 && parts[1].is_file);
+    CHECK(strcmp(parts[1].content_type, "image/png") == 0);
+    CHECK(parts[1].len == 14 && parts[1].data[8] == 0);
+    CHECK(strcmp(parts[2].name, "empty") == 0 && parts[2].len == 0);
+
+    static const struct {
+        const char *body, *why;
+    } bad[] = {
+        {"--XyZ\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\nvalue", "no closing"},
+        {"no boundary at all", "missing delimiter"},
+        {"--XyZ\r\nContent-Type: text/plain\r\n\r\nv\r\n--XyZ--", "no disposition"},
+        {"--XyZ\r\nContent-Disposition: attachment; name=\"a\"\r\n\r\nv\r\n--XyZ--", "not form-data"},
+        {"--XyZ\r\nContent-Disposition: form-data\r\n\r\nv\r\n--XyZ--", "no name"},
+        {"--XyZ\r\nContent-Disposition: form-data; name=\"a\r\n\r\nv\r\n--XyZ--", "unterminated"},
+        {"--XyZ\r\nbroken header line\r\n\r\nv\r\n--XyZ--", "header without colon"},
+        {"--XyZjunk\r\n", "junk after the delimiter"},
+        {"--XyZ\r\nContent-Disposition: form-data; name=\"a\"", "unterminated headers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err = (kiln_err){0};
+        CHECKF(kiln_multipart_parse(bad[i].body, strlen(bad[i].body), "XyZ", parts, 4, &n, &err) ==
+                   KILN_ERR_INVALID,
+               "%s", bad[i].why);
+        CHECK(err.msg[0] != '\0');
+    }
+    /* Part count limit. */
+    char many[4096] = "";
+    for (int i = 0; i < 5; i++)
+        strcat(many, "--B\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n1\r\n");
+    strcat(many, "--B--");
+    CHECK(kiln_multipart_parse(many, strlen(many), "B", parts, 4, &n, NULL) == KILN_ERR_INVALID);
+    CHECK(kiln_multipart_parse(many, strlen(many), "B", parts, 5, &n, NULL) == KILN_OK && n == 5);
+    /* A field name too long for the buffer. */
+    char longname[512];
+    snprintf(longname, sizeof longname,
+             "--B\r\nContent-Disposition: form-data; name=\"%0100d\"\r\n\r\n1\r\n--B--", 0);
+    CHECK(kiln_multipart_parse(longname, strlen(longname), "B", parts, 4, &n, NULL) ==
+          KILN_ERR_INVALID);
+}
+
+static void test_generation_json(void)
+{
+    kiln_api_request r;
+    kiln_api_error e;
+    const char *json =
+        "{\"model\":\"klein-tiny\",\"prompt\":\"a cat\",\"n\":3,\"size\":\"128x64\",\"seed\":42,"
+        "\"num_inference_steps\":2,\"guidance_scale\":1.5,\"response_format\":\"b64_json\","
+        "\"output_format\":\"webp\",\"output_compression\":80,\"max_sequence_length\":77,"
+        "\"quality\":\"hd\",\"style\":\"vivid\",\"user\":\"u1\",\"background\":\"auto\","
+        "\"moderation\":\"low\",\"something_new\":{\"x\":[1]}}";
+    CHECKF(parse_json(json, KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
+    CHECK(strcmp(r.prompt, "a cat") == 0 && r.req.prompt == r.prompt);
+    CHECK(r.req.n == 3 && r.req.width == 128 && r.req.height == 64);
+    CHECK(r.seed_given && r.req.seed == 42);
+    CHECK(r.req.steps == 2 && r.req.guidance == 1.5f && r.req.max_sequence_length == 77);
+    CHECK(r.req.format == KILN_IMAGE_WEBP && r.req.compression == 80);
+    CHECK(r.cfg_negative == NULL && r.n_images == 0);
+    kiln_api_request_free(&r);
+
+    /* Defaults: the model's, resolved; no seed; nulls are "not given". */
+    CHECK(parse_json("{\"prompt\":\"x\",\"n\":null,\"seed\":null,\"model\":null}",
+                     KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK);
+    CHECK(r.req.n == 1 && r.req.width == 1024 && r.req.height == 1024);
+    CHECK(!r.seed_given && r.req.steps == 4 && r.req.guidance == 1.0f);
+    CHECK(r.req.max_sequence_length == 512 && r.req.format == KILN_IMAGE_PNG);
+    kiln_api_request_free(&r);
+}
+
+/* The default size is 1024x1024 ("auto" too), so a service whose range
+ * excludes it needs a size in every request. */
+static void test_default_size_limits(void)
+{
+    kiln_api_request r;
+    kiln_api_error e;
+    kiln_api_config c = config(&distilled);
+    const char *j = "{\"prompt\":\"x\",\"size\":\"auto\"}";
+    CHECK(kiln_api_parse(KILN_API_GENERATE, "application/json; charset=utf-8", j, strlen(j), &c,
+                         &r, &e) == KILN_OK);
+    CHECK(r.req.width == 1024 && r.req.height == 1024);
+    kiln_api_request_free(&r);
+    c.limits.max_side = 512;
+    CHECK(kiln_api_parse(KILN_API_GENERATE, NULL, j, strlen(j), &c, &r, &e) == KILN_ERR_INVALID);
+    CHECK(e.status == 400 && strcmp(e.param, "size") == 0);
+}
+
+static void test_seeds(void)
+{
+    kiln_api_request r;
+    kiln_api_error e;
+    CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"seed\":\"18446744073709551615\"}",
+                     KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK);
+    CHECK(r.req.seed == UINT64_MAX && r.seed_given);
+    kiln_api_request_free(&r);
+    CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"seed\":9007199254740992}",
+                     KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK);
+    CHECK(r.req.seed == 9007199254740992ull);
+    kiln_api_request_free(&r);
+    CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"seed\":0}", KILN_API_GENERATE,
+                     &distilled, &r, &e) == KILN_OK);
+    CHECK(r.req.seed == 0 && r.seed_given);
+    kiln_api_request_free(&r);
+    expect_error("{\"prompt\":\"x\",\"seed\":-1}", KILN_API_GENERATE, 400, "seed", NULL);
+    expect_error("{\"prompt\":\"x\",\"seed\":1.5}", KILN_API_GENERATE, 400, "seed", NULL);
+    expect_error("{\"prompt\":\"x\",\"seed\":1e300}", KILN_API_GENERATE, 400, "seed", NULL);
+    expect_error("{\"prompt\":\"x\",\"seed\":\"18446744073709551616\"}", KILN_API_GENERATE, 400,
+                 "seed", NULL);
+    expect_error("{\"prompt\":\"x\",\"seed\":\"12a\"}", KILN_API_GENERATE, 400, "seed", NULL);
+    expect_error("{\"prompt\":\"x\",\"seed\":true}", KILN_API_GENERATE, 400, "seed", NULL);
+}
+
+static void test_json_errors(void)
+{
+    const kiln_api_kind G = KILN_API_GENERATE;
+    expect_error("{\"prompt\":\"x\",", G, 400, "", "invalid_json");
+    expect_error("", G, 400, "", "invalid_json");
+    expect_error("[1,2]", G, 400, "", "invalid_json");
+    expect_error("{\"prompt\":\"x\"} trailing", G, 400, "", "invalid_json");
+    expect_error("{}", G, 400, "prompt", NULL);
+    expect_error("{\"prompt\":5}", G, 400, "prompt", "invalid_value");
+    expect_error("{\"prompt\":\"x\",\"n\":\"2\"}", G, 400, "n", NULL);
+    expect_error("{\"prompt\":\"x\",\"n\":2.5}", G, 400, "n", NULL);
+    expect_error("{\"prompt\":\"x\",\"n\":0}", G, 400, "n", NULL);
+    expect_error("{\"prompt\":\"x\",\"n\":11}", G, 400, "n", NULL);
+    expect_error("{\"prompt\":\"x\",\"n\":1e12}", G, 400, "n", NULL);
+    expect_error("{\"prompt\":\"x\",\"size\":\"100x64\"}", G, 400, "size", NULL);
+    expect_error("{\"prompt\":\"x\",\"size\":\"2048x1024\"}", G, 400, "size", NULL);
+    expect_error("{\"prompt\":\"x\",\"size\":\"32x32\"}", G, 400, "size", NULL);
+    expect_error("{\"prompt\":\"x\",\"size\":\"64\"}", G, 400, "size", NULL);
+    expect_error("{\"prompt\":\"x\",\"size\":\"0x64\"}", G, 400, "size", NULL);
+    expect_error("{\"prompt\":\"x\",\"size\":\"64x-64\"}", G, 400, "size", NULL);
+    expect_error("{\"prompt\":\"x\",\"size\":\"999999x64\"}", G, 400, "size", NULL);
+    expect_error("{\"prompt\":\"x\",\"size\":64}", G, 400, "size", NULL);
+    expect_error("{\"prompt\":\"x\",\"num_inference_steps\":0}", G, 400, "num_inference_steps", NULL);
+    expect_error("{\"prompt\":\"x\",\"num_inference_steps\":201}", G, 400, "num_inference_steps", NULL);
+    expect_error("{\"prompt\":\"x\",\"guidance_scale\":-1}", G, 400, "guidance_scale", NULL);
+    expect_error("{\"prompt\":\"x\",\"guidance_scale\":\"1\"}", G, 400, "guidance_scale", NULL);
+    expect_error("{\"prompt\":\"x\",\"guidance_scale\":1000}", G, 400, "guidance_scale", NULL);
+    expect_error("{\"prompt\":\"x\",\"max_sequence_length\":513}", G, 400, "max_sequence_length", NULL);
+    expect_error("{\"prompt\":\"x\",\"max_sequence_length\":0}", G, 400, "max_sequence_length", NULL);
+    expect_error("{\"prompt\":\"x\",\"output_compression\":101}", G, 400, "output_compression", NULL);
+    expect_error("{\"prompt\":\"x\",\"output_compression\":-5}", G, 400, "output_compression", NULL);
+    expect_error("{\"prompt\":\"x\",\"output_format\":\"gif\"}", G, 400, "output_format", NULL);
+    expect_error("{\"prompt\":\"x\",\"response_format\":\"url\"}", G, 400, "response_format",
+                 "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"response_format\":\"png\"}", G, 400, "response_format", NULL);
+    expect_error("{\"prompt\":\"x\",\"model\":\"dall-e-3\"}", G, 400, "model", "model_not_found");
+    expect_error("{\"prompt\":\"x\",\"stream\":true}", G, 400, "stream", "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"stream\":\"yes\"}", G, 400, "stream", NULL);
+    expect_error("{\"prompt\":\"x\",\"negative_prompt\":\"blurry\"}", G, 400, "negative_prompt", NULL);
+    expect_error("{\"prompt\":\"x\",\"prompt\":\"y\"}", G, 400, "prompt", NULL);
+    expect_error("{\"prompt\":\"\\ud800\"}", G, 400, "", "invalid_json");
+    expect_error("{\"prompt\":\"\xff\"}", G, 400, "prompt", NULL);
+    expect_error("{\"prompt\":\"x\",\"image\":\"aGk=\"}", G, 400, "image", NULL);
+    expect_error("{\"prompt\":\"x\"}", KILN_API_EDIT, 400, "image", NULL);
+    expect_error("{\"prompt\":\"x\",\"image\":\"not base64!\"}", KILN_API_EDIT, 400, "image",
+                 "invalid_image");
+    expect_error("{\"prompt\":\"x\",\"image\":\"aGVsbG8gd29ybGQ=\"}", KILN_API_EDIT, 400, "image",
+                 "invalid_image");
+    expect_error("{\"prompt\":\"x\",\"image\":\"https://example.com/a.png\"}", KILN_API_EDIT, 400,
+                 "image", NULL);
+    expect_error("{\"prompt\":\"x\",\"image\":\"data:image/png,abc\"}", KILN_API_EDIT, 400,
+                 "image", NULL);
+    expect_error("{\"prompt\":\"x\",\"image\":[1]}", KILN_API_EDIT, 400, "image", NULL);
+    expect_error("{\"prompt\":\"x\",\"image\":\"aGk=\",\"mask\":\"aGk=\"}", KILN_API_EDIT, 400,
+                 "mask", "unsupported_value");
+    /* A long prompt is refused by the shared validation, naming its limit. */
+    size_t big = (1u << 16) + 10;
+    char *json = malloc(big + 32);
+    strcpy(json, "{\"prompt\":\"");
+    memset(json + 11, 'a', big);
+    strcpy(json + 11 + big, "\"}");
+    expect_error(json, G, 400, "prompt", NULL);
+    free(json);
+}
+
+static void test_base_checkpoint(void)
+{
+    kiln_api_request r;
+    kiln_api_error e;
+    CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"negative_prompt\":\"blurry\"}",
+                     KILN_API_GENERATE, &base, &r, &e) == KILN_OK);
+    CHECK(r.req.steps == 50 && r.req.guidance == 4.0f);
+    CHECK(r.cfg_negative && strcmp(r.cfg_negative, "blurry") == 0);
+    kiln_api_request_free(&r);
+    /* No negative prompt: CFG still runs, on "" as diffusers does. */
+    CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\"}", KILN_API_GENERATE, &base, &r, &e) ==
+          KILN_OK);
+    CHECK(r.cfg_negative && r.cfg_negative[0] == '\0');
+    kiln_api_request_free(&r);
+    /* guidance <= 1: no CFG, as the CLI decides. */
+    CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"negative_prompt\":\"b\","
+                     "\"guidance_scale\":1}",
+                     KILN_API_GENERATE, &base, &r, &e) == KILN_OK);
+    CHECK(r.cfg_negative == NULL);
+    kiln_api_request_free(&r);
+}
+
+static void test_edit_json(void)
+{
+    kiln_buf png = make_png(96, 80), b64 = {0};
+    CHECK(kiln_base64_encode(png.data, png.len, &b64, NULL) == KILN_OK);
+    size_t cap = b64.len * 2 + 256;
+    char *json = malloc(cap);
+    snprintf(json, cap, "{\"prompt\":\"edit\",\"image\":[\"data:image/png;base64,%.*s\",\"%.*s\"]}",
+             (int)b64.len, (char *)b64.data, (int)b64.len, (char *)b64.data);
+    kiln_api_request r;
+    kiln_api_error e;
+    CHECKF(parse_json(json, KILN_API_EDIT, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
+    CHECK(r.n_images == 2);
+    for (int i = 0; i < r.n_images; i++)
+        CHECK(r.images[i].len == png.len && memcmp(r.images[i].data, png.data, png.len) == 0);
+    /* Without a size, the output is the first reference's size. */
+    CHECK(r.req.width == 96 && r.req.height == 80);
+    CHECK(r.req.refs == NULL && r.req.n_refs == 2);
+    kiln_api_request_free(&r);
+    /* One image as a plain string. */
+    snprintf(json, cap, "{\"prompt\":\"edit\",\"size\":\"64x64\",\"image\":\"%.*s\"}", (int)b64.len,
+             (char *)b64.data);
+    CHECK(parse_json(json, KILN_API_EDIT, &distilled, &r, &e) == KILN_OK);
+    CHECK(r.n_images == 1 && r.req.width == 64);
+    kiln_api_request_free(&r);
+    /* Nine references are one too many. */
+    size_t off = (size_t)snprintf(json, cap, "{\"prompt\":\"e\",\"image\":[");
+    free(json);
+    cap = 9 * (b64.len + 4) + 64;
+    json = malloc(cap);
+    off = (size_t)snprintf(json, cap, "{\"prompt\":\"e\",\"image\":[");
+    for (int i = 0; i < 9; i++)
+        off += (size_t)snprintf(json + off, cap - off, "%s\"%.*s\"", i ? "," : "", (int)b64.len,
+                                (char *)b64.data);
+    snprintf(json + off, cap - off, "]}");
+    expect_error(json, KILN_API_EDIT, 400, "image", NULL);
+    free(json);
+    kiln_buf_free(&b64);
+    kiln_buf_free(&png);
+    /* A reference under 64 px a side is refused up front, as the encoder
+     * would. */
+    png = make_png(32, 64);
+    CHECK(kiln_base64_encode(png.data, png.len, &b64, NULL) == KILN_OK);
+    json = malloc(b64.len + 64);
+    sprintf(json, "{\"prompt\":\"e\",\"image\":\"%.*s\"}", (int)b64.len, (char *)b64.data);
+    expect_error(json, KILN_API_EDIT, 400, "image", "invalid_image");
+    free(json);
+    kiln_buf_free(&b64);
+    kiln_buf_free(&png);
+}
+
+/* A multipart body with the given text fields and files. */
+static kiln_buf form(const char *const *fields, const kiln_buf *files, int nfiles,
+                     const char *file_field)
+{
+    kiln_buf b = {0};
+    char tmp[512];
+    for (int i = 0; fields[i]; i += 2) {
+        snprintf(tmp, sizeof tmp,
+                 "--BOUND\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n%s\r\n", fields[i],
+                 fields[i + 1]);
+        kiln_buf_append(&b, tmp, strlen(tmp), NULL);
+    }
+    for (int i = 0; i < nfiles; i++) {
+        snprintf(tmp, sizeof tmp,
+                 "--BOUND\r\nContent-Disposition: form-data; name=\"%s\"; filename=\"f%d.png\"\r\n"
+                 "Content-Type: image/png\r\n\r\n",
+                 file_field, i);
+        kiln_buf_append(&b, tmp, strlen(tmp), NULL);
+        kiln_buf_append(&b, files[i].data, files[i].len, NULL);
+        kiln_buf_append(&b, "\r\n", 2, NULL);
+    }
+    kiln_buf_append(&b, "--BOUND--\r\n", 11, NULL);
+    return b;
+}
+
+static void test_edit_multipart(void)
+{
+    kiln_buf pngs[2] = {make_png(64, 64), make_png(128, 64)};
+    const char *fields[] = {"prompt", "make it blue", "n", "2", "seed", "7", "size", "64x128",
+                            "guidance_scale", "1.0", "num_inference_steps", "2",
+                            "output_format", "jpeg", "quality", "high", NULL};
+    kiln_buf body = form(fields, pngs, 2, "image[]");
+    kiln_api_config c = config(&distilled);
+    kiln_api_request r;
+    kiln_api_error e;
+    const char *ct = "multipart/form-data; boundary=BOUND";
+    CHECKF(kiln_api_parse(KILN_API_EDIT, ct, body.data, body.len, &c, &r, &e) == KILN_OK, "%s",
+           e.err.msg);
+    CHECK(r.n_images == 2 && r.images[1].len == pngs[1].len &&
+          memcmp(r.images[1].data, pngs[1].data, pngs[1].len) == 0);
+    CHECK(r.req.n == 2 && r.req.seed == 7 && r.seed_given && r.req.width == 64 &&
+          r.req.height == 128 && r.req.steps == 2 && r.req.guidance == 1.0f);
+    CHECK(r.req.format == KILN_IMAGE_JPEG && r.req.compression == 100);
+    CHECK(strcmp(r.prompt, "make it blue") == 0);
+    kiln_api_request_free(&r);
+    kiln_buf_free(&body);
+
+    /* `image` (no brackets) works the same. */
+    const char *f2[] = {"prompt", "p", NULL};
+    body = form(f2, pngs, 1, "image");
+    CHECK(kiln_api_parse(KILN_API_EDIT, ct, body.data, body.len, &c, &r, &e) == KILN_OK);
+    CHECK(r.n_images == 1 && r.req.width == 64 && r.req.height == 64);
+    kiln_api_request_free(&r);
+    kiln_buf_free(&body);
+
+    /* Text fields are parsed strictly. */
+    static const char *bad[][3] = {
+        {"n", "2x", "n"}, {"n", " 2", "n"}, {"seed", "-3", "seed"}, {"guidance_scale", "nan", "guidance_scale"},
+        {"guidance_scale", "0x10", "guidance_scale"}, {"size", "64*64", "size"},
+        {"stream", "1", "stream"}, {"mask", "x", "mask"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *f[] = {"prompt", "p", bad[i][0], bad[i][1], NULL};
+        body = form(f, pngs, 1, "image");
+        CHECKF(kiln_api_parse(KILN_API_EDIT, ct, body.data, body.len, &c, &r, &e) != KILN_OK,
+               "%s=%s accepted", bad[i][0], bad[i][1]);
+        CHECKF(e.status == 400 && strcmp(e.param, bad[i][2]) == 0, "%s=%s: %d %s", bad[i][0],
+               bad[i][1], e.status, e.param);
+        kiln_buf_free(&body);
+    }
+    /* A NUL inside a text field, a non-image file, a broken body, a bad
+     * Content-Type. */
+    const char nul_body[] = "--B\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\na\0b\r\n--B--";
+    CHECK(kiln_api_parse(KILN_API_EDIT, "multipart/form-data; boundary=B", nul_body,
+                         sizeof nul_body - 1, &c, &r, &e) == KILN_ERR_INVALID);
+    CHECK(strcmp(e.param, "prompt") == 0);
+    kiln_buf text = {0};
+    kiln_buf_append(&text, "hello", 5, NULL);
+    body = form(f2, &text, 1, "image");
+    CHECK(kiln_api_parse(KILN_API_EDIT, ct, body.data, body.len, &c, &r, &e) == KILN_ERR_INVALID);
+    CHECK(strcmp(e.code, "invalid_image") == 0 && strstr(e.err.msg, "image 1") != NULL);
+    body.len -= 13; /* cut the closing delimiter */
+    CHECK(kiln_api_parse(KILN_API_EDIT, ct, body.data, body.len, &c, &r, &e) == KILN_ERR_INVALID);
+    CHECK(strcmp(e.code, "invalid_multipart") == 0);
+    CHECK(kiln_api_parse(KILN_API_EDIT, "multipart/form-data", body.data, body.len, &c, &r, &e) ==
+          KILN_ERR_INVALID);
+    kiln_buf_free(&body);
+    kiln_buf_free(&text);
+    /* Generations accept a form too. */
+    const char *f3[] = {"prompt", "p", "size", "64x64", NULL};
+    body = form(f3, NULL, 0, "image");
+    CHECK(kiln_api_parse(KILN_API_GENERATE, ct, body.data, body.len, &c, &r, &e) == KILN_OK);
+    CHECK(r.req.width == 64);
+    kiln_api_request_free(&r);
+    kiln_buf_free(&body);
+    kiln_buf_free(&pngs[0]);
+    kiln_buf_free(&pngs[1]);
+}
+
+static void test_error_body(void)
+{
+    kiln_buf b = {0};
+    const char msg[] = "bad \"x\"\n\t\x01 \xff\xc3\xa9 \\";
+    CHECK(kiln_api_error_json(&b, 400, msg, "n", "invalid_value", NULL) == KILN_OK);
+    cJSON *j = cJSON_ParseWithLength((const char *)b.data, b.len);
+    CHECK(j != NULL);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    CHECK(cJSON_IsObject(e));
+    const char *m = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "message"));
+    CHECK(m && strcmp(m, "bad \"x\"\n\t\x01 \xef\xbf\xbd\xc3\xa9 \\") == 0);
+    CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "type")),
+                 "invalid_request_error") == 0);
+    CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "param")), "n") == 0);
+    CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "code")),
+                 "invalid_value") == 0);
+    cJSON_Delete(j);
+    kiln_buf_clear(&b);
+    CHECK(kiln_api_error_json(&b, 503, "down", NULL, "", NULL) == KILN_OK);
+    j = cJSON_ParseWithLength((const char *)b.data, b.len);
+    e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(e, "param")));
+    CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(e, "code")));
+    CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "type")),
+                 "server_error") == 0);
+    cJSON_Delete(j);
+    CHECK(strcmp(kiln_api_error_type(429), "rate_limit_error") == 0);
+    kiln_buf_free(&b);
+}
+
+static void test_images_body(void)
+{
+    kiln_api_image imgs[2] = {{(const uint8_t *)"\x89PNG", 4, 42},
+                              {(const uint8_t *)"abc", 3, 18446744073709551615ull}};
+    kiln_buf b = {0};
+    CHECK(kiln_api_images_json(&b, 1700000000, imgs, 2, KILN_IMAGE_WEBP, 128, 64, NULL) ==
+          KILN_OK);
+    cJSON *j = cJSON_ParseWithLength((const char *)b.data, b.len);
+    CHECK(j != NULL);
+    CHECK(cJSON_GetObjectItemCaseSensitive(j, "created")->valuedouble == 1700000000);
+    CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "output_format")),
+                 "webp") == 0);
+    CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "size")), "128x64") == 0);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
+    CHECK(cJSON_GetArraySize(data) == 2);
+    const cJSON *d0 = cJSON_GetArrayItem(data, 0);
+    CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(d0, "b64_json")),
+                 "iVBORw==") == 0);
+    CHECK(cJSON_GetObjectItemCaseSensitive(d0, "seed")->valuedouble == 42);
+    CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(d0, "revised_prompt")));
+    cJSON_Delete(j);
+    /* Seeds print exactly, beyond a double's precision. */
+    CHECK(strstr((const char *)b.data, "\"seed\":18446744073709551615") != NULL);
+    kiln_buf_free(&b);
+}
+
+int main(void)
+{
+    RUN(test_base64);
+    RUN(test_multipart_boundary);
+    RUN(test_multipart_parse);
+    RUN(test_generation_json);
+    RUN(test_default_size_limits);
+    RUN(test_seeds);
+    RUN(test_json_errors);
+    RUN(test_base_checkpoint);
+    RUN(test_edit_json);
+    RUN(test_edit_multipart);
+    RUN(test_error_body);
+    RUN(test_images_body);
+    return test_finish();
+}
