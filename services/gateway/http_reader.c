@@ -117,6 +117,8 @@ static int on_headers_complete(http_parser *p)
 {
     kiln_http_reader *r = p->data;
     kiln_http_request *q = &r->req;
+    if (p->http_major != 1)
+        return fail(r, 505, "only HTTP/1.x is supported");
     q->method = method_of(p->method);
     snprintf(q->method_name, sizeof q->method_name, "%s", http_method_str(p->method));
     char *query = strchr(q->path, '?');
@@ -240,7 +242,8 @@ kiln_http_request *kiln_http_reader_request(kiln_http_reader *r)
 void kiln_http_reader_next(kiln_http_reader *r)
 {
     reset_request(r);
-    http_parser_pause(&r->p, 0);
+    if (HTTP_PARSER_ERRNO(&r->p) == HPE_PAUSED)
+        http_parser_pause(&r->p, 0);
 }
 
 int kiln_http_reader_error(const kiln_http_reader *r, const char **message)

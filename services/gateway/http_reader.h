@@ -17,7 +17,8 @@
  * target alone), and the body (413, refused from Content-Length before any
  * body byte arrives, or as chunks add up).  Anything http-parser refuses is
  * 400.  A request with `Expect: 100-continue` sets a flag the server reads
- * with kiln_http_reader_take_continue once its headers are in.
+ * with kiln_http_reader_take_continue once its headers are in.  A major
+ * version other than 1 is 505.
  *
  * Not thread-safe: one reader per connection, used by one thread.
  */
@@ -81,7 +82,7 @@ kiln_http_request *kiln_http_reader_request(kiln_http_reader *r);
 /* Readies the reader for the next request on the same connection. */
 void kiln_http_reader_next(kiln_http_reader *r);
 
-/* After KILN_HTTP_ERROR: the status to answer (400, 413, 414, 431) and a
+/* After KILN_HTTP_ERROR: the status to answer (400, 413, 414, 431, 505) and a
  * message safe to show the client. */
 int kiln_http_reader_error(const kiln_http_reader *r, const char **message);
 

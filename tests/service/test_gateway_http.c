@@ -1,0 +1,225 @@
+/* The gateway's HTTP request reader without sockets: pipelined requests
+ * come out one at a time and in order however the bytes are split, bodies
+ * by Content-Length or chunks, keep-alive rules, the size limits (413 from
+ * the declared length before any body byte, 413 for chunks adding up, 431,
+ * 414), malformed requests (400), Expect: 100-continue. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "services/gateway/http_reader.h"
+#include "tests/test.h"
+
+static const kiln_http_limits limits = {.max_header_bytes = 1024, .max_body_bytes = 100};
+
+typedef struct got {
+    int n;
+    char paths[8][64];
+    char bodies[8][128];
+    char ctypes[8][64];
+    int keep_alive[8];
+    kiln_http_method methods[8];
+    int error_status;
+    int continues;
+} got;
+
+/* Feeds `s` in pieces of `chunk` bytes (0: all at once), collecting
+ * requests as a server would. */
+static void run(const char *s, size_t len, size_t chunk, got *g)
+{
+    memset(g, 0, sizeof *g);
+    kiln_http_reader *r = kiln_http_reader_create(&limits, NULL);
+    size_t off = 0, avail = chunk ? 0 : len;
+    while (off < len && g->n < 8) {
+        if (off == avail)
+            avail = avail + chunk > len ? len : avail + chunk;
+        kiln_http_event ev;
+        size_t given = avail - off;
+        size_t n = kiln_http_reader_feed(r, s + off, given, &ev);
+        off += n;
+        g->continues += kiln_http_reader_take_continue(r);
+        if (ev == KILN_HTTP_ERROR) {
+            const char *msg;
+            g->error_status = kiln_http_reader_error(r, &msg);
+            CHECK(msg && msg[0]);
+            break;
+        }
+        if (ev == KILN_HTTP_REQUEST) {
+            kiln_http_request *q = kiln_http_reader_request(r);
+            snprintf(g->paths[g->n], 64, "%.63s", q->path);
+            snprintf(g->bodies[g->n], 128, "%.*s", (int)q->body.len,
+                     q->body.data ? (char *)q->body.data : "");
+            CHECK(q->body.data && q->body.data[q->body.len] == '\0');
+            snprintf(g->ctypes[g->n], 64, "%.63s", q->content_type);
+            g->keep_alive[g->n] = q->keep_alive;
+            g->methods[g->n] = q->method;
+            g->n++;
+            CHECK(!kiln_http_reader_in_request(r));
+            kiln_http_reader_next(r);
+        } else {
+            CHECK(n == given); /* NEED_MORE consumes everything */
+        }
+    }
+    kiln_http_reader_destroy(r);
+}
+
+static void test_pipelined(void)
+{
+    static const char s[] =
+        "GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n"
+        "POST /v1/images/generations?x=1 HTTP/1.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: 13\r\n\r\n{\"prompt\":1}\n"
+        "POST /chunked HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+        "HEAD /readyz HTTP/1.1\r\nConnection: close\r\n\r\n";
+    size_t chunks[] = {0, 1, 2, 7, 64};
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+        got g;
+        run(s, sizeof s - 1, chunks[k], &g);
+        CHECKF(g.n == 4 && g.error_status == 0, "chunk %zu: %d requests, error %d", chunks[k], g.n,
+               g.error_status);
+        CHECK(strcmp(g.paths[0], "/healthz") == 0 && g.methods[0] == KILN_HTTP_GET);
+        CHECK(strcmp(g.paths[1], "/v1/images/generations") == 0 && g.methods[1] == KILN_HTTP_POST);
+        CHECK(strcmp(g.bodies[1], "{\"prompt\":1}\n") == 0);
+        CHECK(strcmp(g.ctypes[1], "application/json") == 0);
+        CHECK(strcmp(g.bodies[2], "hello world") == 0);
+        CHECK(g.methods[3] == KILN_HTTP_HEAD && !g.keep_alive[3]);
+        CHECK(g.keep_alive[0] && g.keep_alive[1] && g.keep_alive[2]);
+    }
+}
+
+static void test_keep_alive_rules(void)
+{
+    got g;
+    const char *s = "GET / HTTP/1.0\r\n\r\n";
+    run(s, strlen(s), 0, &g);
+    CHECK(g.n == 1 && !g.keep_alive[0]);
+    s = "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n";
+    run(s, strlen(s), 0, &g);
+    CHECK(g.n == 1 && g.keep_alive[0]);
+    s = "GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+    run(s, strlen(s), 0, &g);
+    CHECK(g.n == 1 && !g.keep_alive[0]);
+}
+
+static void test_limits(void)
+{
+    got g;
+    /* Refused from the declared length, before the body. */
+    const char *s = "POST /x HTTP/1.1\r\nContent-Length: 101\r\n\r\n";
+    run(s, strlen(s), 0, &g);
+    CHECK(g.n == 0 && g.error_status == 413);
+    s = "POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\n";
+    char ok[256];
+    snprintf(ok, sizeof ok, "%s%0100d", s, 0);
+    run(ok, strlen(ok), 3, &g);
+    CHECK(g.n == 1 && g.error_status == 0);
+    /* Chunks adding up past the limit. */
+    s = "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "40\r\n0000000000000000000000000000000000000000000000000000000000000000\r\n"
+        "40\r\n0000000000000000000000000000000000000000000000000000000000000000\r\n0\r\n\r\n";
+    run(s, strlen(s), 0, &g);
+    CHECK(g.n == 0 && g.error_status == 413);
+    /* Headers past max_header_bytes: 431; a long target: 414. */
+    char big[4096];
+    int n = snprintf(big, sizeof big, "GET / HTTP/1.1\r\nX-Pad: ");
+    memset(big + n, 'a', 1100);
+    strcpy(big + n + 1100, "\r\n\r\n");
+    run(big, strlen(big), 0, &g);
+    CHECK(g.error_status == 431);
+    n = snprintf(big, sizeof big, "GET /");
+    memset(big + n, 'a', KILN_HTTP_TARGET_MAX + 1);
+    strcpy(big + n + KILN_HTTP_TARGET_MAX + 1, " HTTP/1.1\r\n\r\n");
+    kiln_http_limits roomy = {.max_header_bytes = 8192, .max_body_bytes = 10};
+    kiln_http_reader *r = kiln_http_reader_create(&roomy, NULL);
+    kiln_http_event ev;
+    kiln_http_reader_feed(r, big, strlen(big), &ev);
+    const char *msg;
+    CHECK(ev == KILN_HTTP_ERROR && kiln_http_reader_error(r, &msg) == 414);
+    kiln_http_reader_destroy(r);
+    /* A Content-Type too long. */
+    n = snprintf(big, sizeof big, "POST / HTTP/1.1\r\nContent-Type: ");
+    memset(big + n, 'a', KILN_HTTP_CTYPE_MAX + 1);
+    strcpy(big + n + KILN_HTTP_CTYPE_MAX + 1, "\r\n\r\n");
+    r = kiln_http_reader_create(&roomy, NULL);
+    kiln_http_reader_feed(r, big, strlen(big), &ev);
+    CHECK(ev == KILN_HTTP_ERROR && kiln_http_reader_error(r, &msg) == 431);
+    kiln_http_reader_destroy(r);
+}
+
+static void test_malformed(void)
+{
+    static const char *bad[] = {
+        "GARBAGE\r\n\r\n",
+        "GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+        "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "POST / HTTP/1.1\r\nContent-Type: a\r\nContent-Type: b\r\n\r\n",
+        "GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        got g;
+        run(bad[i], strlen(bad[i]), 0, &g);
+        CHECKF(g.error_status == 400, "case %zu: status %d, %d requests", i, g.error_status, g.n);
+    }
+    got g;
+    run("GET / HTTP/2.0\r\n\r\n", 18, 0, &g);
+    CHECK(g.error_status == 505 && g.n == 0);
+    /* Feeding after an error keeps reporting it. */
+    kiln_http_reader *r = kiln_http_reader_create(&limits, NULL);
+    kiln_http_event ev;
+    kiln_http_reader_feed(r, "XX\r\n\r\n", 6, &ev);
+    CHECK(ev == KILN_HTTP_ERROR);
+    CHECK(kiln_http_reader_feed(r, "GET / HTTP/1.1\r\n\r\n", 18, &ev) == 0 && ev == KILN_HTTP_ERROR);
+    kiln_http_reader_destroy(r);
+}
+
+static void test_expect_continue(void)
+{
+    got g;
+    /* Byte by byte, so the headers are in before the body. */
+    const char *s = "POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc";
+    run(s, strlen(s), 1, &g);
+    CHECK(g.n == 1 && g.continues == 1 && strcmp(g.bodies[0], "abc") == 0);
+    /* Not for a refused body, nor without a body. */
+    s = "POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1000\r\n\r\n";
+    run(s, strlen(s), 0, &g);
+    CHECK(g.continues == 0 && g.error_status == 413);
+    s = "GET /x HTTP/1.1\r\nExpect: 100-continue\r\n\r\n";
+    run(s, strlen(s), 0, &g);
+    CHECK(g.continues == 0 && g.n == 1);
+}
+
+static void test_in_request(void)
+{
+    kiln_http_reader *r = kiln_http_reader_create(&limits, NULL);
+    kiln_http_event ev;
+    CHECK(!kiln_http_reader_in_request(r));
+    kiln_http_reader_feed(r, "POST / HTTP/1.1\r\nContent-", 25, &ev);
+    CHECK(ev == KILN_HTTP_NEED_MORE && kiln_http_reader_in_request(r));
+    CHECK(!kiln_http_reader_headers_done(r));
+    kiln_http_reader_feed(r, "Length: 4\r\n\r\nab", 15, &ev);
+    CHECK(ev == KILN_HTTP_NEED_MORE && kiln_http_reader_headers_done(r));
+    kiln_http_reader_feed(r, "cd", 2, &ev);
+    CHECK(ev == KILN_HTTP_REQUEST && !kiln_http_reader_in_request(r));
+    /* The handler may take the body away. */
+    kiln_http_request *q = kiln_http_reader_request(r);
+    kiln_buf body = q->body;
+    q->body = (kiln_buf){0};
+    CHECK(body.len == 4 && memcmp(body.data, "abcd", 4) == 0);
+    kiln_buf_free(&body);
+    kiln_http_reader_next(r);
+    CHECK(!kiln_http_reader_in_request(r) && !kiln_http_reader_headers_done(r));
+    kiln_http_reader_destroy(r);
+}
+
+int main(void)
+{
+    RUN(test_pipelined);
+    RUN(test_keep_alive_rules);
+    RUN(test_limits);
+    RUN(test_malformed);
+    RUN(test_expect_continue);
+    RUN(test_in_request);
+    return test_finish();
+}
