@@ -1,51 +1,18 @@
 /* `kiln tokenize` end to end: the built binary, its stdout, exit codes and
  * error messages. */
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+#include "tests/run_util.h"
 #include "tests/test.h"
 #include "tok_fixture.h"
 
-static char kiln_bin[4096], tmpdir[] = "/tmp/kiln-tokcli-XXXXXX";
+static const char *kiln_bin;
 static char out_text[65536], err_text[4096];
-
-static void read_back(const char *path, char *buf, size_t len)
-{
-    buf[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
-    size_t n = fread(buf, 1, len - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
 
 /* Runs `kiln tokenize` with the given arguments (NULL-terminated); returns
  * the exit status, with stdout and stderr in out_text and err_text. */
 static int tokenize(const char *a0, const char *a1, const char *a2, const char *a3)
 {
-    char out_path[128], err_path[128];
-    snprintf(out_path, sizeof out_path, "%s/out", tmpdir);
-    snprintf(err_path, sizeof err_path, "%s/err", tmpdir);
-    const char *argv[] = {kiln_bin, "tokenize", a0, a1, a2, a3, NULL};
-    pid_t pid = fork();
-    if (pid == 0) {
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
-            _exit(127);
-        execv(kiln_bin, (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
-        return -1;
-    read_back(out_path, out_text, sizeof out_text);
-    read_back(err_path, err_text, sizeof err_text);
-    unlink(out_path);
-    unlink(err_path);
-    return WEXITSTATUS(status);
+    const char *argv[] = {NULL, "tokenize", a0, a1, a2, a3, NULL};
+    return test_run_capture(kiln_bin, argv, out_text, sizeof out_text, err_text, sizeof err_text);
 }
 
 static void test_prints_ids(void)
@@ -76,14 +43,12 @@ static void test_errors(void)
 
 int main(void)
 {
-    const char *build = getenv("KILN_BUILD_ROOT");
-    if (!build || !mkdtemp(tmpdir)) {
-        fprintf(stderr, "needs KILN_BUILD_ROOT and a temporary folder\n");
+    if (!getenv("KILN_BUILD_ROOT")) {
+        fprintf(stderr, "needs KILN_BUILD_ROOT\n");
         return 2;
     }
-    snprintf(kiln_bin, sizeof kiln_bin, "%s/tools/kiln", build);
+    kiln_bin = test_build_path("tools/kiln");
     RUN(test_prints_ids);
     RUN(test_errors);
-    rmdir(tmpdir);
     return test_finish();
 }
