@@ -14,7 +14,7 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
 {
     fprintf(f,
             "usage: %s --model DIR --bus ENDPOINT [--device cpu|cuda] [--gpu N]\n"
-            "  [--max-batch N] [--batch-window-ms MS]%s\n"
+            "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]%s\n"
             "Serves the %s stage of the checkpoint's pipeline to the kiln gateway at\n"
             "ENDPOINT (e.g. tcp://127.0.0.1:8001).\n",
             ops->binary, ops->stage == KILN_STAGE_ENCODE ? " [--text-encoder-out-layers A,B,C]" : "",
@@ -46,18 +46,32 @@ static int parse_layers(const char *s, kiln_worker_opts *o)
     return o->n_out_layers ? 0 : -1;
 }
 
+static int parse_transport(const char *s, int *out)
+{
+    kiln_ref_kind k;
+    if (!strcmp(s, "auto"))
+        *out = -1;
+    else if (!kiln_ref_kind_parse(s, &k) && k != KILN_REF_INLINE)
+        *out = (int)k;
+    else
+        return -1;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_worker_opts *o)
 {
-    enum { O_LAYERS = 256, O_WINDOW };
+    enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
         {"max-batch", required_argument, 0, 'B'},  {"batch-window-ms", required_argument, 0, O_WINDOW},
         {"text-encoder-out-layers", required_argument, 0, O_LAYERS},
+        {"tensor-transport", required_argument, 0, O_TRANSPORT},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     *o = (kiln_worker_opts){.device = "cpu", .max_batch = 4, .batch_window_ms = 5,
-                            .out_layers = {9, 18, 27}, .n_out_layers = 3};
+                            .out_layers = {9, 18, 27}, .n_out_layers = 3,
+                            .tensor_transport = -1};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -70,6 +84,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         case 'B': bad = parse_int(optarg, 1, KILN_PROTO_MAX_ROWS, &o->max_batch); break;
         case O_WINDOW: bad = parse_int(optarg, 0, 1000, &o->batch_window_ms); break;
         case O_LAYERS: bad = ops->stage != KILN_STAGE_ENCODE || parse_layers(optarg, o); break;
+        case O_TRANSPORT: bad = parse_transport(optarg, &o->tensor_transport); break;
         case 'h': usage(stdout, ops); exit(0);
         default: bad = 1;
         }
@@ -112,6 +127,27 @@ static void on_signal(int sig)
     kiln_worker_signalled = 1;
 }
 
+/* On a CUDA backend: a cuda_ipc transport to open such inputs, and to
+ * place device outputs in when chosen (worker.h, tensor_transport). */
+static kiln_status setup_cuda_ipc(kiln_worker *w, kiln_err *err)
+{
+    int want = w->opts.tensor_transport;
+    if (strcmp(w->be->name, "cuda")) {
+        if (want == KILN_REF_CUDA_IPC)
+            return kiln_err_set(err, KILN_ERR_INVALID, "--tensor-transport cuda_ipc needs "
+                                "--device cuda");
+        return KILN_OK;
+    }
+    w->cuda = kiln_transport_cuda_ipc_create(w->replica, kiln_stage_name(w->ops->stage),
+                                             w->opts.gpu, 0, 0, err);
+    if (!w->cuda)
+        return err->code;
+    w->cuda_out = want == KILN_REF_CUDA_IPC || (want < 0 && kiln_transport_cuda_ipc_all_reachable());
+    KILN_LOG_INFO("%s: device outputs as %s references", w->ops->binary,
+                  w->cuda_out ? "cuda_ipc" : "shm");
+    return KILN_OK;
+}
+
 static kiln_status setup(kiln_worker *w, kiln_err *err)
 {
     char host[64] = "";
@@ -135,6 +171,8 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
     w->be = kiln_backend_create(w->opts.device, w->opts.gpu, err);
     if (!w->be)
         return err->code;
+    if (setup_cuda_ipc(w, err))
+        return err->code;
     double t0 = kiln_now_ms();
     w->state = w->ops->load(w->be, w->ck, &w->opts, err);
     if (!w->state)
@@ -152,6 +190,7 @@ static void teardown(kiln_worker *w)
     kiln_bus_close(w->bus);
     if (w->state)
         w->ops->unload(w->state);
+    kiln_transport_destroy(w->cuda);
     kiln_backend_destroy(w->be);
     kiln_checkpoint_close(w->ck);
     kiln_transport_destroy(w->inl);

@@ -22,26 +22,48 @@ const char *oracle_path(const char *rel)
     return buf;
 }
 
-cJSON *oracle_meta(const char *case_name)
+const char *oracle_case_path(const char *case_name, const char *file)
 {
     char rel[512];
-    snprintf(rel, sizeof rel, "cases/%s/meta.json", case_name);
+    snprintf(rel, sizeof rel, "cases/%s/%s", case_name, file);
+    return oracle_path(rel);
+}
+
+cJSON *oracle_meta(const char *case_name)
+{
     kiln_err err = {0};
-    cJSON *meta = kiln_json_load(oracle_path(rel), "meta.json", &err);
+    cJSON *meta = kiln_json_load(oracle_case_path(case_name, "meta.json"), "meta.json", &err);
     if (!meta)
-        die(rel, &err);
+        die(case_name, &err);
     return meta;
 }
 
 kiln_st *oracle_open(const char *case_name, const char *file)
 {
-    char rel[512];
-    snprintf(rel, sizeof rel, "cases/%s/%s", case_name, file);
     kiln_err err = {0};
-    kiln_st *st = kiln_st_open(oracle_path(rel), file, &err);
+    kiln_st *st = kiln_st_open(oracle_case_path(case_name, file), file, &err);
     if (!st)
-        die(rel, &err);
+        die(case_name, &err);
     return st;
+}
+
+int64_t oracle_numel(const kiln_st_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+float *oracle_tensor_f32(const kiln_st_tensor *t)
+{
+    int64_t n = oracle_numel(t);
+    float *out = malloc((size_t)(n ? n : 1) * sizeof *out);
+    if (out && kiln_convert_to_f32(out, t->data, t->dtype, (size_t)n)) {
+        free(out);
+        return NULL;
+    }
+    return out;
 }
 
 float *oracle_f32(const kiln_st *st, const char *name, int64_t *numel)
@@ -49,14 +71,11 @@ float *oracle_f32(const kiln_st *st, const char *name, int64_t *numel)
     const kiln_st_tensor *t = kiln_st_find(st, name);
     if (!t)
         return NULL;
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++)
-        n *= t->shape[i];
-    float *out = malloc((size_t)(n ? n : 1) * sizeof *out);
-    if (!out || kiln_convert_to_f32(out, t->data, t->dtype, (size_t)n))
+    float *out = oracle_tensor_f32(t);
+    if (!out)
         die(name, NULL);
     if (numel)
-        *numel = n;
+        *numel = oracle_numel(t);
     return out;
 }
 
@@ -68,6 +87,21 @@ double oracle_psnr_u8(const uint8_t *a, const uint8_t *b, size_t n)
     if (se == 0)
         return INFINITY;
     return 10.0 * log10(255.0 * 255.0 / (se / (double)n));
+}
+
+kiln_backend *oracle_cpu_backend(void)
+{
+    if (!getenv("KILN_SHARED")) {
+        fprintf(stderr, "KILN_SHARED is not set\n");
+        exit(1);
+    }
+    kiln_err err = {0};
+    kiln_backend *be = kiln_backend_create("cpu", 0, &err);
+    if (!be) {
+        fprintf(stderr, "cpu backend: %s\n", err.msg);
+        exit(1);
+    }
+    return be;
 }
 
 static const char *const kv_parts[] = {"text_encoder", "tokenizer", "transformer", "vae",

@@ -11,8 +11,8 @@
 #include "oracle_util.h"
 #include "tests/run_util.h"
 #include "tests/test.h"
+#include "tests/unit/io_helpers.h"
 
-static char tmp[] = "/tmp/kiln-cli-XXXXXX";
 static char log_text[16384];
 static const char *kiln;
 
@@ -22,15 +22,6 @@ static int run(const char **argv)
     if (rc)
         fprintf(stderr, "  kiln exited %d: %s", rc, log_text);
     return rc;
-}
-
-static const char *tmp_path(const char *name)
-{
-    static char bufs[8][512];
-    static int next;
-    char *b = bufs[next++ % 8];
-    snprintf(b, 512, "%s/%s", tmp, name);
-    return b;
 }
 
 static char *read_all(const char *path, size_t *len)
@@ -82,13 +73,13 @@ static void test_t2i_matches_oracle_and_is_deterministic(void)
     const char *argv[] = {NULL, "generate", "--model", model, "--prompt",
                           "a red fox sitting in fresh snow, soft winter light", "--seed", "42",
                           "--width", "256", "--height", "256", "--steps", "4",
-                          "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("fox.png"),
-                          "--latents-out", tmp_path("fox.safetensors"), NULL};
+                          "--text-encoder-out-layers", "1,2,3", "--out", io_path("fox.png"),
+                          "--latents-out", io_path("fox.safetensors"), NULL};
     CHECK(run(argv) == 0);
-    CHECK(psnr_vs_oracle(tmp_path("fox.png"), "klein_t2i_256", 0) >= 50.0);
+    CHECK(psnr_vs_oracle(io_path("fox.png"), "klein_t2i_256", 0) >= 50.0);
     kiln_st *ref = oracle_open("klein_t2i_256", "ref_fp32.safetensors");
     kiln_err err = {0};
-    kiln_st *got = kiln_st_open(tmp_path("fox.safetensors"), NULL, &err);
+    kiln_st *got = kiln_st_open(io_path("fox.safetensors"), NULL, &err);
     CHECKF(got, "%s", err.msg);
     if (got) {
         int64_t n = 0;
@@ -99,10 +90,10 @@ static void test_t2i_matches_oracle_and_is_deterministic(void)
     }
     kiln_st_close(ref);
 
-    argv[17] = tmp_path("fox2.png");
+    argv[17] = io_path("fox2.png");
     argv[18] = NULL;
     CHECK(run(argv) == 0);
-    CHECKF(same_file(tmp_path("fox.png"), tmp_path("fox2.png")), "same command, different bytes");
+    CHECKF(same_file(io_path("fox.png"), io_path("fox2.png")), "same command, different bytes");
 }
 
 static void test_batch_case(void)
@@ -115,10 +106,10 @@ static void test_batch_case(void)
                           cJSON_GetArrayItem(prompts, 0)->valuestring, "--prompt",
                           cJSON_GetArrayItem(prompts, 1)->valuestring, "--seed", "1234",
                           "--width", "192", "--height", "128", "--batch-noise",
-                          "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("b.png"), NULL};
+                          "--text-encoder-out-layers", "1,2,3", "--out", io_path("b.png"), NULL};
     CHECK(run(argv) == 0);
-    CHECK(psnr_vs_oracle(tmp_path("b-0.png"), "klein_t2i_batch2", 0) >= 50.0);
-    CHECK(psnr_vs_oracle(tmp_path("b-1.png"), "klein_t2i_batch2", 1) >= 50.0);
+    CHECK(psnr_vs_oracle(io_path("b-0.png"), "klein_t2i_batch2", 0) >= 50.0);
+    CHECK(psnr_vs_oracle(io_path("b-1.png"), "klein_t2i_batch2", 1) >= 50.0);
     cJSON_Delete(meta);
 }
 
@@ -129,15 +120,15 @@ static void test_seed_per_image(void)
     const char *two[] = {NULL, "generate", "--model", model, "--prompt", "a lighthouse",
                          "--seed", "10", "-n", "2", "--width", "64", "--height", "64",
                          "--steps", "2", "--text-encoder-out-layers", "1,2,3", "--out",
-                         tmp_path("s.png"), NULL};
+                         io_path("s.png"), NULL};
     CHECK(run(two) == 0);
     const char *one[] = {NULL, "generate", "--model", model, "--prompt", "a lighthouse",
                          "--seed", "11", "--width", "64", "--height", "64", "--steps", "2",
-                         "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("s11.png"), NULL};
+                         "--text-encoder-out-layers", "1,2,3", "--out", io_path("s11.png"), NULL};
     CHECK(run(one) == 0);
-    CHECKF(same_file(tmp_path("s-1.png"), tmp_path("s11.png")),
+    CHECKF(same_file(io_path("s-1.png"), io_path("s11.png")),
            "image 1 of seed 10 differs from image 0 of seed 11");
-    CHECK(!same_file(tmp_path("s-0.png"), tmp_path("s-1.png")));
+    CHECK(!same_file(io_path("s-0.png"), io_path("s-1.png")));
 }
 
 static void test_edit_and_cfg_cases(void)
@@ -149,22 +140,22 @@ static void test_edit_and_cfg_cases(void)
     /* No size: the output takes the reference's prepared size (192x128). */
     const char *edit[] = {NULL, "edit", "--model", model, "--image", ref_png, "--prompt",
                           "make the sky purple", "--seed", "5", "--text-encoder-out-layers",
-                          "1,2,3", "--out", tmp_path("edit.png"), NULL};
+                          "1,2,3", "--out", io_path("edit.png"), NULL};
     CHECK(run(edit) == 0);
-    CHECK(psnr_vs_oracle(tmp_path("edit.png"), "klein_edit_1ref", 0) >= 50.0);
+    CHECK(psnr_vs_oracle(io_path("edit.png"), "klein_edit_1ref", 0) >= 50.0);
     /* Two references run (ids t = 10 and 20) and change the result. */
     const char *edit2[] = {NULL, "edit", "--model", model, "--image", ref_png, "--image", ref_png,
                            "--prompt", "make the sky purple", "--seed", "5", "--steps", "1",
-                           "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("edit2.png"),
+                           "--text-encoder-out-layers", "1,2,3", "--out", io_path("edit2.png"),
                            NULL};
     CHECK(run(edit2) == 0);
-    CHECK(!same_file(tmp_path("edit.png"), tmp_path("edit2.png")));
+    CHECK(!same_file(io_path("edit.png"), io_path("edit2.png")));
     const char *cfg[] = {NULL, "generate", "--model", base, "--prompt",
                          "a watercolor map of an imaginary island", "--seed", "3", "--width",
                          "256", "--height", "256", "--steps", "6", "--guidance", "4",
-                         "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("cfg.png"), NULL};
+                         "--text-encoder-out-layers", "1,2,3", "--out", io_path("cfg.png"), NULL};
     CHECK(run(cfg) == 0);
-    CHECK(psnr_vs_oracle(tmp_path("cfg.png"), "klein_base_cfg_256", 0) >= 50.0);
+    CHECK(psnr_vs_oracle(io_path("cfg.png"), "klein_base_cfg_256", 0) >= 50.0);
 }
 
 static void expect_failure(const char **argv, const char *needle)
@@ -179,40 +170,38 @@ static void test_bad_input(void)
     char model[512];
     snprintf(model, sizeof model, "%s", oracle_path("ckpt/klein-tiny"));
     const char *odd[] = {NULL, "generate", "--model", model, "--prompt", "x", "--width", "100",
-                         "--height", "64", "--out", tmp_path("bad.png"), NULL};
+                         "--height", "64", "--out", io_path("bad.png"), NULL};
     expect_failure(odd, "multiple of 16");
     const char *small[] = {NULL, "generate", "--model", model, "--prompt", "x", "--width", "32",
-                           "--height", "64", "--out", tmp_path("bad.png"), NULL};
+                           "--height", "64", "--out", io_path("bad.png"), NULL};
     expect_failure(small, "between 64 and 4096");
-    const char *nomodel[] = {NULL, "generate", "--model", tmp_path("nothing"), "--prompt", "x",
-                             "--out", tmp_path("bad.png"), NULL};
+    const char *nomodel[] = {NULL, "generate", "--model", io_path("nothing"), "--prompt", "x",
+                             "--out", io_path("bad.png"), NULL};
     expect_failure(nomodel, "not found");
     const char *neg[] = {NULL, "generate", "--model", model, "--prompt", "x",
-                         "--negative-prompt", "y", "--out", tmp_path("bad.png"), NULL};
+                         "--negative-prompt", "y", "--out", io_path("bad.png"), NULL};
     expect_failure(neg, "base");
-    FILE *f = fopen(tmp_path("notimage.png"), "w");
+    FILE *f = fopen(io_path("notimage.png"), "w");
     if (f) {
         fputs("hello, not an image\n", f);
         fclose(f);
     }
-    const char *badimg[] = {NULL, "edit", "--model", model, "--image", tmp_path("notimage.png"),
-                            "--prompt", "x", "--out", tmp_path("bad.png"), NULL};
+    const char *badimg[] = {NULL, "edit", "--model", model, "--image", io_path("notimage.png"),
+                            "--prompt", "x", "--out", io_path("bad.png"), NULL};
     expect_failure(badimg, "image");
     const char *badlat[] = {NULL, "generate", "--model", model, "--prompt", "x", "--width", "64",
-                            "--height", "64", "--latents-in", tmp_path("fox.safetensors"),
-                            "--text-encoder-out-layers", "1,2,3", "--out", tmp_path("bad.png"),
+                            "--height", "64", "--latents-in", io_path("fox.safetensors"),
+                            "--text-encoder-out-layers", "1,2,3", "--out", io_path("bad.png"),
                             NULL};
     expect_failure(badlat, "latents");
     const char *badutf[] = {NULL, "generate", "--model", model, "--prompt", "\xc3\x28",
-                            "--out", tmp_path("bad.png"), NULL};
+                            "--out", io_path("bad.png"), NULL};
     expect_failure(badutf, "UTF-8");
-    CHECK(access(tmp_path("bad.png"), F_OK) != 0);
+    CHECK(access(io_path("bad.png"), F_OK) != 0);
 }
 
 int main(void)
 {
-    if (!mkdtemp(tmp))
-        return 2;
     static char exe[4096];
     snprintf(exe, sizeof exe, "%s", test_build_path("tools/kiln"));
     kiln = exe;
@@ -221,9 +210,5 @@ int main(void)
     RUN(test_seed_per_image);
     RUN(test_edit_and_cfg_cases);
     RUN(test_bad_input);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", tmp);
     return test_finish();
 }

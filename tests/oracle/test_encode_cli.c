@@ -1,54 +1,25 @@
 /* End to end: the real `kiln encode` binary on the oracle cases' prompts
  * (tokenizer + chat template + Qwen3), compared with diffusers' input_ids,
  * attention_mask and prompt embeddings; and its handling of bad input. */
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "common/json.h"
 #include "common/safetensors.h"
+#include "oracle_check.h"
+#include "tests/run_util.h"
 #include "tests/test.h"
+#include "tests/unit/io_helpers.h"
 
-static char oracle[1024], kiln_bin[1024], tmpdir[] = "/tmp/kiln-encode-XXXXXX";
-static char out_path[256], log_path[256];
+static const char *kiln_bin;
+static char out_path[512];
 static char log_text[8192];
 
 /* Runs kiln with argv (NULL-terminated, argv[0] ignored); returns the exit
  * status and leaves its stderr in log_text. */
 static int run_kiln(const char **argv)
 {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd < 0 || dup2(fd, 2) < 0)
-            _exit(127);
-        argv[0] = kiln_bin;
-        execv(kiln_bin, (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid)
-        return -1;
-    log_text[0] = 0;
-    FILE *f = fopen(log_path, "r");
-    if (f) {
-        size_t n = fread(log_text, 1, sizeof log_text - 1, f);
-        log_text[n] = 0;
-        fclose(f);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static cJSON *case_meta(const char *cs)
-{
-    char path[1200];
-    kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/cases/%s/meta.json", oracle, cs);
-    cJSON *meta = kiln_json_load(path, "meta.json", &err);
-    CHECKF(meta, "%s: %s", cs, err.msg);
-    return meta;
+    return test_run(kiln_bin, argv, log_text, sizeof log_text);
 }
 
 static kiln_st *open_st(const char *path)
@@ -57,13 +28,6 @@ static kiln_st *open_st(const char *path)
     kiln_st *st = kiln_st_open(path, NULL, &err);
     CHECKF(st, "%s", err.msg);
     return st;
-}
-
-static kiln_st *open_ref(const char *cs)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/cases/%s/ref_fp32.safetensors", oracle, cs);
-    return open_st(path);
 }
 
 /* got[name] equals want[want_name] exactly (ids, masks), over the first
@@ -97,24 +61,22 @@ static void check_embeds(const kiln_st *got, const kiln_st *ref, const char *ref
            ref_name);
     if (!g || !w || g->nbytes != w->nbytes)
         return;
-    double e = test_rel_err(g->data, w->data, g->nbytes / sizeof(float));
-    CHECKF(e < 1e-4, "%s: relative error %.3g", ref_name, e);
-    fprintf(stderr, "     %-30s rel err %.3g\n", ref_name, e);
+    oracle_check_close(ref_name, g->data, w->data, g->nbytes / sizeof(float), 1e-4);
 }
 
 /* Encodes the case's prompts (meta.json `prompts`, or `""` for the
  * negative) with klein-tiny's layers and compares with ref_fp32. */
 static void check_klein_case(const char *cs, int negative)
 {
-    cJSON *meta = case_meta(cs);
-    kiln_st *ref = open_ref(cs);
+    cJSON *meta = oracle_check_meta(cs);
+    kiln_st *ref = oracle_check_open(cs, "ref_fp32.safetensors");
     const cJSON *prompts = meta ? cJSON_GetObjectItemCaseSensitive(meta, "prompts") : NULL;
     const char *ck = meta ? cJSON_GetStringValue(cJSON_GetObjectItem(meta, "checkpoint")) : NULL;
     CHECK(cJSON_IsArray(prompts) && ck);
     if (!ref || !cJSON_IsArray(prompts) || !ck)
         goto done;
     char model[1200];
-    snprintf(model, sizeof model, "%s/%s", oracle, ck);
+    snprintf(model, sizeof model, "%s", oracle_path(ck));
     const char *argv[32] = {"kiln", "encode", "--model", model, "--out", out_path,
                             "--text-encoder-out-layers", "1,2,3"};
     int argc = 8;
@@ -151,13 +113,13 @@ static void test_klein_base_negative(void) { check_klein_case("klein_base_cfg_25
  * of each prompt are the oracle's cap_feats. */
 static void test_zimage_defaults(void)
 {
-    cJSON *meta = case_meta("zimage_batch2_160x96");
-    kiln_st *ref = open_ref("zimage_batch2_160x96");
+    cJSON *meta = oracle_check_meta("zimage_batch2_160x96");
+    kiln_st *ref = oracle_check_open("zimage_batch2_160x96", "ref_fp32.safetensors");
     const cJSON *prompts = meta ? cJSON_GetObjectItemCaseSensitive(meta, "prompts") : NULL;
     if (!ref || cJSON_GetArraySize(prompts) != 2)
         goto done;
     char model[1200];
-    snprintf(model, sizeof model, "%s/ckpt/zimage-tiny", oracle);
+    snprintf(model, sizeof model, "%s", oracle_path("ckpt/zimage-tiny"));
     const char *argv[] = {"kiln", "encode", "--model", model, "--out", out_path,
                           "--prompt", cJSON_GetStringValue(cJSON_GetArrayItem(prompts, 0)),
                           "--prompt", cJSON_GetStringValue(cJSON_GetArrayItem(prompts, 1)),
@@ -178,8 +140,7 @@ static void test_zimage_defaults(void)
         if (!w)
             continue;
         const float *row0 = (const float *)e->data + (size_t)b * 512 * 16;
-        double err = test_rel_err(row0, w->data, (size_t)(w->shape[0] * 16));
-        CHECKF(err < 1e-4, "%s: relative error %.3g", name, err);
+        oracle_check_close(name, row0, w->data, (size_t)(w->shape[0] * 16), 1e-4);
     }
     kiln_st_close(got);
 done:
@@ -191,13 +152,13 @@ done:
  * keeps the first ids, as diffusers' truncation does. */
 static void test_truncation(void)
 {
-    cJSON *meta = case_meta("klein_t2i_batch2");
-    kiln_st *ref = open_ref("klein_t2i_batch2");
+    cJSON *meta = oracle_check_meta("klein_t2i_batch2");
+    kiln_st *ref = oracle_check_open("klein_t2i_batch2", "ref_fp32.safetensors");
     const cJSON *prompts = meta ? cJSON_GetObjectItemCaseSensitive(meta, "prompts") : NULL;
     if (!ref || cJSON_GetArraySize(prompts) != 2)
         goto done;
     char model[1200];
-    snprintf(model, sizeof model, "%s/ckpt/klein-tiny", oracle);
+    snprintf(model, sizeof model, "%s", oracle_path("ckpt/klein-tiny"));
     const char *argv[] = {"kiln", "encode", "--model", model, "--out", out_path,
                           "--text-encoder-out-layers", "1,2,3", "--max-sequence-length", "20",
                           "--prompt", cJSON_GetStringValue(cJSON_GetArrayItem(prompts, 0)),
@@ -224,7 +185,7 @@ done:
 static void test_bad_input(void)
 {
     char model[1200];
-    snprintf(model, sizeof model, "%s/ckpt/klein-tiny", oracle);
+    snprintf(model, sizeof model, "%s", oracle_path("ckpt/klein-tiny"));
     const char *bad_layer[] = {"kiln", "encode", "--model", model, "--out", out_path,
                                "--prompt", "a cat", "--text-encoder-out-layers", "1,2,9", NULL};
     CHECK(run_kiln(bad_layer) == 2);
@@ -247,33 +208,26 @@ static void test_bad_input(void)
                              "x", "--max-sequence-length", "0", NULL};
     CHECK(run_kiln(bad_len) == 2);
 
-    char nomodel[1200];
-    snprintf(nomodel, sizeof nomodel, "%s/no-such-checkpoint", tmpdir);
-    const char *missing[] = {"kiln", "encode", "--model", nomodel, "--out", out_path,
-                             "--prompt", "x", NULL};
+    const char *missing[] = {"kiln", "encode", "--model", io_path("no-such-checkpoint"), "--out",
+                             out_path, "--prompt", "x", NULL};
     CHECK(run_kiln(missing) == 1);
-    CHECKF(strstr(log_text, "not found") && !strstr(log_text, tmpdir), "stderr: %s", log_text);
+    CHECKF(strstr(log_text, "not found") && !strstr(log_text, io_tmpdir()), "stderr: %s",
+           log_text);
 }
 
 int main(void)
 {
-    const char *shared = getenv("KILN_SHARED"), *build = getenv("KILN_BUILD_ROOT");
-    if (!shared || !build || !mkdtemp(tmpdir)) {
-        fprintf(stderr, "needs KILN_SHARED, KILN_BUILD_ROOT and a temporary folder\n");
+    if (!getenv("KILN_SHARED") || !getenv("KILN_BUILD_ROOT")) {
+        fprintf(stderr, "needs KILN_SHARED and KILN_BUILD_ROOT\n");
         return 1;
     }
-    snprintf(oracle, sizeof oracle, "%s/oracle", shared);
-    snprintf(kiln_bin, sizeof kiln_bin, "%s/tools/kiln", build);
-    snprintf(out_path, sizeof out_path, "%s/out.safetensors", tmpdir);
-    snprintf(log_path, sizeof log_path, "%s/stderr.txt", tmpdir);
+    kiln_bin = test_build_path("tools/kiln");
+    snprintf(out_path, sizeof out_path, "%s", io_path("out.safetensors"));
     RUN(test_klein_t2i_256);
     RUN(test_klein_batch2);
     RUN(test_klein_base_negative);
     RUN(test_zimage_defaults);
     RUN(test_truncation);
     RUN(test_bad_input);
-    unlink(out_path);
-    unlink(log_path);
-    rmdir(tmpdir);
     return test_finish();
 }

@@ -20,73 +20,25 @@
 #include "kernels/backend.h"
 #include "models/flux2_dit.h"
 #include "models/scheduler.h"
+#include "oracle_check.h"
 #include "tests/test.h"
 
 #define TOL 1e-4
 
-static char oracle[1024];
 static kiln_backend *be;
 
 /* --- helpers ------------------------------------------------------------- */
 
-static kiln_st *open_file(const char *cs, const char *file)
-{
-    char path[1200];
-    kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/cases/%s/%s", oracle, cs, file);
-    kiln_st *st = kiln_st_open(path, file, &err);
-    CHECKF(st, "%s/%s: %s", cs, file, err.msg);
-    return st;
-}
-
 static kiln_flux2_dit *load_dit(const char *ckpt)
 {
-    char path[1200];
-    kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/ckpt/%s", oracle, ckpt);
-    kiln_checkpoint *ck = kiln_checkpoint_open(path, &err);
-    CHECKF(ck, "%s: %s", ckpt, err.msg);
+    kiln_checkpoint *ck = oracle_check_ckpt(ckpt);
     if (!ck)
         return NULL;
+    kiln_err err = {0};
     kiln_flux2_dit *m = kiln_flux2_dit_load(be, ck, &err);
     CHECKF(m, "%s: %s", ckpt, err.msg);
     kiln_checkpoint_close(ck);
     return m;
-}
-
-/* A stored tensor converted to f32 (caller frees); NULL when absent. */
-static float *get_f32(const kiln_st *st, const char *name, int64_t *numel)
-{
-    const kiln_st_tensor *t = kiln_st_find(st, name);
-    CHECKF(t, "tensor %s missing", name);
-    if (!t)
-        return NULL;
-    size_t n = t->nbytes / kiln_dtype_size(t->dtype);
-    float *p = malloc(n * sizeof(float) + 1);
-    if (p && kiln_convert_to_f32(p, t->data, t->dtype, n)) {
-        free(p);
-        p = NULL;
-    }
-    CHECKF(p, "cannot read %s", name);
-    if (numel)
-        *numel = (int64_t)n;
-    return p;
-}
-
-/* Row 0 of an I64 ids tensor (B, S, 4) as int32 (caller frees). */
-static int32_t *get_ids(const kiln_st *st, const char *name, int64_t *rows)
-{
-    const kiln_st_tensor *t = kiln_st_find(st, name);
-    CHECKF(t && t->dtype == KILN_I64 && t->ndim == 3 && t->shape[2] == 4, "ids %s", name);
-    if (!t || t->dtype != KILN_I64 || t->ndim != 3)
-        return NULL;
-    int64_t S = t->shape[1];
-    int32_t *ids = malloc((size_t)S * 4 * sizeof(int32_t));
-    const int64_t *src = t->data;
-    for (int64_t i = 0; ids && i < S * 4; i++)
-        ids[i] = (int32_t)src[i];
-    *rows = S;
-    return ids;
 }
 
 static const kiln_st_tensor *find(const kiln_st *st, const char *name)
@@ -104,20 +56,19 @@ static void upload3(kiln_tensor *t, int64_t B, int64_t S, int64_t C, const float
     CHECKF(!rc, "upload: %s", (kiln_be_check(be, &err), err.msg));
 }
 
-/* Downloads t and compares it with reference `ref` (numel floats). */
-static double compare(const kiln_tensor *t, const float *ref, int64_t numel, const char *what)
+/* Downloads t and compares it with reference `ref` (numel floats);
+ * prints the error. */
+static void compare(const kiln_tensor *t, const float *ref, int64_t numel, const char *what)
 {
     int64_t n = kiln_tensor_numel(t);
     CHECKF(n == numel, "%s: %lld elements, reference has %lld", what, (long long)n,
            (long long)numel);
     if (n != numel)
-        return INFINITY;
+        return;
     float *got = malloc((size_t)n * sizeof(float));
     kiln_be_download(be, t, got);
-    double e = test_rel_err(got, ref, (size_t)n);
+    oracle_check_close(what, got, ref, (size_t)n, TOL);
     free(got);
-    CHECKF(e < TOL, "%s: relative error %.3g", what, e);
-    return e;
 }
 
 /* --- host helpers ---------------------------------------------------------- */
@@ -137,22 +88,22 @@ static void test_time_proj(void)
 /* pos_embed.call0 is the image ids' (cos, sin), call1 the text ids'. */
 static void test_rope_tables(void)
 {
-    kiln_st *dbg = open_file("klein_t2i_256", "debug_fp32.safetensors");
-    kiln_st *ref = open_file("klein_t2i_256", "ref_fp32.safetensors");
+    kiln_st *dbg = oracle_check_open("klein_t2i_256", "debug_fp32.safetensors");
+    kiln_st *ref = oracle_check_open("klein_t2i_256", "ref_fp32.safetensors");
     if (!dbg || !ref)
         goto out;
     const int64_t axes[4] = {16, 16, 16, 16};
     const char *ids_key[2] = {"transformer_in0.img_ids", "transformer_in0.txt_ids"};
     for (int call = 0; call < 2; call++) {
         int64_t S, n;
-        int32_t *ids = get_ids(ref, ids_key[call], &S);
+        int32_t *ids = oracle_check_ids(ref, ids_key[call], &S);
         float *cs = malloc((size_t)S * 64 * sizeof(float)), *sn = malloc((size_t)S * 64 * 4);
         kiln_flux2_rope_table(ids, S, axes, 2000.0, cs, sn);
         char key[96];
         snprintf(key, sizeof key, "dbg.transformer.pos_embed.call%d.0", call);
-        float *rc = get_f32(dbg, key, &n);
+        float *rc = oracle_check_f32(dbg, key, &n);
         snprintf(key, sizeof key, "dbg.transformer.pos_embed.call%d.1", call);
-        float *rs = get_f32(dbg, key, &n);
+        float *rs = oracle_check_f32(dbg, key, &n);
         if (rc && rs && n == S * 64) {
             double ec = test_rel_err(cs, rc, (size_t)n), es = test_rel_err(sn, rs, (size_t)n);
             CHECKF(ec < 1e-7 && es < 1e-7, "rope call%d: cos %.3g sin %.3g", call, ec, es);
@@ -208,7 +159,7 @@ static void test_config(void)
 /* Wrong shapes and modes fail cleanly, and the model still works after. */
 static void test_bad_inputs(void)
 {
-    kiln_flux2_dit *m = load_dit("klein-tiny");
+    kiln_flux2_dit *m = load_dit("ckpt/klein-tiny");
     if (!m)
         return;
     kiln_flux2_kv_cache *kv = kiln_flux2_kv_cache_create(m, &(kiln_err){0});
@@ -268,28 +219,27 @@ static void on_probe(void *user, const char *module, int part, const kiln_tensor
     else
         snprintf(key, sizeof key, "dbg.transformer.%s.call0.%d", module, part);
     int64_t n;
-    float *ref = get_f32(p->dbg, key, &n);
+    float *ref = oracle_check_f32(p->dbg, key, &n);
     if (!ref)
         return;
-    double e = compare(t, ref, n, key);
-    fprintf(stderr, "  %-58s rel err %.3g\n", key, e);
+    compare(t, ref, n, key);
     free(ref);
     p->seen++;
 }
 
 static void test_debug_tensors(void)
 {
-    kiln_st *dbg = open_file("klein_t2i_256", "debug_fp32.safetensors");
-    kiln_st *ref = open_file("klein_t2i_256", "ref_fp32.safetensors");
-    kiln_flux2_dit *m = load_dit("klein-tiny");
+    kiln_st *dbg = oracle_check_open("klein_t2i_256", "debug_fp32.safetensors");
+    kiln_st *ref = oracle_check_open("klein_t2i_256", "ref_fp32.safetensors");
+    kiln_flux2_dit *m = load_dit("ckpt/klein-tiny");
     if (!dbg || !ref || !m)
         goto out;
     int64_t nx, ntxt, N, T, nt;
-    float *x = get_f32(ref, "transformer_in0.hidden_states", &nx);
-    float *txt = get_f32(ref, "transformer_in0.encoder_hidden_states", &ntxt);
-    float *sigma = get_f32(ref, "transformer_in0.timestep", &nt);
-    int32_t *img_ids = get_ids(ref, "transformer_in0.img_ids", &N);
-    int32_t *txt_ids = get_ids(ref, "transformer_in0.txt_ids", &T);
+    float *x = oracle_check_f32(ref, "transformer_in0.hidden_states", &nx);
+    float *txt = oracle_check_f32(ref, "transformer_in0.encoder_hidden_states", &ntxt);
+    float *sigma = oracle_check_f32(ref, "transformer_in0.timestep", &nt);
+    int32_t *img_ids = oracle_check_ids(ref, "transformer_in0.img_ids", &N);
+    int32_t *txt_ids = oracle_check_ids(ref, "transformer_in0.txt_ids", &T);
     if (x && txt && sigma && img_ids && txt_ids) {
         kiln_tensor xt, tt, out;
         upload3(&xt, 1, N, 32, x);
@@ -306,7 +256,7 @@ static void test_debug_tensors(void)
          * norm_out, proj_out */
         CHECKF(pc.seen == 14, "%d probes compared", pc.seen);
         int64_t no;
-        float *want = get_f32(ref, "transformer_out.0", &no);
+        float *want = oracle_check_f32(ref, "transformer_out.0", &no);
         if (want)
             compare(&out, want, no, "transformer_out.0");
         free(want);
@@ -335,11 +285,11 @@ typedef struct case_info {
 } case_info;
 
 static const case_info cases[] = {
-    {"klein_t2i_256", "klein-tiny", 0, 0},
-    {"klein_t2i_batch2", "klein-tiny", 0, 0},
-    {"klein_edit_1ref", "klein-tiny", 0, 0},
-    {"klein_base_cfg_256", "klein-base-tiny", 1, 0},
-    {"klein_kv_edit_1ref", "klein-tiny", 0, 1},
+    {"klein_t2i_256", "ckpt/klein-tiny", 0, 0},
+    {"klein_t2i_batch2", "ckpt/klein-tiny", 0, 0},
+    {"klein_edit_1ref", "ckpt/klein-tiny", 0, 0},
+    {"klein_base_cfg_256", "ckpt/klein-base-tiny", 1, 0},
+    {"klein_kv_edit_1ref", "ckpt/klein-tiny", 0, 1},
 };
 
 /* Everything a case's calls share, read once. */
@@ -361,19 +311,19 @@ static int read_case(const case_info *ci, const kiln_st *st, case_data *cd)
         return -1;
     cd->B = lat->shape[0];
     cd->N = lat->shape[1];
-    cd->lat_init = get_f32(st, "latents_init_packed", &n);
-    cd->taus = get_f32(st, "timesteps", &cd->steps);
-    cd->lat_ids = get_ids(st, "latent_ids", &n);
+    cd->lat_init = oracle_check_f32(st, "latents_init_packed", &n);
+    cd->taus = oracle_check_f32(st, "timesteps", &cd->steps);
+    cd->lat_ids = oracle_check_ids(st, "latent_ids", &n);
     if (kiln_st_find(st, "image_latents_packed")) {
-        cd->ref_tokens = get_f32(st, "image_latents_packed", &n);
-        cd->ref_ids = get_ids(st, "image_latent_ids", &cd->R);
+        cd->ref_tokens = oracle_check_f32(st, "image_latents_packed", &n);
+        cd->ref_ids = oracle_check_ids(st, "image_latent_ids", &cd->R);
     }
     for (int neg = 0; neg <= ci->cfg; neg++) {
         char key[64];
         snprintf(key, sizeof key, "%sprompt_embeds", neg ? "neg_" : "");
-        float *e = get_f32(st, key, &n);
+        float *e = oracle_check_f32(st, key, &n);
         snprintf(key, sizeof key, "%stext_ids", neg ? "neg_" : "");
-        cd->txt_ids[neg] = get_ids(st, key, &cd->T);
+        cd->txt_ids[neg] = oracle_check_ids(st, key, &cd->T);
         if (!e || !cd->txt_ids[neg])
             return -1;
         upload3(&cd->txt[neg], cd->B, cd->T, 48, e);
@@ -419,7 +369,7 @@ static int32_t *cat_ids(const int32_t *a, int64_t Sa, const int32_t *b, int64_t 
 
 static void run_case(const case_info *ci)
 {
-    kiln_st *st = open_file(ci->name, "ref_fp32.safetensors");
+    kiln_st *st = oracle_check_open(ci->name, "ref_fp32.safetensors");
     kiln_flux2_dit *m = load_dit(ci->ckpt);
     kiln_flux2_kv_cache *kv = m ? kiln_flux2_kv_cache_create(m, &(kiln_err){0}) : NULL;
     case_data cd = {0};
@@ -433,7 +383,7 @@ static void run_case(const case_info *ci)
         char key[64];
         if (i > 0) {
             snprintf(key, sizeof key, "latents_step.%lld", (long long)(i - 1));
-            lat = get_f32(st, key, NULL);
+            lat = oracle_check_f32(st, key, NULL);
         }
         /* Model input and ids for this step's calls. */
         float *xin = lat;
@@ -469,11 +419,11 @@ static void run_case(const case_info *ci)
             CHECKF(!rc, "%s call %d: %s", ci->name, call, err.msg);
             snprintf(key, sizeof key, "transformer_out.%d", call);
             int64_t n;
-            float *want = get_f32(st, key, &n);
+            float *want = oracle_check_f32(st, key, &n);
             if (!rc && want) {
                 char what[96];
                 snprintf(what, sizeof what, "%s %s", ci->name, key);
-                fprintf(stderr, "  %-40s rel err %.3g\n", what, compare(&out, want, n, what));
+                compare(&out, want, n, what);
             }
             free(want);
             /* Calls after the second find their scratch memory in place
@@ -509,14 +459,14 @@ out:
  * different times, batched and alone, give the same bits on this backend. */
 static void test_batch_rows(void)
 {
-    kiln_st *st = open_file("klein_t2i_batch2", "ref_fp32.safetensors");
-    kiln_flux2_dit *m = load_dit("klein-tiny");
+    kiln_st *st = oracle_check_open("klein_t2i_batch2", "ref_fp32.safetensors");
+    kiln_flux2_dit *m = load_dit("ckpt/klein-tiny");
     int64_t n, N, T, steps;
-    float *lat = st ? get_f32(st, "latents_step.0", &n) : NULL;
-    float *txt = st ? get_f32(st, "prompt_embeds", &n) : NULL;
-    float *taus = st ? get_f32(st, "timesteps", &steps) : NULL;
-    int32_t *img_ids = st ? get_ids(st, "latent_ids", &N) : NULL;
-    int32_t *txt_ids = st ? get_ids(st, "text_ids", &T) : NULL;
+    float *lat = st ? oracle_check_f32(st, "latents_step.0", &n) : NULL;
+    float *txt = st ? oracle_check_f32(st, "prompt_embeds", &n) : NULL;
+    float *taus = st ? oracle_check_f32(st, "timesteps", &steps) : NULL;
+    int32_t *img_ids = st ? oracle_check_ids(st, "latent_ids", &N) : NULL;
+    int32_t *txt_ids = st ? oracle_check_ids(st, "text_ids", &T) : NULL;
     if (!m || !lat || !txt || !taus || !img_ids || !txt_ids || steps < 3)
         goto out;
     const int64_t C = 32, J = 48;
@@ -561,19 +511,12 @@ out:
 
 int main(int argc, char **argv)
 {
-    const char *shared = getenv("KILN_SHARED");
-    if (!shared || argc != 2) {
+    if (argc != 2) {
         fprintf(stderr, "usage: KILN_SHARED=... %s host|debug|batch_rows|<klein case>\n",
                 argv[0]);
         return 2;
     }
-    snprintf(oracle, sizeof oracle, "%s/oracle", shared);
-    kiln_err err = {0};
-    be = kiln_backend_create("cpu", 0, &err);
-    if (!be) {
-        fprintf(stderr, "%s\n", err.msg);
-        return 1;
-    }
+    be = oracle_cpu_backend();
     const char *what = argv[1];
     int known = 1;
     if (!strcmp(what, "host")) {

@@ -14,20 +14,20 @@
 #include "engine/decode_stage.h"
 #include "engine/denoise_stage.h"
 #include "engine/encode_stage.h"
+#include "oracle_check.h"
 #include "oracle_util.h"
 #include "tests/test.h"
 
 static kiln_backend *be;
 
-static double compare_dev(const kiln_tensor *t, const float *ref, const char *what)
+/* Downloads t and checks it against `ref` (relative error < 1e-4). */
+static void check_dev(const kiln_tensor *t, const float *ref, const char *what)
 {
     int64_t n = kiln_tensor_numel(t);
     float *host = malloc((size_t)n * sizeof *host);
     kiln_be_download(be, t, host);
-    double e = test_rel_err(host, ref, (size_t)n);
-    fprintf(stderr, "  %-22s rel err %.3g\n", what, e);
+    oracle_check_close(what, host, ref, (size_t)n, 1e-4);
     free(host);
-    return e;
 }
 
 static void run_case(const char *name)
@@ -70,14 +70,14 @@ static void run_case(const char *name)
     kiln_tensor emb = {0}, neg = {0}, ref_tokens = {0}, lat = {0};
     CHECKF(kiln_encode_prompts(enc, texts, P, max_seq, &emb, NULL, &err) == KILN_OK, "%s", err.msg);
     float *want = oracle_f32(ref, "prompt_embeds", NULL);
-    CHECK(compare_dev(&emb, want, "prompt_embeds") < 1e-4);
+    check_dev(&emb, want, "prompt_embeds");
     free(want);
     int cfg = traits.cfg && guidance > 1.0f;
     if (cfg) {
         const char *empty = "";
         CHECK(kiln_encode_prompts(enc, &empty, 1, max_seq, &neg, NULL, &err) == KILN_OK);
         want = oracle_f32(ref, "neg_prompt_embeds", NULL);
-        CHECK(want && compare_dev(&neg, want, "neg_prompt_embeds") < 1e-4);
+        check_dev(&neg, want, "neg_prompt_embeds");
         free(want);
     }
 
@@ -93,7 +93,7 @@ static void run_case(const char *name)
         CHECKF(kiln_encode_references(enc, images, n_refs, &ref_tokens, &ref_ids, &R, &err) ==
                    KILN_OK, "%s", err.msg);
         want = oracle_f32(ref, "image_latents_packed", NULL);
-        CHECK(compare_dev(&ref_tokens, want, "image_latents_packed") < 1e-4);
+        check_dev(&ref_tokens, want, "image_latents_packed");
         free(want);
         float *ids = oracle_f32(ref, "image_latent_ids", NULL);
         for (int64_t i = 0; i < R * 4; i++)
@@ -123,7 +123,7 @@ static void run_case(const char *name)
     char key[64];
     snprintf(key, sizeof key, "latents_step.%d", steps - 1);
     want = oracle_f32(ref, key, NULL);
-    CHECK(compare_dev(&lat, want, "final latents") < 1e-4);
+    check_dev(&lat, want, "final latents");
     free(want);
 
     kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
@@ -163,10 +163,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: test_pipeline CASE\n");
         return 2;
     }
-    kiln_err err = {0};
-    be = kiln_backend_create("cpu", 0, &err);
-    if (!be)
-        return 1;
+    be = oracle_cpu_backend();
     run_case(argv[1]);
     kiln_backend_destroy(be);
     return test_finish();

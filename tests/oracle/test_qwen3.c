@@ -13,41 +13,19 @@
 #include "common/safetensors.h"
 #include "kernels/backend.h"
 #include "models/qwen3.h"
+#include "oracle_check.h"
 #include "tests/test.h"
 
-static char oracle[1024];
 static kiln_backend *be;
 
 /* --- helpers ------------------------------------------------------------- */
 
-static kiln_checkpoint *open_ckpt(const char *name)
-{
-    char path[1200];
-    kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/ckpt/%s", oracle, name);
-    kiln_checkpoint *ck = kiln_checkpoint_open(path, &err);
-    CHECKF(ck, "%s: %s", name, err.msg);
-    return ck;
-}
-
-static kiln_st *open_case(const char *cs, const char *file)
-{
-    char path[1200];
-    kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/cases/%s/%s", oracle, cs, file);
-    kiln_st *st = kiln_st_open(path, file, &err);
-    CHECKF(st, "%s/%s: %s", cs, file, err.msg);
-    return st;
-}
-
-/* The case's meta.json: its checkpoint folder name and encoder layers. */
+/* The case's meta.json: its checkpoint folder (oracle-relative) and encoder
+ * layers. */
 static int case_meta(const char *cs, char *ckpt, size_t len, int *layers, int *n)
 {
-    char path[1200];
     kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/cases/%s/meta.json", oracle, cs);
-    cJSON *meta = kiln_json_load(path, "meta.json", &err);
-    CHECKF(meta, "%s: %s", cs, err.msg);
+    cJSON *meta = oracle_check_meta(cs);
     if (!meta)
         return -1;
     const char *ck = kiln_json_string(meta, "checkpoint", 1, &err);
@@ -56,7 +34,7 @@ static int case_meta(const char *cs, char *ckpt, size_t len, int *layers, int *n
                                         KILN_QWEN3_MAX_OUT, n, &err);
     CHECKF(ok, "%s: %s", cs, err.msg);
     if (ok) {
-        snprintf(ckpt, len, "%s", strrchr(ck, '/') ? strrchr(ck, '/') + 1 : ck);
+        snprintf(ckpt, len, "%s", ck);
         for (int i = 0; i < *n; i++)
             layers[i] = (int)l[i];
     }
@@ -136,9 +114,7 @@ static void compare(const char *what, const float *got, const kiln_st_tensor *re
            what);
     if (!got || !ref || ref->nbytes != n * sizeof(float))
         return;
-    double e = test_rel_err(got, ref->data, n);
-    CHECKF(e < 1e-4, "%s: relative error %.3g", what, e);
-    fprintf(stderr, "     %-44s rel err %.3g\n", what, e);
+    oracle_check_close(what, got, ref->data, n, 1e-4);
 }
 
 /* --- oracle parity ------------------------------------------------------- */
@@ -149,8 +125,8 @@ static void check_klein_case(const char *cs, const char *prefix)
     int layers[KILN_QWEN3_MAX_OUT], n = 0;
     if (case_meta(cs, ckname, sizeof ckname, layers, &n))
         return;
-    kiln_checkpoint *ck = open_ckpt(ckname);
-    kiln_st *ref = open_case(cs, "ref_fp32.safetensors");
+    kiln_checkpoint *ck = oracle_check_ckpt(ckname);
+    kiln_st *ref = oracle_check_open(cs, "ref_fp32.safetensors");
     kiln_err err = {0};
     kiln_qwen3 *enc = ck ? kiln_qwen3_load(be, ck, layers, n, &err) : NULL;
     CHECKF(enc, "%s: load: %s", cs, err.msg);
@@ -185,9 +161,9 @@ static void test_klein_base_cfg_256(void)
  * norm), asked for at once and by negative index. */
 static void test_all_hidden_states(void)
 {
-    kiln_checkpoint *ck = open_ckpt("klein-tiny");
-    kiln_st *ref = open_case("klein_t2i_256", "ref_fp32.safetensors");
-    kiln_st *dbg = open_case("klein_t2i_256", "debug_fp32.safetensors");
+    kiln_checkpoint *ck = oracle_check_ckpt("ckpt/klein-tiny");
+    kiln_st *ref = oracle_check_open("klein_t2i_256", "ref_fp32.safetensors");
+    kiln_st *dbg = oracle_check_open("klein_t2i_256", "debug_fp32.safetensors");
     const kiln_st_tensor *all = dbg ? kiln_st_find(dbg, "dbg.text_hidden_states_all") : NULL;
     CHECK(all && all->ndim == 4 && all->shape[0] == 5 && all->dtype == KILN_F32);
     tokens tk = {0};
@@ -244,8 +220,8 @@ done:
 /* Z-Image: hidden_states[-2] of the real tokens = the oracle's cap_feats. */
 static void check_zimage_case(const char *cs)
 {
-    kiln_checkpoint *ck = open_ckpt("zimage-tiny");
-    kiln_st *ref = open_case(cs, "ref_fp32.safetensors");
+    kiln_checkpoint *ck = oracle_check_ckpt("ckpt/zimage-tiny");
+    kiln_st *ref = oracle_check_open(cs, "ref_fp32.safetensors");
     kiln_err err = {0};
     kiln_qwen3 *enc = ck ? kiln_qwen3_load(be, ck, (int[]){-2}, 1, &err) : NULL;
     CHECKF(enc, "load: %s", err.msg);
@@ -287,8 +263,8 @@ static void test_zimage_batch2(void) { check_zimage_case("zimage_batch2_160x96")
  * call of the same shape reuses the scratch memory of the first. */
 static void test_batch_invariance_and_reuse(void)
 {
-    kiln_checkpoint *ck = open_ckpt("klein-tiny");
-    kiln_st *ref = open_case("klein_t2i_batch2", "ref_fp32.safetensors");
+    kiln_checkpoint *ck = oracle_check_ckpt("ckpt/klein-tiny");
+    kiln_st *ref = oracle_check_open("klein_t2i_batch2", "ref_fp32.safetensors");
     kiln_err err = {0};
     kiln_qwen3 *enc = ck ? kiln_qwen3_load(be, ck, (int[]){1, 2, 3}, 3, &err) : NULL;
     CHECKF(enc, "load: %s", err.msg);
@@ -321,7 +297,7 @@ static void test_batch_invariance_and_reuse(void)
 
 static void test_bad_layers_and_tokens(void)
 {
-    kiln_checkpoint *ck = open_ckpt("klein-tiny");
+    kiln_checkpoint *ck = oracle_check_ckpt("ckpt/klein-tiny");
     if (!ck)
         return;
     kiln_err err = {0};
@@ -373,7 +349,7 @@ static int copy_file(const char *from, const char *to)
 
 static void test_missing_component_and_bad_shapes(void)
 {
-    char dir[] = "/tmp/kiln-qwen3-XXXXXX", path[256], src[1200];
+    char dir[] = "/tmp/kiln-qwen3-XXXXXX", path[256];
     CHECK(mkdtemp(dir) != NULL);
     kiln_err err = {0};
 
@@ -393,11 +369,10 @@ static void test_missing_component_and_bad_shapes(void)
                             "\"text_encoder\": [\"transformers\", \"Qwen3ForCausalLM\"]}"));
     snprintf(path, sizeof path, "%s/text_encoder", dir);
     CHECK(mkdir(path, 0700) == 0);
-    snprintf(src, sizeof src, "%s/ckpt/klein-tiny/text_encoder/config.json", oracle);
     snprintf(path, sizeof path, "%s/text_encoder/config.json", dir);
-    CHECK(!copy_file(src, path));
-    snprintf(src, sizeof src, "%s/ckpt/klein-tiny/text_encoder/model.safetensors", oracle);
-    kiln_st *orig = kiln_st_open(src, "orig", &err);
+    CHECK(!copy_file(oracle_path("ckpt/klein-tiny/text_encoder/config.json"), path));
+    kiln_st *orig =
+        kiln_st_open(oracle_path("ckpt/klein-tiny/text_encoder/model.safetensors"), "orig", &err);
     CHECKF(orig, "%s", err.msg);
     size_t n = orig ? kiln_st_count(orig) : 0;
     kiln_st_entry *e = calloc(n ? n : 1, sizeof *e);
@@ -438,18 +413,7 @@ static void test_missing_component_and_bad_shapes(void)
 
 int main(void)
 {
-    const char *shared = getenv("KILN_SHARED");
-    if (!shared) {
-        fprintf(stderr, "KILN_SHARED is not set\n");
-        return 1;
-    }
-    snprintf(oracle, sizeof oracle, "%s/oracle", shared);
-    kiln_err err = {0};
-    be = kiln_backend_create("cpu", 0, &err);
-    if (!be) {
-        fprintf(stderr, "cpu backend: %s\n", err.msg);
-        return 1;
-    }
+    be = oracle_cpu_backend();
     RUN(test_klein_t2i_256);
     RUN(test_klein_t2i_batch2);
     RUN(test_klein_edit_1ref);

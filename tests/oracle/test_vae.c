@@ -12,23 +12,20 @@
 #include "common/safetensors.h"
 #include "kernels/backend.h"
 #include "models/vae.h"
+#include "oracle_check.h"
 #include "tests/test.h"
 
-static char oracle[1024];
 static kiln_backend *be;
 
 /* --- helpers ------------------------------------------------------------- */
 
-/* Loads the VAE of an oracle checkpoint ("klein-tiny") with both halves. */
+/* Loads the VAE halves `parts` of an oracle checkpoint ("ckpt/klein-tiny"). */
 static kiln_vae *load_vae(const char *ckname, unsigned parts)
 {
-    char path[1200];
-    kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/ckpt/%s", oracle, ckname);
-    kiln_checkpoint *ck = kiln_checkpoint_open(path, &err);
-    CHECKF(ck, "%s: %s", ckname, err.msg);
+    kiln_checkpoint *ck = oracle_check_ckpt(ckname);
     if (!ck)
         return NULL;
+    kiln_err err = {0};
     kiln_vae *vae = NULL;
     const cJSON *cfg = kiln_checkpoint_config(ck, "vae", &err);
     kiln_st *st = cfg ? kiln_checkpoint_weights(ck, "vae", &err) : NULL;
@@ -38,16 +35,6 @@ static kiln_vae *load_vae(const char *ckname, unsigned parts)
     kiln_st_close(st);
     kiln_checkpoint_close(ck);
     return vae;
-}
-
-static kiln_st *open_case(const char *cs, const char *file)
-{
-    char path[1200];
-    kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/cases/%s/%s", oracle, cs, file);
-    kiln_st *st = kiln_st_open(path, file, &err);
-    CHECKF(st, "%s/%s: %s", cs, file, err.msg);
-    return st;
 }
 
 /* Uploads an fp32 reference tensor into a backend tensor. */
@@ -63,39 +50,34 @@ static int upload_ref(const kiln_st_tensor *r, kiln_tensor *t)
 }
 
 /* Downloads t and compares it with the reference (same shape required). */
-static double compare(const char *what, const kiln_tensor *t, const kiln_st_tensor *ref)
+static void compare(const char *what, const kiln_tensor *t, const kiln_st_tensor *ref)
 {
     int same = ref && ref->dtype == KILN_F32 && ref->ndim == t->ndim &&
                !memcmp(ref->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
     CHECKF(same, "%s: shape or dtype differs from the reference", what);
     if (!same)
-        return INFINITY;
+        return;
     size_t n = (size_t)kiln_tensor_numel(t);
     float *host = malloc(n * sizeof(float));
     CHECK(host);
     if (!host)
-        return INFINITY;
+        return;
     kiln_be_download(be, t, host);
     kiln_err err = {0};
     CHECKF(!kiln_be_check(be, &err), "%s download: %s", what, err.msg);
-    double e = test_rel_err(host, ref->data, n);
+    oracle_check_close(what, host, ref->data, n, 1e-4);
     free(host);
-    CHECKF(e < 1e-4, "%s: relative error %.3g", what, e);
-    fprintf(stderr, "     %-44s rel err %.3g\n", what, e);
-    return e;
 }
 
-/* The case's checkpoint folder name from meta.json ("klein-tiny"). */
+/* The case's checkpoint folder from meta.json ("ckpt/klein-tiny"). */
 static int case_ckpt(const char *cs, char *out, size_t len)
 {
-    char path[1400];
     kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/cases/%s/meta.json", oracle, cs);
-    cJSON *meta = kiln_json_load(path, "meta.json", &err);
+    cJSON *meta = kiln_json_load(oracle_case_path(cs, "meta.json"), "meta.json", &err);
     const char *ck = meta ? kiln_json_string(meta, "checkpoint", 1, &err) : NULL;
     CHECKF(ck, "%s: %s", cs, err.msg);
     if (ck)
-        snprintf(out, len, "%s", strrchr(ck, '/') ? strrchr(ck, '/') + 1 : ck);
+        snprintf(out, len, "%s", ck);
     cJSON_Delete(meta);
     return ck ? 0 : -1;
 }
@@ -126,9 +108,9 @@ static int decode_case(kiln_vae *vae, const char *cs, const kiln_st *ref)
 {
     const kiln_st_tensor *in = kiln_st_find(ref, "vae_decode_in");
     const kiln_st_tensor *out = kiln_st_find(ref, "vae_decode_out");
-    char path[1400];
-    snprintf(path, sizeof path, "%s/cases/%s/debug_fp32.safetensors", oracle, cs);
-    kiln_st *dbg = access(path, R_OK) ? NULL : open_case(cs, "debug_fp32.safetensors");
+    const char *dbg_file = "debug_fp32.safetensors";
+    kiln_st *dbg =
+        access(oracle_case_path(cs, dbg_file), R_OK) ? NULL : oracle_check_open(cs, dbg_file);
     tap_ctx ctx = {.dbg = dbg, .cs = cs};
     kiln_vae_tap tap = {.fn = tap_compare, .ctx = &ctx};
     int done = 0;
@@ -191,11 +173,9 @@ static int encode_refs(kiln_vae *vae, const char *cs, const kiln_st *ref)
  * exercises the reuse of its scratch slots. */
 static void test_all_cases(void)
 {
-    char casesdir[1200];
-    snprintf(casesdir, sizeof casesdir, "%s/cases", oracle);
     struct dirent **list = NULL;
-    int n = scandir(casesdir, &list, NULL, alphasort);
-    CHECKF(n > 0, "no cases in %s", casesdir);
+    int n = scandir(oracle_path("cases"), &list, NULL, alphasort);
+    CHECKF(n > 0, "no cases in %s", oracle_path("cases"));
     char loaded[256] = "";
     kiln_vae *vae = NULL;
     int decoded = 0, encoded = 0;
@@ -208,7 +188,7 @@ static void test_all_cases(void)
                 vae = load_vae(ck, KILN_VAE_DECODER | KILN_VAE_ENCODER);
                 snprintf(loaded, sizeof loaded, "%s", ck);
             }
-            kiln_st *ref = vae ? open_case(cs, "ref_fp32.safetensors") : NULL;
+            kiln_st *ref = vae ? oracle_check_open(cs, "ref_fp32.safetensors") : NULL;
             if (ref) {
                 decoded += decode_case(vae, cs, ref);
                 encoded += encode_refs(vae, cs, ref);
@@ -227,8 +207,8 @@ static void test_all_cases(void)
 
 static void test_info(void)
 {
-    kiln_vae *k = load_vae("klein-tiny", KILN_VAE_DECODER);
-    kiln_vae *zi = load_vae("zimage-tiny", KILN_VAE_DECODER | KILN_VAE_ENCODER);
+    kiln_vae *k = load_vae("ckpt/klein-tiny", KILN_VAE_DECODER);
+    kiln_vae *zi = load_vae("ckpt/zimage-tiny", KILN_VAE_DECODER | KILN_VAE_ENCODER);
     if (k) {
         const kiln_vae_info *in = kiln_vae_get_info(k);
         CHECK(in->kind == KILN_VAE_FLUX2);
@@ -237,10 +217,8 @@ static void test_info(void)
         CHECK(in->bn_channels == 32 && in->patch_h == 2 && in->patch_w == 2);
         CHECK_NEAR(in->bn_eps, 1e-4, 0);
         /* The statistics equal the stored buffers (random in the oracle). */
-        char path[1200];
         kiln_err err = {0};
-        snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae", oracle);
-        kiln_st *st = kiln_st_open(path, "vae", &err);
+        kiln_st *st = kiln_st_open(oracle_path("ckpt/klein-tiny/vae"), "vae", &err);
         CHECKF(st, "%s", err.msg);
         const kiln_st_tensor *m = st ? kiln_st_find(st, "bn.running_mean") : NULL;
         const kiln_st_tensor *v = st ? kiln_st_find(st, "bn.running_var") : NULL;
@@ -279,11 +257,8 @@ static void test_info(void)
  * NULL with err set on failure. */
 static kiln_vae *load_modified(const char *key, cJSON *value, unsigned parts, kiln_err *err)
 {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae/config.json", oracle);
-    cJSON *cfg = kiln_json_load(path, "config.json", err);
-    snprintf(path, sizeof path, "%s/ckpt/klein-tiny/vae", oracle);
-    kiln_st *st = kiln_st_open(path, "vae", err);
+    cJSON *cfg = kiln_json_load(oracle_path("ckpt/klein-tiny/vae/config.json"), "config.json", err);
+    kiln_st *st = kiln_st_open(oracle_path("ckpt/klein-tiny/vae"), "vae", err);
     CHECK(cfg && st);
     kiln_vae *vae = NULL;
     if (cfg && st) {
@@ -411,7 +386,7 @@ static void test_tiled_decode(void)
     kiln_err err = {0};
     kiln_vae *vae = load_modified("sample_size", cJSON_CreateNumber(64), KILN_VAE_DECODER, &err);
     CHECKF(vae, "%s", err.msg);
-    kiln_st *ref = open_case("klein_t2i_batch2", "ref_fp32.safetensors");
+    kiln_st *ref = oracle_check_open("klein_t2i_batch2", "ref_fp32.safetensors");
     const kiln_st_tensor *in = ref ? kiln_st_find(ref, "vae_decode_in") : NULL;
     CHECK(in && in->shape[0] == 2 && in->shape[2] == 16 && in->shape[3] == 24);
     if (!vae || !in || in->shape[2] != 16 || in->shape[3] != 24) {
@@ -446,7 +421,7 @@ static void test_tiled_decode(void)
     kiln_vae_free(vae);
 
     /* Memory: with tiling, decoder scratch no longer grows with the area. */
-    vae = load_vae("klein-tiny", KILN_VAE_DECODER);
+    vae = load_vae("ckpt/klein-tiny", KILN_VAE_DECODER);
     if (vae) {
         size_t plain = kiln_vae_scratch_bytes(vae, KILN_VAE_DECODER, 1, 1024, 1024);
         CHECKF(!kiln_vae_set_tiling(vae, 1, &err), "%s", err.msg);
@@ -462,7 +437,7 @@ static void test_tiled_decode(void)
     if (vae)
         CHECK(kiln_vae_set_tiling(vae, 1, &err) == KILN_ERR_UNSUPPORTED);
     kiln_vae_free(vae);
-    vae = load_vae("klein-tiny", KILN_VAE_ENCODER);
+    vae = load_vae("ckpt/klein-tiny", KILN_VAE_ENCODER);
     if (vae)
         CHECK(kiln_vae_set_tiling(vae, 1, &err) == KILN_ERR_INVALID);
     kiln_vae_free(vae);
@@ -500,7 +475,7 @@ static kiln_status try_encode(kiln_vae *vae, const int64_t xs[4], const int64_t 
 
 static void test_bad_inputs(void)
 {
-    kiln_vae *vae = load_vae("klein-tiny", KILN_VAE_DECODER | KILN_VAE_ENCODER);
+    kiln_vae *vae = load_vae("ckpt/klein-tiny", KILN_VAE_DECODER | KILN_VAE_ENCODER);
     if (!vae)
         return;
     kiln_err err = {0};
@@ -545,7 +520,7 @@ static void test_bad_inputs(void)
     kiln_vae_free(vae);
 
     /* The half that was not loaded. */
-    vae = load_vae("zimage-tiny", KILN_VAE_DECODER);
+    vae = load_vae("ckpt/zimage-tiny", KILN_VAE_DECODER);
     if (vae) {
         CHECK(try_encode(vae, (int64_t[]){1, 3, 64, 64}, (int64_t[]){1, 4, 8, 8}, &err) ==
               KILN_ERR_INVALID);
@@ -579,18 +554,7 @@ static void test_bad_configs(void)
 
 int main(void)
 {
-    const char *shared = getenv("KILN_SHARED");
-    if (!shared) {
-        fprintf(stderr, "KILN_SHARED is not set\n");
-        return 1;
-    }
-    snprintf(oracle, sizeof oracle, "%s/oracle", shared);
-    kiln_err err = {0};
-    be = kiln_backend_create("cpu", 0, &err);
-    if (!be) {
-        fprintf(stderr, "cpu backend: %s\n", err.msg);
-        return 1;
-    }
+    be = oracle_cpu_backend();
     RUN(test_all_cases);
     RUN(test_info);
     RUN(test_tiled_decode);

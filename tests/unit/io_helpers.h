@@ -1,5 +1,6 @@
-/* File helpers for the checkpoint I/O tests: a private temporary folder
- * removed at exit, and writing raw bytes.
+/* File helpers for tests that write files (checkpoint I/O, the CLI end to
+ * end tests): a private temporary folder removed at exit, and writing raw
+ * bytes.
  *
  *   const char *dir = io_tmpdir();          // "/tmp/kiln-io-XXXXXX", created once
  *   io_write(io_path("a.safetensors"), bytes, n);
