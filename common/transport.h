@@ -116,6 +116,10 @@ kiln_transport *kiln_transport_cuda_ipc_create(const char *owner, const char *st
  * producer_device (the same device, or peer access between the two);
  * 0 otherwise and in a build without CUDA. */
 int kiln_transport_cuda_ipc_reachable(int consumer_device, int producer_device);
+/* 1 when every GPU this process sees can map every other's slabs (always
+ * with one GPU), so a cuda_ipc reference opens in any CUDA process of the
+ * host that sees the same GPUs; 0 otherwise and without CUDA. */
+int kiln_transport_cuda_ipc_all_reachable(void);
 
 /* Destroys a transport: unmaps consumer mappings and unlinks and unmaps
  * the producer's slabs (consumers' existing mappings stay valid).

@@ -449,6 +449,20 @@ int kiln_transport_cuda_ipc_reachable(int consumer_device, int producer_device)
     return can;
 }
 
+int kiln_transport_cuda_ipc_all_reachable(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        cudaGetLastError();
+        return 0;
+    }
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++)
+            if (!kiln_transport_cuda_ipc_reachable(a, b))
+                return 0;
+    return 1;
+}
+
 #else /* !KILN_HAVE_CUDA */
 
 kiln_transport *kiln_transport_cuda_ipc_create(const char *owner, const char *stage, int device,
@@ -464,5 +478,7 @@ int kiln_transport_cuda_ipc_reachable(int consumer_device, int producer_device)
     (void)consumer_device, (void)producer_device;
     return 0;
 }
+
+int kiln_transport_cuda_ipc_all_reachable(void) { return 0; }
 
 #endif

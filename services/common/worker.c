@@ -64,7 +64,8 @@ static void send_hello(kiln_worker *w)
                   .hello = {.stage = w->ops->stage, .replica = w->replica, .model = w->model,
                             .host = w->host, .max_batch = w->opts.max_batch,
                             .transports = KILN_TRANSPORT_BIT(KILN_REF_INLINE) |
-                                          KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+                                          KILN_TRANSPORT_BIT(KILN_REF_SHM) |
+                                          (w->cuda ? KILN_TRANSPORT_BIT(KILN_REF_CUDA_IPC) : 0)}};
     worker_send(w, &m);
     pthread_mutex_lock(&w->mu);
     int credits = w->capacity - w->n_held;
@@ -178,9 +179,11 @@ static void on_free(kiln_worker *w, const kiln_msg_refs *r)
 {
     for (int i = 0; i < r->n; i++) {
         kiln_err err = {0};
-        if (r->refs[i].kind != KILN_REF_SHM || kiln_transport_free(w->shm, &r->refs[i], &err))
+        kiln_ref_kind k = r->refs[i].kind;
+        kiln_transport *tx = k == KILN_REF_SHM ? w->shm : k == KILN_REF_CUDA_IPC ? w->cuda : NULL;
+        if (!tx || kiln_transport_free(tx, &r->refs[i], &err))
             KILN_LOG_WARN("worker: ignored a free: %s",
-                          err.msg[0] ? err.msg : "not a shm reference");
+                          err.msg[0] ? err.msg : "not a reference of our pools");
     }
 }
 
@@ -375,8 +378,11 @@ void worker_shutdown(kiln_worker *w)
      * away, and jobs finishing on other threads time to reply. */
     double until = kiln_now_ms() + 2000;
     while (w->bus_started && kiln_now_ms() < until) {
-        kiln_transport_stats st;
+        kiln_transport_stats st, dev = {0};
         kiln_transport_stats_get(w->shm, &st);
+        if (w->cuda)
+            kiln_transport_stats_get(w->cuda, &dev);
+        st.live += dev.live;
         pthread_mutex_lock(&w->mu);
         int held = w->n_held;
         pthread_mutex_unlock(&w->mu);

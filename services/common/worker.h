@@ -35,6 +35,11 @@ typedef struct kiln_worker_opts {
     int batch_window_ms; /* how long the first job waits for company */
     int out_layers[KILN_MAX_OUT_LAYERS];
     int n_out_layers;
+    /* Where device outputs go (--tensor-transport): KILN_REF_SHM, or
+     * KILN_REF_CUDA_IPC (device slabs; every consumer must be a CUDA
+     * replica on this host).  -1 = auto: cuda_ipc on a CUDA backend when
+     * every GPU of the host can map every other's memory, else shm. */
+    int tensor_transport;
 } kiln_worker_opts;
 
 typedef struct kiln_stage_ops {
@@ -56,7 +61,8 @@ typedef struct kiln_stage_ops {
 } kiln_stage_ops;
 
 /* Parses the common command line (--model --bus [--device] [--gpu]
- * [--max-batch] [--text-encoder-out-layers] [--batch-window-ms]), loads the
+ * [--max-batch] [--text-encoder-out-layers] [--batch-window-ms]
+ * [--tensor-transport auto|shm|cuda_ipc]), loads the
  * stage, serves until SIGINT/SIGTERM, and returns the exit status (0, 1 on
  * a fatal error, 2 on a usage error). */
 int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops);
@@ -71,26 +77,32 @@ int kiln_worker_cancelled(const kiln_worker_job *j);
 
 /* Opens input `name` of the job.  A missing optional input gives KILN_OK
  * with t zeroed.  The tensor's memory is the mapped reference itself when
- * the backend can use it in place (CPU backend, same dtype), otherwise a
- * fresh backend tensor uploaded from it; either way it stays valid until
- * kiln_worker_done or kiln_worker_release_inputs.  Errors:
+ * the backend can use it in place (CPU backend and shm, or CUDA backend
+ * and cuda_ipc, same dtype), otherwise a fresh backend tensor uploaded
+ * from it; either way it stays valid until kiln_worker_done or
+ * kiln_worker_release_inputs.  Errors:
  * KILN_ERR_INVALID for a missing required input or a bad reference,
  * KILN_ERR_UNSUPPORTED for a transport this worker cannot open. */
 kiln_status kiln_worker_input(kiln_worker *w, kiln_worker_job *j, const char *name, int required,
                               kiln_tensor *t, kiln_err *err);
 /* The same, as host bytes (small tensors such as ref_ids); *data points to
- * ref->len bytes valid as above. */
+ * ref->len bytes valid as above.  A cuda_ipc input is KILN_ERR_UNSUPPORTED
+ * here (its bytes are on a device). */
 kiln_status kiln_worker_input_host(kiln_worker *w, kiln_worker_job *j, const char *name,
                                    int required, const kiln_tensor_ref **ref, const void **data,
                                    kiln_err *err);
 
-/* Closes the job's inputs and sends `release` for their shm references
- * (idempotent; kiln_worker_done does it too). */
+/* Closes the job's inputs and sends `release` for their shm and cuda_ipc
+ * references (idempotent; kiln_worker_done does it too).  With cuda_ipc
+ * inputs it first waits for the backend's stream (kiln_be_sync), so the
+ * producer never reuses a range this stage may still read. */
 void kiln_worker_release_inputs(kiln_worker *w, kiln_worker_job *j);
 
 /* Output `name` of the job: rows [row0, row0 + rows) of a backend tensor,
- * copied into the shm pool (or an inline buffer when asked, for small
- * tensors). */
+ * copied into the shm pool, or for a device tensor with the cuda_ipc
+ * transport into a device slab (same dtype, copied on the device and
+ * synced before the reference can be sent), or into an inline buffer when
+ * asked (small tensors). */
 kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *name,
                                const kiln_tensor *src, int64_t row0, int64_t rows, int as_inline,
                                kiln_err *err);

@@ -48,6 +48,8 @@ struct kiln_worker {
     kiln_backend *be;
     void *state;
     kiln_transport *shm, *inl;
+    kiln_transport *cuda; /* cuda_ipc: on a CUDA backend (consumes; produces when cuda_out) */
+    int cuda_out;         /* device outputs go as cuda_ipc references */
     int capacity; /* jobs held at most (queued + running) */
 
     pthread_mutex_t mu; /* queue and held */

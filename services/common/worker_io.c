@@ -22,7 +22,10 @@ int kiln_worker_cancelled(const kiln_worker_job *j)
 
 static kiln_transport *transport_for(kiln_worker *w, kiln_ref_kind k)
 {
-    return k == KILN_REF_SHM ? w->shm : k == KILN_REF_INLINE ? w->inl : NULL;
+    return k == KILN_REF_SHM        ? w->shm
+           : k == KILN_REF_INLINE   ? w->inl
+           : k == KILN_REF_CUDA_IPC ? w->cuda
+                                    : NULL;
 }
 
 static kiln_status open_input(kiln_worker *w, kiln_worker_job *j, const char *name, int required,
@@ -54,6 +57,10 @@ kiln_status kiln_worker_input_host(kiln_worker *w, kiln_worker_job *j, const cha
 {
     job_input *in;
     *ref = NULL, *data = NULL;
+    const kiln_tensor_ref *r = kiln_ref_map_get(&j->msg->job.in, name);
+    if (r && r->kind == KILN_REF_CUDA_IPC)
+        return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "input %s: wanted in host memory, got a "
+                            "cuda_ipc reference", name);
     kiln_status st = open_input(w, j, name, required, &in, data, err);
     if (!st && in)
         *ref = &in->ref;
@@ -78,6 +85,18 @@ kiln_status kiln_worker_input(kiln_worker *w, kiln_worker_job *j, const char *na
         t->data = (void *)data;
         return KILN_OK;
     }
+    if (in->ref.kind == KILN_REF_CUDA_IPC) {
+        /* The producer's device slab, mapped into this process: used in
+         * place, read-only like the shm case. */
+        if (in->ref.dtype != be->act_dtype)
+            return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "input %s: cuda_ipc %s, the backend "
+                                "computes in %s", name, kiln_dtype_name(in->ref.dtype),
+                                kiln_dtype_name(be->act_dtype));
+        kiln_tensor_set_shape(t, in->ref.dtype, in->ref.ndim, in->ref.shape);
+        t->data = (void *)data;
+        t->on_device = 1;
+        return KILN_OK;
+    }
     if (kiln_be_from_host(be, &in->t, in->ref.ndim, in->ref.shape, data, in->ref.dtype)) {
         kiln_be_check(be, err);
         return kiln_err_wrap(err, "input %s", name);
@@ -92,12 +111,17 @@ void kiln_worker_release_inputs(kiln_worker *w, kiln_worker_job *j)
     if (j->released)
         return;
     j->released = 1;
+    for (int i = 0; i < j->n_in; i++)
+        if (j->in[i].ref.kind == KILN_REF_CUDA_IPC) {
+            kiln_be_sync(w->be);
+            break;
+        }
     for (int i = 0; i < j->n_in; i++) {
         if (j->in[i].uploaded)
             kiln_be_free(w->be, &j->in[i].t);
         kiln_transport_close(j->in[i].tx, &j->in[i].ref);
     }
-    /* Every shm input goes back to its owner, opened or not. */
+    /* Every shm and cuda_ipc input goes back to its owner, opened or not. */
     kiln_msg *m = calloc(1, sizeof *m);
     if (!m) {
         KILN_LOG_ERROR("worker: out of memory releasing inputs of job %llu",
@@ -136,11 +160,26 @@ kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *n
     size_t row_bytes = kiln_tensor_nbytes(src) / (size_t)src->shape[0];
     view.shape[0] = rows;
     view.data = (char *)src->data + (size_t)row0 * row_bytes;
+    kiln_tensor_ref ref;
+    void *dst;
+    if (src->on_device && w->cuda_out && !as_inline) {
+        /* Device to device, and the copy complete before done can carry
+         * the reference. */
+        if (kiln_transport_alloc(w->cuda, src->dtype, view.ndim, view.shape, &ref, &dst, err))
+            return kiln_err_wrap(err, "output %s", name);
+        kiln_tensor d = view;
+        d.data = dst;
+        kiln_be_copy(w->be, &d, &view);
+        kiln_be_sync(w->be);
+        if (kiln_be_check(w->be, err)) {
+            kiln_transport_free(w->cuda, &ref, NULL);
+            return kiln_err_wrap(err, "output %s", name);
+        }
+        return add_output(j, name, w->cuda, &ref, err);
+    }
     /* Device tensors come down as f32 (the consumer converts on upload). */
     kiln_dtype dt = src->on_device ? KILN_F32 : src->dtype;
     kiln_transport *tx = as_inline ? w->inl : w->shm;
-    kiln_tensor_ref ref;
-    void *dst;
     if (kiln_transport_alloc(tx, dt, view.ndim, view.shape, &ref, &dst, err))
         return kiln_err_wrap(err, "output %s", name);
     if (src->on_device) {

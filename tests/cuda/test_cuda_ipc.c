@@ -284,6 +284,8 @@ static void test_same_process(void)
     CHECK(kiln_transport_free(tx, &ref, &err) == KILN_OK);
     kiln_transport_destroy(rx);
     CHECK(kiln_transport_cuda_ipc_reachable(0, 0) == 1);
+    printf("cuda_ipc: every GPU pair of this host reachable: %s\n",
+           kiln_transport_cuda_ipc_all_reachable() ? "yes" : "no");
 }
 
 int main(void)
