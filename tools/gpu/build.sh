@@ -16,7 +16,9 @@ cd "$root"
 build=.devbuild
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline
-                                     tests/cuda/test_cuda_ipc tests/cuda/compare_outputs tools/kiln)
+                                     tests/cuda/test_cuda_ipc tests/cuda/compare_outputs tools/kiln
+                                     services/gateway/kiln-gateway services/kiln-encoder
+                                     services/kiln-denoiser services/kiln-decoder)
 
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" -Dcuda=enabled --buildtype=release >/dev/null

@@ -12,6 +12,9 @@
 #   pipeline  tests/cuda/test_cuda_pipeline: every klein oracle case on the GPU,
 #          fp32 and bf16 noise draws (oracle from .devdata/, else ../shared)
 #   ipc    tests/cuda/test_cuda_ipc: the cuda_ipc transport between two processes
+#   serve  kiln serve --device cuda on the tiny checkpoint (stages passing
+#          cuda_ipc references), one HTTP request, its image compared with
+#          kiln generate --device cuda (must be identical)
 # Not run by default (slow; name them):
 #   memcheck   test_cuda_ops under compute-sanitizer memcheck (out-of-bounds)
 #   racecheck  test_cuda_ops under compute-sanitizer racecheck (shared memory)
@@ -31,10 +34,11 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline ipc)
+SECTIONS=(env build ops pipeline ipc serve)
 OPTIONAL=(memcheck racecheck fullsize)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_ipc
-          tests/cuda/compare_outputs tools/kiln)
+          tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
+          services/kiln-encoder services/kiln-denoiser services/kiln-decoder)
 
 # CUDA libraries: the toolkit's folders, then the pip wheels next to PyTorch.
 cuda_lib_dirs() {
@@ -101,6 +105,53 @@ sec_pipeline() {
 sec_ipc() {
   "$build/tests/cuda/test_cuda_ipc" 2>&1 | tee "$logs/ipc.log"
   return "${PIPESTATUS[0]}"
+}
+
+# One request to kiln serve: waits for /readyz, posts a generation and
+# writes the returned PNG.  Usage: serve_request PORT OUT.png
+serve_request() {
+  python3 - "$@" <<'PY'
+import base64, json, sys, time, urllib.error, urllib.request
+port, out = sys.argv[1], sys.argv[2]
+base = "http://127.0.0.1:%s" % port
+for _ in range(600):
+    try:
+        if urllib.request.urlopen(base + "/readyz", timeout=2).status == 200:
+            break
+    except (urllib.error.URLError, ConnectionError):
+        pass
+    time.sleep(0.1)
+else:
+    sys.exit("kiln serve did not become ready in 60 s")
+body = {"prompt": "a red fox sitting in fresh snow", "size": "256x256", "seed": 42,
+        "num_inference_steps": 4, "max_sequence_length": 64, "output_format": "png"}
+req = urllib.request.Request(base + "/v1/images/generations", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+t0 = time.time()
+reply = json.load(urllib.request.urlopen(req, timeout=120))
+print("HTTP request served in %.0f ms" % ((time.time() - t0) * 1e3))
+open(out, "wb").write(base64.b64decode(reply["data"][0]["b64_json"]))
+PY
+}
+
+sec_serve() {
+  local ckpt dir=$logs/serve kiln=$build/tools/kiln port=${KILN_SERVE_PORT:-18400} pid rc
+  ckpt=$(oracle_root)/oracle/ckpt/klein-tiny
+  mkdir -p "$dir"
+  "$kiln" serve --model "$ckpt" --device "${KILN_SERVE_DEVICE:-cuda}" --port "$port" \
+    --text-encoder-out-layers 1,2,3 >"$dir/serve.log" 2>&1 &
+  pid=$!
+  serve_request "$port" "$dir/served.png"
+  rc=$?
+  kill -TERM "$pid"
+  wait "$pid"
+  grep -E "device outputs as|registered" "$dir/serve.log"
+  [ $rc -eq 0 ] || { tail -20 "$dir/serve.log"; return 1; }
+  "$kiln" generate --model "$ckpt" --device "${KILN_SERVE_DEVICE:-cuda}" \
+    --text-encoder-out-layers 1,2,3 --prompt "a red fox sitting in fresh snow" --width 256 \
+    --height 256 --seed 42 --steps 4 --max-sequence-length 64 --out "$dir/cli.png" \
+    >"$dir/cli.log" 2>&1 || { tail -5 "$dir/cli.log"; return 1; }
+  "$build/tests/cuda/compare_outputs" --image "$dir/served.png" "$dir/cli.png" --min-psnr 1000
 }
 
 # Runs a command, logging to $logs/fullsize/<name>.log, and prints its wall
