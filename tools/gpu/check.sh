@@ -20,9 +20,12 @@
 #   racecheck  test_cuda_ops under compute-sanitizer racecheck (shared memory)
 #   fullsize   a random-weight klein-4B checkpoint (kiln make-checkpoint, ~16 GB
 #              bf16, in $KILN_FULLSIZE_DIR, default /tmp/kiln-klein-4b; kept for
-#              the next run): kiln generate --device cuda at 1024x1024, 4 steps,
-#              then CUDA vs CPU at 128x128, 1 step, 32 text tokens, same fp32
-#              noise (bar: final latents rel err < 2e-2; image PSNR reported)
+#              the next run): kiln generate --device cuda at 1024x1024, 4 steps
+#              (stage times), then the same through kiln serve --device cuda
+#              over HTTP, image identical to the CLI's
+#   fullcpu    the same checkpoint, CUDA vs CPU at 128x128, 1 step, 32 text
+#              tokens, same fp32 noise (bar: final latents rel err < 2e-2;
+#              image PSNR reported)
 # Add a section by writing a function sec_<name> and listing it in SECTIONS
 # (or only in OPTIONAL when it should run on request).
 #
@@ -35,7 +38,7 @@ build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
 SECTIONS=(env build ops pipeline ipc serve)
-OPTIONAL=(memcheck racecheck fullsize)
+OPTIONAL=(memcheck racecheck fullsize fullcpu)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_ipc
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
           services/kiln-encoder services/kiln-denoiser services/kiln-decoder)
@@ -108,13 +111,13 @@ sec_ipc() {
 }
 
 # One request to kiln serve: waits for /readyz, posts a generation and
-# writes the returned PNG.  Usage: serve_request PORT OUT.png
+# writes the returned PNG.  Usage: serve_request PORT OUT.png SIZE STEPS MAXSEQ
 serve_request() {
   python3 - "$@" <<'PY'
 import base64, json, sys, time, urllib.error, urllib.request
-port, out = sys.argv[1], sys.argv[2]
+port, out, size, steps, max_seq = sys.argv[1:6]
 base = "http://127.0.0.1:%s" % port
-for _ in range(600):
+for _ in range(1800):
     try:
         if urllib.request.urlopen(base + "/readyz", timeout=2).status == 200:
             break
@@ -122,36 +125,45 @@ for _ in range(600):
         pass
     time.sleep(0.1)
 else:
-    sys.exit("kiln serve did not become ready in 60 s")
-body = {"prompt": "a red fox sitting in fresh snow", "size": "256x256", "seed": 42,
-        "num_inference_steps": 4, "max_sequence_length": 64, "output_format": "png"}
+    sys.exit("kiln serve did not become ready in 180 s")
+body = {"prompt": "a red fox sitting in fresh snow", "size": size, "seed": 42,
+        "num_inference_steps": int(steps), "max_sequence_length": int(max_seq),
+        "output_format": "png"}
 req = urllib.request.Request(base + "/v1/images/generations", json.dumps(body).encode(),
                              {"Content-Type": "application/json"})
 t0 = time.time()
-reply = json.load(urllib.request.urlopen(req, timeout=120))
-print("HTTP request served in %.0f ms" % ((time.time() - t0) * 1e3))
+reply = json.load(urllib.request.urlopen(req, timeout=300))
+print("HTTP request %s, %s steps served in %.0f ms" % (size, steps, (time.time() - t0) * 1e3))
 open(out, "wb").write(base64.b64decode(reply["data"][0]["b64_json"]))
 PY
 }
 
-sec_serve() {
-  local ckpt dir=$logs/serve kiln=$build/tools/kiln port=${KILN_SERVE_PORT:-18400} pid rc
-  ckpt=$(oracle_root)/oracle/ckpt/klein-tiny
+# kiln serve --device cuda on a checkpoint, one HTTP request, then the same
+# generation with kiln generate --device cuda: the images must be identical.
+# Usage: serve_vs_cli DIR CKPT WIDTH HEIGHT STEPS MAXSEQ [kiln args for both...]
+serve_vs_cli() {
+  local dir=$1 ckpt=$2 w=$3 h=$4 steps=$5 maxseq=$6 kiln=$build/tools/kiln
+  local port=${KILN_SERVE_PORT:-18400} dev=${KILN_SERVE_DEVICE:-cuda} pid rc
+  shift 6
   mkdir -p "$dir"
-  "$kiln" serve --model "$ckpt" --device "${KILN_SERVE_DEVICE:-cuda}" --port "$port" \
-    --text-encoder-out-layers 1,2,3 >"$dir/serve.log" 2>&1 &
+  "$kiln" serve --model "$ckpt" --device "$dev" --port "$port" "$@" >"$dir/serve.log" 2>&1 &
   pid=$!
-  serve_request "$port" "$dir/served.png"
+  serve_request "$port" "$dir/served.png" "${w}x${h}" "$steps" "$maxseq"
   rc=$?
   kill -TERM "$pid"
   wait "$pid"
-  grep -E "device outputs as|registered" "$dir/serve.log"
+  grep -E "device outputs as|ignored a free|error" "$dir/serve.log"
   [ $rc -eq 0 ] || { tail -20 "$dir/serve.log"; return 1; }
-  "$kiln" generate --model "$ckpt" --device "${KILN_SERVE_DEVICE:-cuda}" \
-    --text-encoder-out-layers 1,2,3 --prompt "a red fox sitting in fresh snow" --width 256 \
-    --height 256 --seed 42 --steps 4 --max-sequence-length 64 --out "$dir/cli.png" \
-    >"$dir/cli.log" 2>&1 || { tail -5 "$dir/cli.log"; return 1; }
+  "$kiln" generate --model "$ckpt" --device "$dev" "$@" --prompt "a red fox sitting in fresh snow" \
+    --width "$w" --height "$h" --seed 42 --steps "$steps" --max-sequence-length "$maxseq" \
+    --out "$dir/cli.png" >"$dir/cli.log" 2>&1 || { tail -5 "$dir/cli.log"; return 1; }
+  grep -o 'image(s) .*' "$dir/cli.log"
   "$build/tests/cuda/compare_outputs" --image "$dir/served.png" "$dir/cli.png" --min-psnr 1000
+}
+
+sec_serve() {
+  serve_vs_cli "$logs/serve" "$(oracle_root)/oracle/ckpt/klein-tiny" 256 256 4 64 \
+    --text-encoder-out-layers 1,2,3
 }
 
 # Runs a command, logging to $logs/fullsize/<name>.log, and prints its wall
@@ -168,18 +180,30 @@ timed() {
   return $rc
 }
 
-sec_fullsize() {
-  local dir=${KILN_FULLSIZE_DIR:-/tmp/kiln-klein-4b} kiln=$build/tools/kiln w=$logs/fullsize
-  mkdir -p "$w"
-  if [ ! -f "$dir/model_index.json" ]; then
-    rm -rf "$dir"
-    timed make-checkpoint "$kiln" make-checkpoint --preset klein-4b --out "$dir" || return 1
+# The klein-4B random checkpoint, written once per machine.
+fullsize_checkpoint() {
+  local kiln=$build/tools/kiln
+  mkdir -p "$logs/fullsize"
+  if [ ! -f "$fulldir/model_index.json" ]; then
+    rm -rf "$fulldir"
+    timed make-checkpoint "$kiln" make-checkpoint --preset klein-4b --out "$fulldir" || return 1
   fi
-  echo "checkpoint $dir: $(du -sh "$dir" | cut -f1)"
-  timed cuda-1024 "$kiln" generate --model "$dir" --device cuda --width 1024 --height 1024 \
-    --steps 4 --seed 1 --prompt "a red fox sitting in fresh snow, soft winter light" \
-    --out "$w/cuda-1024.png" || return 1
-  local small=(generate --model "$dir" --width 128 --height 128 --steps 1 --seed 7
+  echo "checkpoint $fulldir: $(du -sh "$fulldir" | cut -f1)"
+}
+fulldir=${KILN_FULLSIZE_DIR:-/tmp/kiln-klein-4b}
+
+sec_fullsize() {
+  fullsize_checkpoint || return 1
+  timed cuda-1024 "$build/tools/kiln" generate --model "$fulldir" --device cuda --width 1024 \
+    --height 1024 --steps 4 --seed 1 --prompt "a red fox sitting in fresh snow, soft winter light" \
+    --out "$logs/fullsize/cuda-1024.png" || return 1
+  serve_vs_cli "$logs/fullsize/serve" "$fulldir" 1024 1024 4 512
+}
+
+sec_fullcpu() {
+  fullsize_checkpoint || return 1
+  local w=$logs/fullsize kiln=$build/tools/kiln
+  local small=(generate --model "$fulldir" --width 128 --height 128 --steps 1 --seed 7
                --max-sequence-length 32 --fp32-noise --prompt "a lighthouse on a cliff at dusk")
   timed cuda-128 "$kiln" "${small[@]}" --device cuda --out "$w/cuda-128.png" \
     --latents-out "$w/cuda-128.safetensors" || return 1
