@@ -12,10 +12,22 @@
 #ifndef KILN_TESTS_ORACLE_CHECK_H
 #define KILN_TESTS_ORACLE_CHECK_H
 
+#include <stdint.h>
+#include <string.h>
+
 #include "common/checkpoint.h"
 #include "common/json.h"
 #include "oracle_util.h"
 #include "tests/test.h"
+
+/* The bits of a float, for bit-for-bit comparisons with the oracle (which
+ * tell -0 from 0 and compare NaNs). */
+static inline uint32_t oracle_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
 
 /* cases/<case_name>/<file> opened as safetensors (caller closes). */
 static inline kiln_st *oracle_check_open(const char *case_name, const char *file)

@@ -16,9 +16,11 @@ static void die(const char *what, const kiln_err *err)
 
 const char *oracle_path(const char *rel)
 {
-    static char buf[4096];
+    static char bufs[8][4096];
+    static int next;
+    char *buf = bufs[next++ % 8];
     const char *shared = getenv("KILN_SHARED");
-    snprintf(buf, sizeof buf, "%s/oracle/%s", shared ? shared : "../shared", rel);
+    snprintf(buf, sizeof bufs[0], "%s/oracle/%s", shared ? shared : "../shared", rel);
     return buf;
 }
 
@@ -64,6 +66,13 @@ float *oracle_tensor_f32(const kiln_st_tensor *t)
         return NULL;
     }
     return out;
+}
+
+float oracle_value(const kiln_st_tensor *t, size_t i)
+{
+    float v;
+    const char *p = (const char *)t->data + i * kiln_dtype_size(t->dtype);
+    return kiln_convert_to_f32(&v, p, t->dtype, 1) ? NAN : v;
 }
 
 float *oracle_f32(const kiln_st *st, const char *name, int64_t *numel)

@@ -19,9 +19,10 @@
 #include "common/safetensors.h"
 #include "kernels/backend.h"
 
-/* "<shared>/oracle/<rel>" into a static buffer (not thread-safe). */
+/* "<shared>/oracle/<rel>" in one of 8 rotating static buffers: valid
+ * through the next 7 calls (not thread-safe). */
 const char *oracle_path(const char *rel);
-/* "<shared>/oracle/cases/<case_name>/<file>", in oracle_path's buffer. */
+/* "<shared>/oracle/cases/<case_name>/<file>", as oracle_path. */
 const char *oracle_case_path(const char *case_name, const char *file);
 /* cases/<name>/meta.json, parsed (caller frees with cJSON_Delete). */
 cJSON *oracle_meta(const char *case_name);
@@ -35,6 +36,9 @@ int64_t oracle_numel(const kiln_st_tensor *t);
 /* A stored tensor converted to f32 (malloc'd, caller frees); NULL when its
  * dtype does not convert or memory runs out. */
 float *oracle_tensor_f32(const kiln_st_tensor *t);
+/* Element i of a stored tensor as f32 (NaN when its dtype does not
+ * convert); i must be below its element count. */
+float oracle_value(const kiln_st_tensor *t, size_t i);
 /* PSNR in dB of two 8-bit buffers (INFINITY when identical). */
 double oracle_psnr_u8(const uint8_t *a, const uint8_t *b, size_t n);
 /* The CPU backend the oracle tests compare on (caller destroys).  Exits

@@ -6,22 +6,13 @@
 
 #include "common/checkpoint.h"
 #include "common/json.h"
+#include "tests/oracle/oracle_util.h"
 #include "tests/test.h"
 #include "tests/unit/io_helpers.h"
 #include "tools/ckpt_write.h"
 
 static const char *components[] = {"transformer", "text_encoder", "vae", "scheduler",
                                    "tokenizer"};
-
-static const char *oracle(const char *name)
-{
-    static char buf[4][PATH_MAX];
-    static int k;
-    const char *shared = getenv("KILN_SHARED");
-    char *b = buf[k++ % 4];
-    snprintf(b, PATH_MAX, "%s/oracle/ckpt/%s", shared ? shared : "../shared", name);
-    return b;
-}
 
 static int64_t cfg_int(const kiln_checkpoint *ck, const char *comp, const char *key)
 {
@@ -36,7 +27,7 @@ static int64_t cfg_int(const kiln_checkpoint *ck, const char *comp, const char *
 static void test_open_oracle(void)
 {
     kiln_err err = {0};
-    kiln_checkpoint *ck = kiln_checkpoint_open(oracle("klein-tiny"), &err);
+    kiln_checkpoint *ck = kiln_checkpoint_open(oracle_path("ckpt/klein-tiny"), &err);
     CHECKF(ck != NULL, "%s", err.msg);
     if (!ck)
         return;
@@ -82,7 +73,7 @@ static void test_open_oracle(void)
     kiln_checkpoint_close(ck);
 
     /* base: not distilled; its text encoder and VAE are links to klein-tiny's */
-    ck = kiln_checkpoint_open(oracle("klein-base-tiny"), &err);
+    ck = kiln_checkpoint_open(oracle_path("ckpt/klein-base-tiny"), &err);
     CHECKF(ck != NULL, "%s", err.msg);
     if (ck) {
         CHECK(kiln_checkpoint_pipeline(ck) == KILN_PIPE_FLUX2_KLEIN);
@@ -96,7 +87,7 @@ static void test_open_oracle(void)
         kiln_checkpoint_close(ck);
     }
 
-    ck = kiln_checkpoint_open(oracle("zimage-tiny"), &err);
+    ck = kiln_checkpoint_open(oracle_path("ckpt/zimage-tiny"), &err);
     CHECKF(ck != NULL, "%s", err.msg);
     if (ck) {
         CHECK(kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE);
@@ -156,7 +147,7 @@ static void expect_open_fails(const char *dir, kiln_status code, const char *nee
 
 static void test_broken_folders(void)
 {
-    const char *src = oracle("klein-tiny");
+    const char *src = oracle_path("ckpt/klein-tiny");
     const char *novae = copy_configs(src, "novae", "vae");
     expect_open_fails(novae, KILN_ERR_NOT_FOUND, "missing its vae/ component");
 
@@ -285,9 +276,9 @@ static int run_maker(const char *preset, const char *out, const char *seed)
 static void test_make_checkpoint(void)
 {
     CHECK(run_maker("tiny", io_path("made-tiny"), "7") == 0);
-    compare_checkpoints(io_path("made-tiny"), oracle("klein-tiny"));
+    compare_checkpoints(io_path("made-tiny"), oracle_path("ckpt/klein-tiny"));
     CHECK(run_maker("zimage-tiny", io_path("made-zimage"), "7") == 0);
-    compare_checkpoints(io_path("made-zimage"), oracle("zimage-tiny"));
+    compare_checkpoints(io_path("made-zimage"), oracle_path("ckpt/zimage-tiny"));
 
     /* same seed, same bytes; another seed, other values */
     CHECK(run_maker("tiny", io_path("made-tiny-b"), "7") == 0);

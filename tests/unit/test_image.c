@@ -10,10 +10,10 @@
 
 #include "common/image.h"
 #include "common/safetensors.h"
+#include "tests/oracle/oracle_check.h"
 #include "tests/test.h"
 
 static char fixtures[1024];
-static char oracle[1024];
 
 /* --- helpers ------------------------------------------------------------- */
 
@@ -59,13 +59,7 @@ static int same_image(const kiln_image *a, const kiln_image *b, const char *what
 
 static double psnr(const kiln_image *a, const kiln_image *b)
 {
-    size_t n = (size_t)a->width * a->height * 3;
-    double se = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a->pixels[i] - b->pixels[i];
-        se += d * d;
-    }
-    return se == 0 ? INFINITY : 10 * log10(255.0 * 255.0 / (se / n));
+    return oracle_psnr_u8(a->pixels, b->pixels, (size_t)a->width * a->height * 3);
 }
 
 static kiln_status decode_buf(const kiln_buf *b, kiln_image *out, kiln_err *err)
@@ -294,10 +288,8 @@ static void test_pil_fixtures(void)
 
 static void test_oracle_pngs(void)
 {
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/cases", oracle);
-    DIR *d = opendir(dir);
-    CHECKF(d, "cannot list %s", dir);
+    DIR *d = opendir(oracle_path("cases"));
+    CHECKF(d, "cannot list %s", oracle_path("cases"));
     if (!d)
         return;
     int images = 0, refs = 0;
@@ -305,18 +297,17 @@ static void test_oracle_pngs(void)
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.')
             continue;
-        char path[1600];
+        char name[64];
         kiln_err err = {0};
-        snprintf(path, sizeof path, "%s/%s/ref_fp32.safetensors", dir, e->d_name);
-        kiln_st *st = kiln_st_open(path, "ref_fp32", &err);
-        CHECKF(st, "%s: %s", e->d_name, err.msg);
+        kiln_st *st = oracle_check_open(e->d_name, "ref_fp32.safetensors");
         const kiln_st_tensor *t = st ? kiln_st_find(st, "image_uint8") : NULL;
         CHECKF(t && t->dtype == KILN_U8 && t->ndim == 4 && t->shape[3] == 3,
                "%s: no (B,H,W,3) uint8 image", e->d_name);
         for (int64_t b = 0; t && b < t->shape[0]; b++) {
-            snprintf(path, sizeof path, "%s/%s/image_fp32_%lld.png", dir, e->d_name, (long long)b);
+            snprintf(name, sizeof name, "image_fp32_%lld.png", (long long)b);
+            const char *png = oracle_case_path(e->d_name, name);
             kiln_image img = {0};
-            CHECKF(kiln_image_read_file(path, NULL, &img, &err) == KILN_OK, "%s: %s", e->d_name,
+            CHECKF(kiln_image_read_file(png, NULL, &img, &err) == KILN_OK, "%s: %s", e->d_name,
                    err.msg);
             kiln_image want = {.width = (int)t->shape[2], .height = (int)t->shape[1],
                                .pixels = (uint8_t *)t->data + b * t->shape[1] * t->shape[2] * 3};
@@ -324,10 +315,10 @@ static void test_oracle_pngs(void)
                 images++;
             kiln_image_free(&img);
         }
-        snprintf(path, sizeof path, "%s/%s/input_ref0.png", dir, e->d_name);
-        if (access(path, R_OK) == 0) {
+        const char *ref0 = oracle_case_path(e->d_name, "input_ref0.png");
+        if (access(ref0, R_OK) == 0) {
             kiln_image img = {0};
-            CHECKF(kiln_image_read_file(path, NULL, &img, &err) == KILN_OK, "%s", err.msg);
+            CHECKF(kiln_image_read_file(ref0, NULL, &img, &err) == KILN_OK, "%s", err.msg);
             CHECKF(img.width == 200 && img.height == 136, "%s ref: %dx%d", e->d_name, img.width,
                    img.height);
             refs += img.pixels != NULL;
@@ -475,7 +466,6 @@ int main(void)
         fprintf(stderr, "KILN_SHARED and KILN_SOURCE_ROOT must be set\n");
         return 1;
     }
-    snprintf(oracle, sizeof oracle, "%s/oracle", shared);
     snprintf(fixtures, sizeof fixtures, "%s/tests/data/image", src);
     RUN(test_formats);
     RUN(test_png_roundtrip);

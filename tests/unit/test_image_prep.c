@@ -7,10 +7,10 @@
 
 #include "common/image.h"
 #include "common/safetensors.h"
+#include "tests/oracle/oracle_check.h"
 #include "tests/test.h"
 
 static char fixtures[1024];
-static char oracle[1024];
 
 static kiln_image load(const char *dir, const char *name)
 {
@@ -119,13 +119,11 @@ static void test_ref_size(void)
  * ref0.image_preprocessed bit for bit. */
 static void check_case(const char *cs)
 {
-    char dir[1200], path[1400];
-    snprintf(dir, sizeof dir, "%s/cases/%s", oracle, cs);
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/%s", oracle_path("cases"), cs);
     kiln_image ref = load(dir, "input_ref0.png");
     kiln_err err = {0};
-    snprintf(path, sizeof path, "%s/ref_fp32.safetensors", dir);
-    kiln_st *st = kiln_st_open(path, "ref_fp32", &err);
-    CHECKF(st, "%s: %s", cs, err.msg);
+    kiln_st *st = oracle_check_open(cs, "ref_fp32.safetensors");
     int64_t shape[4] = {1, 3, 128, 192};
     const kiln_st_tensor *want =
         st ? kiln_st_expect(st, "ref0.image_preprocessed", 4, shape, &err) : NULL;
@@ -198,7 +196,6 @@ int main(void)
         fprintf(stderr, "KILN_SHARED and KILN_SOURCE_ROOT must be set\n");
         return 1;
     }
-    snprintf(oracle, sizeof oracle, "%s/oracle", shared);
     snprintf(fixtures, sizeof fixtures, "%s/tests/data/image", src);
     RUN(test_lanczos_pillow);
     RUN(test_lanczos_edges);

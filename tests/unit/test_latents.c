@@ -9,53 +9,14 @@
 #include "common/json.h"
 #include "common/safetensors.h"
 #include "models/latents.h"
+#include "tests/oracle/oracle_check.h"
 #include "tests/test.h"
-
-static const char *shared_dir(void)
-{
-    const char *s = getenv("KILN_SHARED");
-    return s ? s : "../shared";
-}
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-static int64_t numel(const kiln_st_tensor *t)
-{
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++)
-        n *= t->shape[i];
-    return n;
-}
-
-/* A stored F32/BF16 tensor as f32 (malloc'ed), NULL with a failed check. */
-static float *load_f32(const kiln_st *st, const char *name, const kiln_st_tensor **info)
-{
-    const kiln_st_tensor *t = kiln_st_find(st, name);
-    CHECKF(t != NULL, "missing tensor %s", name);
-    if (!t)
-        return NULL;
-    float *out = malloc((size_t)numel(t) * sizeof(float));
-    CHECK(out != NULL);
-    if (out && kiln_convert_to_f32(out, t->data, t->dtype, (size_t)numel(t)) != 0) {
-        CHECKF(0, "%s: dtype %s", name, kiln_dtype_name(t->dtype));
-        free(out);
-        out = NULL;
-    }
-    if (info)
-        *info = t;
-    return out;
-}
 
 static void check_same_f32(const char *what, const float *got, const float *want, int64_t n)
 {
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < n; i++)
-        if (bits_of(got[i]) != bits_of(want[i])) {
+        if (oracle_bits(got[i]) != oracle_bits(want[i])) {
             if (first < 0)
                 first = i;
             bad++;
@@ -78,16 +39,6 @@ static void check_ids(const char *what, const kiln_st_tensor *t, const int64_t *
                "%s: batch row %lld differs", what, (long long)b);
 }
 
-static kiln_st *open_ref(const char *name, const char *file)
-{
-    char path[1024];
-    kiln_err err = {0};
-    snprintf(path, sizeof(path), "%s/oracle/cases/%s/%s.safetensors", shared_dir(), name, file);
-    kiln_st *st = kiln_st_open(path, file, &err);
-    CHECKF(st != NULL, "%s/%s: %s", name, file, err.msg);
-    return st;
-}
-
 /* The checkpoint's BN statistics (bf16 in the file) and batch_norm_eps. */
 typedef struct bn_stats {
     float *mean, *var;
@@ -97,23 +48,18 @@ typedef struct bn_stats {
 
 static int load_bn(const char *ckpt, bn_stats *bn)
 {
-    char path[1024];
-    kiln_err err = {0};
     memset(bn, 0, sizeof(*bn));
-    snprintf(path, sizeof(path), "%s/oracle/ckpt/%s", shared_dir(), ckpt);
-    kiln_checkpoint *ck = kiln_checkpoint_open(path, &err);
-    CHECKF(ck != NULL, "%s", err.msg);
+    kiln_checkpoint *ck = oracle_check_ckpt(ckpt);
     if (!ck)
         return -1;
+    kiln_err err = {0};
     const cJSON *cfg = kiln_checkpoint_config(ck, "vae", &err);
     kiln_st *st = kiln_checkpoint_weights(ck, "vae", &err);
     CHECKF(cfg && st, "%s", err.msg);
     int rc = -1;
     if (cfg && st && !kiln_json_double(cfg, "batch_norm_eps", 1, 0, &bn->eps, &err)) {
-        const kiln_st_tensor *m;
-        bn->mean = load_f32(st, "bn.running_mean", &m);
-        bn->var = load_f32(st, "bn.running_var", NULL);
-        bn->channels = bn->mean ? numel(m) : 0;
+        bn->mean = oracle_check_f32(st, "bn.running_mean", &bn->channels);
+        bn->var = oracle_check_f32(st, "bn.running_var", NULL);
         rc = bn->mean && bn->var ? 0 : -1;
     }
     CHECK(bn->eps == 1e-4);
@@ -129,20 +75,20 @@ static void check_decode_in(const char *what, const kiln_st *ref, int steps, con
 {
     char name[64];
     snprintf(name, sizeof(name), "latents_step.%d", steps - 1);
-    const kiln_st_tensor *lt, *vt;
-    float *lat = load_f32(ref, name, &lt);
-    float *want = load_f32(ref, "vae_decode_in", &vt);
+    const kiln_st_tensor *lt = kiln_st_find(ref, name), *vt = kiln_st_find(ref, "vae_decode_in");
+    float *lat = oracle_check_f32(ref, name, NULL);
+    float *want = oracle_check_f32(ref, "vae_decode_in", NULL);
     if (lat && want && lt->ndim == 3 && vt->ndim == 4 && lt->shape[2] == bn->channels) {
         int64_t B = vt->shape[0], C = vt->shape[1], h = vt->shape[2] / 2, w = vt->shape[3] / 2;
         CHECK(lt->shape[1] == h * w && 4 * C == bn->channels);
-        float *grid = malloc((size_t)numel(lt) * sizeof(float));
-        float *z = malloc((size_t)numel(vt) * sizeof(float));
+        float *grid = malloc((size_t)oracle_numel(lt) * sizeof(float));
+        float *z = malloc((size_t)oracle_numel(vt) * sizeof(float));
         CHECK(grid && z);
         if (grid && z) {
             kiln_latents_unpack(lat, grid, B, 4 * C, h, w);
             kiln_latents_bn_denormalize(grid, B, 4 * C, h * w, bn->mean, bn->var, bn->eps, dt);
             kiln_latents_unpatchify(grid, z, B, C, h, w);
-            check_same_f32(what, z, want, numel(vt));
+            check_same_f32(what, z, want, oracle_numel(vt));
         }
         free(grid);
         free(z);
@@ -158,25 +104,27 @@ static void check_decode_in(const char *what, const kiln_st *ref, int steps, con
 static void check_reference(const char *what, const kiln_st *ref, const bn_stats *bn,
                             kiln_dtype dt)
 {
-    const kiln_st_tensor *mt, *nt, *pt;
-    float *mean = load_f32(ref, "ref0.vae_latent_mean", &mt);
-    float *want = load_f32(ref, "ref0.latents_bn_normalized", &nt);
-    float *packed = load_f32(ref, "image_latents_packed", &pt);
+    const kiln_st_tensor *mt = kiln_st_find(ref, "ref0.vae_latent_mean");
+    const kiln_st_tensor *nt = kiln_st_find(ref, "ref0.latents_bn_normalized");
+    const kiln_st_tensor *pt = kiln_st_find(ref, "image_latents_packed");
+    float *mean = oracle_check_f32(ref, "ref0.vae_latent_mean", NULL);
+    float *want = oracle_check_f32(ref, "ref0.latents_bn_normalized", NULL);
+    float *packed = oracle_check_f32(ref, "image_latents_packed", NULL);
     if (mean && want && packed && mt->ndim == 4 && nt->ndim == 4) {
         int64_t C = mt->shape[1], h = mt->shape[2] / 2, w = mt->shape[3] / 2;
         CHECK(nt->shape[1] == 4 * C && nt->shape[2] == h && nt->shape[3] == w);
-        float *p = malloc((size_t)numel(mt) * sizeof(float));
-        float *tok = malloc((size_t)numel(mt) * sizeof(float));
+        float *p = malloc((size_t)oracle_numel(mt) * sizeof(float));
+        float *tok = malloc((size_t)oracle_numel(mt) * sizeof(float));
         int64_t *ids = malloc((size_t)(h * w * 4) * sizeof(int64_t));
         CHECK(p && tok && ids);
         if (p && tok && ids) {
             kiln_latents_patchify(mean, p, 1, C, h, w);
             kiln_latents_bn_normalize(p, 1, 4 * C, h * w, bn->mean, bn->var, bn->eps, dt);
-            check_same_f32(what, p, want, numel(nt));
+            check_same_f32(what, p, want, oracle_numel(nt));
             kiln_latents_pack(p, tok, 1, 4 * C, h, w);
-            CHECK(numel(pt) == h * w * 4 * C);
-            if (numel(pt) == h * w * 4 * C)
-                check_same_f32(what, tok, packed, numel(pt));
+            CHECK(oracle_numel(pt) == h * w * 4 * C);
+            if (oracle_numel(pt) == h * w * 4 * C)
+                check_same_f32(what, tok, packed, oracle_numel(pt));
             kiln_latents_ref_ids(ids, 0, h, w);
             check_ids(what, kiln_st_find(ref, "image_latent_ids"), ids, h * w);
         }
@@ -194,17 +142,18 @@ static void check_reference(const char *what, const kiln_st *ref, const bn_stats
 /* vae_decode_out (B, 3, H, W) -> image_uint8 (B, H, W, 3), fp32 pipeline. */
 static void check_image(const char *what, const kiln_st *ref)
 {
-    const kiln_st_tensor *ot, *it = kiln_st_find(ref, "image_uint8");
-    float *out = load_f32(ref, "vae_decode_out", &ot);
+    const kiln_st_tensor *ot = kiln_st_find(ref, "vae_decode_out");
+    const kiln_st_tensor *it = kiln_st_find(ref, "image_uint8");
+    float *out = oracle_check_f32(ref, "vae_decode_out", NULL);
     CHECK(it && it->dtype == KILN_U8);
-    if (out && it && ot->ndim == 4 && numel(ot) == numel(it)) {
+    if (out && it && ot->ndim == 4 && oracle_numel(ot) == oracle_numel(it)) {
         int64_t B = ot->shape[0], H = ot->shape[2], W = ot->shape[3];
-        uint8_t *rgb = malloc((size_t)numel(it));
+        uint8_t *rgb = malloc((size_t)oracle_numel(it));
         CHECK(rgb != NULL);
         if (rgb) {
             kiln_latents_to_rgb8(out, rgb, B, H, W, KILN_F32);
             int64_t bad = 0;
-            for (int64_t i = 0; i < numel(it); i++)
+            for (int64_t i = 0; i < oracle_numel(it); i++)
                 bad += rgb[i] != ((const uint8_t *)it->data)[i];
             CHECKF(bad == 0, "%s: %lld bytes differ", what, (long long)bad);
         }
@@ -216,19 +165,19 @@ static void check_image(const char *what, const kiln_st *ref)
 static void klein_case(const char *name, const char *ckpt, int steps, int edit)
 {
     bn_stats bn;
-    kiln_st *f32 = open_ref(name, "ref_fp32");
-    kiln_st *b16 = open_ref(name, "ref_bf16");
+    kiln_st *f32 = oracle_check_open(name, "ref_fp32.safetensors");
+    kiln_st *b16 = oracle_check_open(name, "ref_bf16.safetensors");
     if (load_bn(ckpt, &bn) == 0 && f32 && b16) {
         /* noise (B, 4C, h, w) packs into latents_init_packed; ids. */
         for (int f = 0; f < 2; f++) {
             const kiln_st *ref = f ? b16 : f32;
-            const kiln_st_tensor *nt;
-            float *noise = load_f32(ref, "noise", &nt);
-            float *want = load_f32(ref, "latents_init_packed", NULL);
+            const kiln_st_tensor *nt = kiln_st_find(ref, "noise");
+            float *noise = oracle_check_f32(ref, "noise", NULL);
+            float *want = oracle_check_f32(ref, "latents_init_packed", NULL);
             if (noise && want && nt->ndim == 4) {
                 int64_t B = nt->shape[0], C = nt->shape[1], h = nt->shape[2], w = nt->shape[3];
-                float *tok = malloc((size_t)numel(nt) * sizeof(float));
-                float *back = malloc((size_t)numel(nt) * sizeof(float));
+                float *tok = malloc((size_t)oracle_numel(nt) * sizeof(float));
+                float *back = malloc((size_t)oracle_numel(nt) * sizeof(float));
                 int64_t *ids = malloc((size_t)(h * w * 4) * sizeof(int64_t));
                 const kiln_st_tensor *tt = kiln_st_find(ref, "text_ids");
                 int64_t T = tt && tt->ndim == 3 ? tt->shape[1] : 0;
@@ -236,9 +185,9 @@ static void klein_case(const char *name, const char *ckpt, int steps, int edit)
                 CHECK(tok && back && ids && tids && T > 0);
                 if (tok && back && ids && tids && T > 0) {
                     kiln_latents_pack(noise, tok, B, C, h, w);
-                    check_same_f32(name, tok, want, numel(nt));
+                    check_same_f32(name, tok, want, oracle_numel(nt));
                     kiln_latents_unpack(tok, back, B, C, h, w);
-                    check_same_f32(name, back, noise, numel(nt));
+                    check_same_f32(name, back, noise, oracle_numel(nt));
                     kiln_latents_image_ids(ids, h, w);
                     check_ids(name, kiln_st_find(ref, "latent_ids"), ids, h * w);
                     kiln_latents_text_ids(tids, T);
@@ -268,20 +217,18 @@ static void klein_case(const char *name, const char *ckpt, int steps, int edit)
 
 static void test_klein_cases(void)
 {
-    klein_case("klein_t2i_256", "klein-tiny", 4, 0);
-    klein_case("klein_t2i_batch2", "klein-tiny", 4, 0);
-    klein_case("klein_edit_1ref", "klein-tiny", 4, 1);
-    klein_case("klein_kv_edit_1ref", "klein-tiny", 4, 1);
-    klein_case("klein_base_cfg_256", "klein-base-tiny", 6, 0);
+    klein_case("klein_t2i_256", "ckpt/klein-tiny", 4, 0);
+    klein_case("klein_t2i_batch2", "ckpt/klein-tiny", 4, 0);
+    klein_case("klein_edit_1ref", "ckpt/klein-tiny", 4, 1);
+    klein_case("klein_kv_edit_1ref", "ckpt/klein-tiny", 4, 1);
+    klein_case("klein_base_cfg_256", "ckpt/klein-base-tiny", 6, 0);
 }
 
 /* Z-Image: fp32 latents / 0.3611 + 0.1159 == vae_decode_in (fp32 and bf16). */
 static void zimage_case(const char *name)
 {
-    char path[1024];
     kiln_err err = {0};
-    snprintf(path, sizeof(path), "%s/oracle/ckpt/zimage-tiny", shared_dir());
-    kiln_checkpoint *ck = kiln_checkpoint_open(path, &err);
+    kiln_checkpoint *ck = kiln_checkpoint_open(oracle_path("ckpt/zimage-tiny"), &err);
     const cJSON *cfg = ck ? kiln_checkpoint_config(ck, "vae", &err) : NULL;
     double scaling = 0, shift = 0;
     CHECKF(cfg && !kiln_json_double(cfg, "scaling_factor", 1, 0, &scaling, &err) &&
@@ -289,16 +236,17 @@ static void zimage_case(const char *name)
            "%s", err.msg);
     kiln_checkpoint_close(ck);
     for (int f = 0; f < 2; f++) {
-        kiln_st *ref = open_ref(name, f ? "ref_bf16" : "ref_fp32");
+        const char *file = f ? "ref_bf16.safetensors" : "ref_fp32.safetensors";
+        kiln_st *ref = oracle_check_open(name, file);
         if (!ref)
             continue;
-        const kiln_st_tensor *lt, *vt;
-        float *lat = load_f32(ref, "latents_step.7", &lt);
-        float *want = load_f32(ref, "vae_decode_in", &vt);
-        CHECK(lat && want && numel(lt) == numel(vt));
-        if (lat && want && numel(lt) == numel(vt)) {
-            kiln_latents_kl_unscale(lat, numel(lt), scaling, shift, f ? KILN_BF16 : KILN_F32);
-            check_same_f32(name, lat, want, numel(vt));
+        int64_t nl = 0, nv = 0;
+        float *lat = oracle_check_f32(ref, "latents_step.7", &nl);
+        float *want = oracle_check_f32(ref, "vae_decode_in", &nv);
+        CHECK(lat && want && nl == nv);
+        if (lat && want && nl == nv) {
+            kiln_latents_kl_unscale(lat, nl, scaling, shift, f ? KILN_BF16 : KILN_F32);
+            check_same_f32(name, lat, want, nv);
         }
         free(lat);
         free(want);

@@ -9,20 +9,8 @@
 #include "common/json.h"
 #include "common/safetensors.h"
 #include "models/rng.h"
+#include "tests/oracle/oracle_check.h"
 #include "tests/test.h"
-
-static const char *shared_dir(void)
-{
-    const char *s = getenv("KILN_SHARED");
-    return s ? s : "../shared";
-}
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
 
 /* Counts values of `got` whose bits differ from the stored tensor (F32 or
  * BF16); prints the first mismatch. */
@@ -31,22 +19,23 @@ static size_t count_mismatch(const char *what, const float *got, const kiln_st_t
 {
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
-        float want;
-        if (ref->dtype == KILN_BF16) {
-            uint16_t h;
-            memcpy(&h, (const char *)ref->data + 2 * i, 2);
-            want = kiln_bf16_to_f32(h);
-        } else {
-            memcpy(&want, (const char *)ref->data + 4 * i, 4);
-        }
-        if (bits_of(got[i]) != bits_of(want)) {
+        float want = oracle_value(ref, i);
+        if (oracle_bits(got[i]) != oracle_bits(want)) {
             if (!bad)
                 fprintf(stderr, "%s[%zu]: got %.9g (0x%08x), want %.9g (0x%08x)\n", what, i,
-                        (double)got[i], bits_of(got[i]), (double)want, bits_of(want));
+                        (double)got[i], oracle_bits(got[i]), (double)want, oracle_bits(want));
             bad++;
         }
     }
     return bad;
+}
+
+static kiln_st *open_vectors(void)
+{
+    kiln_err err = {0};
+    kiln_st *st = kiln_st_open(oracle_path("rng_vectors.safetensors"), "rng_vectors", &err);
+    CHECKF(st != NULL, "%s", err.msg);
+    return st;
 }
 
 static float *draw(uint64_t seed, size_t n, kiln_dtype dt)
@@ -84,11 +73,7 @@ static void test_mt19937_known_answer(void)
 
 static void test_rng_vectors(void)
 {
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/oracle/rng_vectors.safetensors", shared_dir());
-    kiln_err err = {0};
-    kiln_st *st = kiln_st_open(path, "rng_vectors", &err);
-    CHECKF(st != NULL, "%s", err.msg);
+    kiln_st *st = open_vectors();
     if (!st)
         return;
     int vectors = 0, short_vectors = 0, bf16_vectors = 0;
@@ -128,13 +113,10 @@ static void test_rng_vectors(void)
 /* The real klein 1024x1024 noise: (1, 128, 64, 64), seed 42. */
 static void test_klein_1024_noise(void)
 {
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/oracle/rng_vectors.safetensors", shared_dir());
-    kiln_err err = {0};
-    kiln_st *st = kiln_st_open(path, "rng_vectors", &err);
-    CHECKF(st != NULL, "%s", err.msg);
+    kiln_st *st = open_vectors();
     if (!st)
         return;
+    kiln_err err = {0};
     const size_t n = (size_t)128 * 64 * 64;
     static const struct { const char *name; kiln_dtype dt; } kinds[] = {
         {"float32", KILN_F32}, {"bfloat16", KILN_BF16}};
@@ -215,13 +197,11 @@ static void test_case_noise(void)
     static const char *cases[] = {"klein_t2i_256",      "klein_t2i_batch2",   "klein_edit_1ref",
                                   "klein_kv_edit_1ref", "klein_base_cfg_256", "zimage_t2i_256",
                                   "zimage_batch2_160x96"};
-    static const char *files[] = {"ref_fp32", "ref_bf16"};
+    static const char *files[] = {"ref_fp32.safetensors", "ref_bf16.safetensors"};
     int checked = 0;
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        char path[1024];
         kiln_err err = {0};
-        snprintf(path, sizeof(path), "%s/oracle/cases/%s/meta.json", shared_dir(), cases[c]);
-        cJSON *meta = kiln_json_load(path, "meta.json", &err);
+        cJSON *meta = kiln_json_load(oracle_case_path(cases[c], "meta.json"), "meta.json", &err);
         int64_t seed = -1;
         CHECKF(meta && !kiln_json_int(meta, "seed", KILN_JSON_REQUIRED, &seed, &err), "%s: %s",
                cases[c], err.msg);
@@ -229,10 +209,7 @@ static void test_case_noise(void)
         if (seed < 0)
             continue;
         for (size_t f = 0; f < 2; f++) {
-            snprintf(path, sizeof(path), "%s/oracle/cases/%s/%s.safetensors", shared_dir(),
-                     cases[c], files[f]);
-            kiln_st *st = kiln_st_open(path, files[f], &err);
-            CHECKF(st != NULL, "%s", err.msg);
+            kiln_st *st = oracle_check_open(cases[c], files[f]);
             if (!st)
                 continue;
             const kiln_st_tensor *noise = kiln_st_find(st, "noise");

@@ -9,32 +9,8 @@
 #include "common/json.h"
 #include "common/safetensors.h"
 #include "models/scheduler.h"
+#include "tests/oracle/oracle_check.h"
 #include "tests/test.h"
-
-static const char *shared_dir(void)
-{
-    const char *s = getenv("KILN_SHARED");
-    return s ? s : "../shared";
-}
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-static float st_value(const kiln_st_tensor *t, size_t i)
-{
-    if (t->dtype == KILN_BF16) {
-        uint16_t h;
-        memcpy(&h, (const char *)t->data + 2 * i, 2);
-        return kiln_bf16_to_f32(h);
-    }
-    float f;
-    memcpy(&f, (const char *)t->data + 4 * i, 4);
-    return f;
-}
 
 /* Compares n floats against a JSON array of (float32-valued) numbers. */
 static void check_json_floats(const char *what, const cJSON *arr, const float *got, int n)
@@ -45,7 +21,7 @@ static void check_json_floats(const char *what, const cJSON *arr, const float *g
         return;
     for (int i = 0; i < n; i++) {
         float want = (float)cJSON_GetArrayItem(arr, i)->valuedouble;
-        CHECKF(bits_of(got[i]) == bits_of(want), "%s[%d]: got %.9g want %.9g", what, i,
+        CHECKF(oracle_bits(got[i]) == oracle_bits(want), "%s[%d]: got %.9g want %.9g", what, i,
                (double)got[i], (double)want);
     }
 }
@@ -60,42 +36,60 @@ static void check_st_floats(const char *what, const kiln_st *st, const char *nam
     if (!t || t->nbytes != n * kiln_dtype_size(t->dtype))
         return;
     for (size_t i = 0; i < n; i++)
-        CHECKF(bits_of(got[i]) == bits_of(st_value(t, i)), "%s %s[%zu]: got %.9g want %.9g",
-               what, name, i, (double)got[i], (double)st_value(t, i));
+        CHECKF(oracle_bits(got[i]) == oracle_bits(oracle_value(t, i)),
+               "%s %s[%zu]: got %.9g want %.9g", what, name, i, (double)got[i],
+               (double)oracle_value(t, i));
 }
 
-static cJSON *load_meta(const char *name)
-{
-    char path[1024];
-    kiln_err err = {0};
-    snprintf(path, sizeof(path), "%s/oracle/cases/%s/meta.json", shared_dir(), name);
-    cJSON *meta = kiln_json_load(path, "meta.json", &err);
-    CHECKF(meta != NULL, "%s: %s", name, err.msg);
-    return meta;
-}
+/* An oracle case: meta.json, both reference files and the scheduler config
+ * of its checkpoint. */
+typedef struct sched_case {
+    const char *name;
+    cJSON *meta;
+    kiln_st *ref, *ref16;
+    kiln_sched_config cfg;
+    int steps;
+} sched_case;
 
-static kiln_st *open_ref(const char *name, const char *file)
+/* Loads all of a case (failed checks for what is missing); 0 when all
+ * loaded.  close_case() in either case. */
+static int open_case(const char *name, sched_case *sc)
 {
-    char path[1024];
-    kiln_err err = {0};
-    snprintf(path, sizeof(path), "%s/oracle/cases/%s/%s.safetensors", shared_dir(), name, file);
-    kiln_st *st = kiln_st_open(path, file, &err);
-    CHECKF(st != NULL, "%s/%s: %s", name, file, err.msg);
-    return st;
-}
-
-static int load_config(const cJSON *meta, kiln_sched_config *cfg)
-{
-    char path[1024];
-    kiln_err err = {0};
-    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(meta, "checkpoint");
+    *sc = (sched_case){.name = name};
+    sc->meta = oracle_check_meta(name);
+    sc->ref = oracle_check_open(name, "ref_fp32.safetensors");
+    sc->ref16 = oracle_check_open(name, "ref_bf16.safetensors");
+    if (!sc->meta || !sc->ref || !sc->ref16)
+        return -1;
+    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(sc->meta, "checkpoint");
     CHECK(cJSON_IsString(ck));
     if (!cJSON_IsString(ck))
         return -1;
-    snprintf(path, sizeof(path), "%s/oracle/%s", shared_dir(), ck->valuestring);
-    kiln_status st = kiln_sched_config_load(path, cfg, &err);
+    kiln_err err = {0};
+    kiln_status st = kiln_sched_config_load(oracle_path(ck->valuestring), &sc->cfg, &err);
     CHECKF(st == KILN_OK, "%s", err.msg);
+    sc->steps = cJSON_GetObjectItemCaseSensitive(sc->meta, "steps")->valueint;
     return st == KILN_OK ? 0 : -1;
+}
+
+static void close_case(sched_case *sc)
+{
+    kiln_st_close(sc->ref);
+    kiln_st_close(sc->ref16);
+    cJSON_Delete(sc->meta);
+}
+
+/* The case's sigmas and timesteps in meta.json and both reference files. */
+static void check_schedule(const sched_case *sc, const float *sigmas, const float *timesteps)
+{
+    const int steps = sc->steps;
+    check_json_floats(sc->name, cJSON_GetObjectItemCaseSensitive(sc->meta, "sigmas"), sigmas,
+                      steps + 1);
+    check_json_floats(sc->name, cJSON_GetObjectItemCaseSensitive(sc->meta, "timesteps"),
+                      timesteps, steps);
+    check_st_floats(sc->name, sc->ref, "sigmas", sigmas, (size_t)steps + 1);
+    check_st_floats(sc->name, sc->ref, "timesteps", timesteps, (size_t)steps);
+    check_st_floats(sc->name, sc->ref16, "sigmas", sigmas, (size_t)steps + 1);
 }
 
 static void test_klein_cases(void)
@@ -103,48 +97,38 @@ static void test_klein_cases(void)
     static const char *cases[] = {"klein_t2i_256", "klein_t2i_batch2", "klein_edit_1ref",
                                   "klein_kv_edit_1ref", "klein_base_cfg_256"};
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        cJSON *meta = load_meta(cases[c]);
-        kiln_st *ref = open_ref(cases[c], "ref_fp32");
-        kiln_st *ref16 = open_ref(cases[c], "ref_bf16");
-        kiln_sched_config cfg;
-        if (!meta || !ref || !ref16 || load_config(meta, &cfg))
+        sched_case sc;
+        if (open_case(cases[c], &sc))
             goto next;
-        CHECK(cfg.use_dynamic_shifting == 1);
-        int steps = cJSON_GetObjectItemCaseSensitive(meta, "steps")->valueint;
-        int64_t seq = (int64_t)cJSON_GetObjectItemCaseSensitive(meta, "image_seq_len")->valuedouble;
+        CHECK(sc.cfg.use_dynamic_shifting == 1);
+        int steps = sc.steps;
+        int64_t seq =
+            (int64_t)cJSON_GetObjectItemCaseSensitive(sc.meta, "image_seq_len")->valuedouble;
         /* The image token count is the output latent grid h*w (noise is (B, 4C, h, w)). */
-        const kiln_st_tensor *noise = kiln_st_find(ref, "noise");
+        const kiln_st_tensor *noise = kiln_st_find(sc.ref, "noise");
         CHECK(noise && noise->ndim == 4 && noise->shape[2] * noise->shape[3] == seq);
 
         float sigmas[KILN_SCHED_MAX_STEPS + 1], timesteps[KILN_SCHED_MAX_STEPS];
         double mu = 0;
         kiln_err err = {0};
-        CHECK(kiln_sched_flux2(&cfg, seq, steps, sigmas, timesteps, &mu, &err) == KILN_OK);
-        double want_mu = cJSON_GetObjectItemCaseSensitive(meta, "mu")->valuedouble;
+        CHECK(kiln_sched_flux2(&sc.cfg, seq, steps, sigmas, timesteps, &mu, &err) == KILN_OK);
+        double want_mu = cJSON_GetObjectItemCaseSensitive(sc.meta, "mu")->valuedouble;
         CHECKF(mu == want_mu, "%s mu %.17g want %.17g", cases[c], mu, want_mu);
         CHECK(kiln_sched_flux2_mu(seq, steps) == want_mu);
-        check_json_floats(cases[c], cJSON_GetObjectItemCaseSensitive(meta, "sigmas"), sigmas,
-                          steps + 1);
-        check_json_floats(cases[c], cJSON_GetObjectItemCaseSensitive(meta, "timesteps"),
-                          timesteps, steps);
-        check_st_floats(cases[c], ref, "sigmas", sigmas, (size_t)steps + 1);
-        check_st_floats(cases[c], ref, "timesteps", timesteps, (size_t)steps);
-        check_st_floats(cases[c], ref16, "sigmas", sigmas, (size_t)steps + 1);
+        check_schedule(&sc, sigmas, timesteps);
 
         /* The first DiT call's timestep tensor, in the pipeline dtype. */
-        const kiln_st_tensor *t32 = kiln_st_find(ref, "transformer_in0.timestep");
-        const kiln_st_tensor *t16 = kiln_st_find(ref16, "transformer_in0.timestep");
+        const kiln_st_tensor *t32 = kiln_st_find(sc.ref, "transformer_in0.timestep");
+        const kiln_st_tensor *t16 = kiln_st_find(sc.ref16, "transformer_in0.timestep");
         CHECK(t32 && t32->dtype == KILN_F32 && t16 && t16->dtype == KILN_BF16);
         if (t32 && t16) {
-            CHECK(bits_of(kiln_sched_flux2_dit_input(timesteps[0], KILN_F32)) ==
-                  bits_of(st_value(t32, 0)));
-            CHECK(bits_of(kiln_sched_flux2_dit_input(timesteps[0], KILN_BF16)) ==
-                  bits_of(st_value(t16, 0)));
+            CHECK(oracle_bits(kiln_sched_flux2_dit_input(timesteps[0], KILN_F32)) ==
+                  oracle_bits(oracle_value(t32, 0)));
+            CHECK(oracle_bits(kiln_sched_flux2_dit_input(timesteps[0], KILN_BF16)) ==
+                  oracle_bits(oracle_value(t16, 0)));
         }
     next:
-        kiln_st_close(ref);
-        kiln_st_close(ref16);
-        cJSON_Delete(meta);
+        close_case(&sc);
     }
 }
 
@@ -152,38 +136,26 @@ static void test_zimage_cases(void)
 {
     static const char *cases[] = {"zimage_t2i_256", "zimage_batch2_160x96"};
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        cJSON *meta = load_meta(cases[c]);
-        kiln_st *ref = open_ref(cases[c], "ref_fp32");
-        kiln_st *ref16 = open_ref(cases[c], "ref_bf16");
-        kiln_sched_config cfg;
-        if (!meta || !ref || !ref16 || load_config(meta, &cfg))
+        sched_case sc;
+        if (open_case(cases[c], &sc))
             goto next;
-        CHECK(cfg.use_dynamic_shifting == 0 && cfg.shift == 3.0);
-        int steps = cJSON_GetObjectItemCaseSensitive(meta, "steps")->valueint;
+        CHECK(sc.cfg.use_dynamic_shifting == 0 && sc.cfg.shift == 3.0);
         float sigmas[KILN_SCHED_MAX_STEPS + 1], timesteps[KILN_SCHED_MAX_STEPS];
         kiln_err err = {0};
-        CHECK(kiln_sched_zimage(&cfg, steps, sigmas, timesteps, &err) == KILN_OK);
-        check_json_floats(cases[c], cJSON_GetObjectItemCaseSensitive(meta, "sigmas"), sigmas,
-                          steps + 1);
-        check_json_floats(cases[c], cJSON_GetObjectItemCaseSensitive(meta, "timesteps"),
-                          timesteps, steps);
-        check_st_floats(cases[c], ref, "sigmas", sigmas, (size_t)steps + 1);
-        check_st_floats(cases[c], ref, "timesteps", timesteps, (size_t)steps);
-        check_st_floats(cases[c], ref16, "sigmas", sigmas, (size_t)steps + 1);
+        CHECK(kiln_sched_zimage(&sc.cfg, sc.steps, sigmas, timesteps, &err) == KILN_OK);
+        check_schedule(&sc, sigmas, timesteps);
         /* t = (1000 - tau)/1000 per batch item, fp32 in both pipelines. */
         float t0[2] = {kiln_sched_zimage_dit_input(timesteps[0]),
                        kiln_sched_zimage_dit_input(timesteps[0])};
-        const kiln_st_tensor *t = kiln_st_find(ref, "transformer_in0.t");
+        const kiln_st_tensor *t = kiln_st_find(sc.ref, "transformer_in0.t");
         size_t batch = t ? (size_t)t->shape[0] : 0;
         CHECK(batch >= 1 && batch <= 2);
         if (batch >= 1 && batch <= 2) {
-            check_st_floats(cases[c], ref, "transformer_in0.t", t0, batch);
-            check_st_floats(cases[c], ref16, "transformer_in0.t", t0, batch);
+            check_st_floats(cases[c], sc.ref, "transformer_in0.t", t0, batch);
+            check_st_floats(cases[c], sc.ref16, "transformer_in0.t", t0, batch);
         }
     next:
-        kiln_st_close(ref);
-        kiln_st_close(ref16);
-        cJSON_Delete(meta);
+        close_case(&sc);
     }
 }
 

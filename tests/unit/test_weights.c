@@ -3,6 +3,7 @@
 #include "common/safetensors.h"
 #include "kernels/backend.h"
 #include "models/weights.h"
+#include "tests/oracle/oracle_util.h"
 #include "tests/test.h"
 #include "tests/unit/io_helpers.h"
 
@@ -127,12 +128,8 @@ static void test_concat(void)
 /* The oracle's bf16 weights reach the backend bit-exactly as f32. */
 static void test_oracle_tensor(void)
 {
-    const char *shared = getenv("KILN_SHARED");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/oracle/ckpt/klein-tiny/transformer",
-             shared ? shared : "../shared");
     kiln_err err = {0};
-    kiln_st *o = kiln_st_open(path, "transformer", &err);
+    kiln_st *o = kiln_st_open(oracle_path("ckpt/klein-tiny/transformer"), "transformer", &err);
     CHECKF(o != NULL, "%s", err.msg);
     if (!o)
         return;
