@@ -1,0 +1,722 @@
+/* The service end to end: kiln-gateway and one replica of each stage (the
+ * real executables, as `kiln serve` starts them) on the tiny klein
+ * checkpoint, driven over HTTP by a plain-socket client.  Checks that
+ * - generations and edits (multipart, and JSON with base64 / data URLs)
+ *   return the same PNG / JPEG bytes as `kiln generate` / `kiln edit` with
+ *   the same parameters, every image carrying its seed; a request without
+ *   a seed gets a fresh one that reproduces the image;
+ * - bad input gets the right status and OpenAI error body, and the gateway
+ *   keeps serving: malformed JSON, wrong types, sizes out of range or not
+ *   multiples of 16, n out of range, an unknown model, response_format
+ *   url, an oversized body, broken multipart, a non-image upload, unknown
+ *   routes and methods, slowloris requests (408 then close);
+ * - 64 concurrent mixed-size requests over 16 connections (pipelined) all
+ *   succeed with the right sizes and seeds and distinct images (a few
+ *   checked against the CLI);
+ * - clients that disconnect mid-request leave no job behind (/metrics
+ *   gauges back to 0) and the service still answers;
+ * - SIGTERM stops the gateway cleanly. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/image.h"
+#include "common/log.h"
+#include "services/gateway/base64.h"
+#include "tests/service/gw_client.h"
+#include "tests/test.h"
+
+#define T_REQ 120000 /* ms for one image request */
+
+static const char *build_root;
+static char model[512], tmpdir[64], bus[128];
+static int port;
+static pid_t pids[4]; /* gateway, encoder, denoiser, decoder */
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts))
+        ;
+}
+
+static pid_t spawn(const char *const *argv, const char *log)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int run_wait(const char *const *argv)
+{
+    char log[128];
+    snprintf(log, sizeof log, "%s/cli.log", tmpdir);
+    pid_t pid = spawn(argv, log);
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int read_file(const char *path, kiln_buf *out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        kiln_buf_append(out, buf, n, NULL);
+    fclose(f);
+    return 0;
+}
+
+/* The port the gateway logged once it listens. */
+static int gateway_port(const char *log)
+{
+    for (int i = 0; i < 200; i++) {
+        kiln_buf b = {0};
+        if (read_file(log, &b) == 0 && b.len) {
+            kiln_buf_append(&b, "", 1, NULL);
+            const char *p = strstr((const char *)b.data, "on http://127.0.0.1:");
+            int v = p ? atoi(p + strlen("on http://127.0.0.1:")) : 0;
+            kiln_buf_free(&b);
+            if (v > 0)
+                return v;
+        }
+        kiln_buf_free(&b);
+        sleep_ms(50);
+    }
+    return -1;
+}
+
+static int get_status(const char *path)
+{
+    gwc_response r;
+    int st = gwc_request(port, "GET", path, NULL, NULL, 0, &r, 5000) ? -1 : r.status;
+    gwc_response_free(&r);
+    return st;
+}
+
+/* ---- responses ---- */
+
+typedef struct images {
+    int n;
+    kiln_buf files[16];
+    uint64_t seeds[16];
+    char size[32], format[16];
+} images;
+
+static void images_free(images *im)
+{
+    for (int i = 0; i < im->n; i++)
+        kiln_buf_free(&im->files[i]);
+    memset(im, 0, sizeof *im);
+}
+
+/* Parses an OpenAI images response; 0 when well-formed. */
+static int parse_images(const gwc_response *r, images *im)
+{
+    memset(im, 0, sizeof *im);
+    cJSON *j = cJSON_ParseWithLength((const char *)r->body.data, r->body.len);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
+    int ok = j && cJSON_IsArray(data) && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "created"));
+    const char *size = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "size"));
+    const char *fmt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "output_format"));
+    ok = ok && size && fmt;
+    if (ok) {
+        snprintf(im->size, sizeof im->size, "%s", size);
+        snprintf(im->format, sizeof im->format, "%s", fmt);
+    }
+    /* Seeds are exact in the text even past 2^53 (a double is not): read
+     * them from the text, in order. */
+    const char *seed_at = r->body.len ? (const char *)r->body.data : "";
+    const char *body_end = seed_at + r->body.len;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, data)
+    {
+        const char *b64 = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "b64_json"));
+        const cJSON *seed = cJSON_GetObjectItemCaseSensitive(it, "seed");
+        ok = ok && b64 && cJSON_IsNumber(seed) && im->n < 16 &&
+             cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(it, "revised_prompt"));
+        if (!ok)
+            break;
+        seed_at = memmem(seed_at, (size_t)(body_end - seed_at), "\"seed\":", 7);
+        ok = seed_at != NULL;
+        if (!ok)
+            break;
+        seed_at += 7;
+        im->seeds[im->n] = strtoull(seed_at, NULL, 10);
+        ok = kiln_base64_decode(b64, strlen(b64), &im->files[im->n], NULL) == KILN_OK;
+        im->n++;
+    }
+    cJSON_Delete(j);
+    return ok ? 0 : -1;
+}
+
+/* Checks an error response: status, JSON shape, param and code. */
+static void check_error(const gwc_response *r, int status, const char *param, const char *code,
+                        const char *what)
+{
+    CHECKF(r->status == status, "%s: status %d, want %d: %.*s", what, r->status, status,
+           (int)r->body.len, r->body.data ? (char *)r->body.data : "");
+    cJSON *j = cJSON_ParseWithLength((const char *)r->body.data, r->body.len);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    const char *msg = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "message"));
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "type"));
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "param");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "code");
+    CHECKF(msg && msg[0] && type && p && c, "%s: not an OpenAI error body", what);
+    if (msg)
+        CHECKF(!strstr(msg, "/work/") && !strstr(msg, tmpdir), "%s: leaks a path: %s", what, msg);
+    if (param)
+        CHECKF(cJSON_IsString(p) && !strcmp(p->valuestring, param), "%s: param %s", what,
+               cJSON_IsString(p) ? p->valuestring : "null");
+    if (code)
+        CHECKF(cJSON_IsString(c) && !strcmp(c->valuestring, code), "%s: code %s", what,
+               cJSON_IsString(c) ? c->valuestring : "null");
+    cJSON_Delete(j);
+}
+
+static int post_json(const char *path, const char *json, gwc_response *r)
+{
+    return gwc_request(port, "POST", path, "application/json", json, strlen(json), r, T_REQ);
+}
+
+/* Runs the CLI and compares its files with the service's images. */
+static void compare_cli(const char *cmd, const char *const *extra, const images *im,
+                        const char *ext, const char *what)
+{
+    char out[256];
+    snprintf(out, sizeof out, "%s/cli.%s", tmpdir, ext);
+    const char *argv[64];
+    int n = 0;
+    char exe[512];
+    snprintf(exe, sizeof exe, "%s/tools/kiln", build_root);
+    argv[n++] = exe;
+    argv[n++] = cmd;
+    argv[n++] = "--model";
+    argv[n++] = model;
+    argv[n++] = "--text-encoder-out-layers";
+    argv[n++] = "1,2,3";
+    argv[n++] = "--out";
+    argv[n++] = out;
+    for (int i = 0; extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    CHECKF(run_wait(argv) == 0, "%s: kiln %s failed (see %s/cli.log)", what, cmd, tmpdir);
+    for (int i = 0; i < im->n; i++) {
+        char name[300];
+        if (im->n == 1)
+            snprintf(name, sizeof name, "%s", out);
+        else
+            snprintf(name, sizeof name, "%s/cli-%d.%s", tmpdir, i, ext);
+        kiln_buf f = {0};
+        CHECKF(read_file(name, &f) == 0, "%s: no %s", what, name);
+        CHECKF(f.len == im->files[i].len && !memcmp(f.data, im->files[i].data, f.len),
+               "%s: image %d differs from kiln %s (%zu vs %zu bytes)", what, i, cmd,
+               im->files[i].len, f.len);
+        kiln_buf_free(&f);
+    }
+}
+
+/* ---- tests ---- */
+
+static void test_generate_matches_cli(void)
+{
+    gwc_response r;
+    images im;
+    CHECK(post_json("/v1/images/generations",
+                    "{\"model\":\"klein-tiny\",\"prompt\":\"a red fox\",\"size\":\"64x128\","
+                    "\"seed\":1234,\"n\":2,\"num_inference_steps\":2,\"quality\":\"hd\"}",
+                    &r) == 0);
+    CHECKF(r.status == 200, "status %d: %.*s", r.status, (int)r.body.len, (char *)r.body.data);
+    CHECK(parse_images(&r, &im) == 0);
+    CHECK(im.n == 2 && im.seeds[0] == 1234 && im.seeds[1] == 1235);
+    CHECK(!strcmp(im.size, "64x128") && !strcmp(im.format, "png"));
+    gwc_response_free(&r);
+    const char *args[] = {"--prompt", "a red fox", "--seed", "1234", "--width", "64", "--height",
+                          "128", "--steps", "2", "-n", "2", NULL};
+    compare_cli("generate", args, &im, "png", "generate n=2");
+    /* Keep image 0 as an edit reference. */
+    char ref[128];
+    snprintf(ref, sizeof ref, "%s/ref0.png", tmpdir);
+    FILE *f = fopen(ref, "wb");
+    fwrite(im.files[0].data, 1, im.files[0].len, f);
+    fclose(f);
+    snprintf(ref, sizeof ref, "%s/ref1.png", tmpdir);
+    f = fopen(ref, "wb");
+    fwrite(im.files[1].data, 1, im.files[1].len, f);
+    fclose(f);
+    images_free(&im);
+
+    CHECK(post_json("/v1/images/generations",
+                    "{\"prompt\":\"a boat\",\"size\":\"128x64\",\"seed\":99,"
+                    "\"num_inference_steps\":1,\"output_format\":\"jpeg\"}",
+                    &r) == 0);
+    CHECK(r.status == 200 && parse_images(&r, &im) == 0 && im.n == 1 && !strcmp(im.format, "jpeg"));
+    gwc_response_free(&r);
+    const char *jargs[] = {"--prompt", "a boat", "--seed", "99", "--width", "128", "--height",
+                           "64", "--steps", "1", NULL};
+    compare_cli("generate", jargs, &im, "jpg", "generate jpeg");
+    images_free(&im);
+}
+
+static void test_edit_matches_cli(void)
+{
+    char ref0[128], ref1[128];
+    snprintf(ref0, sizeof ref0, "%s/ref0.png", tmpdir);
+    snprintf(ref1, sizeof ref1, "%s/ref1.png", tmpdir);
+    kiln_buf a = {0}, b = {0};
+    CHECK(read_file(ref0, &a) == 0 && read_file(ref1, &b) == 0);
+    /* multipart, one image, no size: the reference's size (64x128). */
+    kiln_buf body = {0};
+    const char *head = "--kilnB\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nmake it blue\r\n"
+                       "--kilnB\r\nContent-Disposition: form-data; name=\"seed\"\r\n\r\n77\r\n"
+                       "--kilnB\r\nContent-Disposition: form-data; name=\"num_inference_steps\"\r\n\r\n2\r\n"
+                       "--kilnB\r\nContent-Disposition: form-data; name=\"image\"; filename=\"r.png\"\r\n"
+                       "Content-Type: image/png\r\n\r\n";
+    kiln_buf_append(&body, head, strlen(head), NULL);
+    kiln_buf_append(&body, a.data, a.len, NULL);
+    kiln_buf_append(&body, "\r\n--kilnB--\r\n", 13, NULL);
+    gwc_response r;
+    images im;
+    CHECK(gwc_request(port, "POST", "/v1/images/edits", "multipart/form-data; boundary=kilnB",
+                      body.data, body.len, &r, T_REQ) == 0);
+    CHECKF(r.status == 200, "status %d: %.*s", r.status, (int)r.body.len, (char *)r.body.data);
+    CHECK(parse_images(&r, &im) == 0 && im.n == 1 && im.seeds[0] == 77 && !strcmp(im.size, "64x128"));
+    gwc_response_free(&r);
+    const char *args[] = {"--image", ref0, "--prompt", "make it blue", "--seed", "77", "--steps",
+                          "2", NULL};
+    compare_cli("edit", args, &im, "png", "edit multipart");
+    images_free(&im);
+    kiln_buf_free(&body);
+
+    /* JSON, two references: a data URL and plain base64. */
+    kiln_buf ea = {0}, eb = {0}, json = {0};
+    kiln_base64_encode(a.data, a.len, &ea, NULL);
+    kiln_base64_encode(b.data, b.len, &eb, NULL);
+    const char *p1 = "{\"prompt\":\"two foxes\",\"seed\":5,\"size\":\"128x128\",\"num_inference_steps\":1,"
+                     "\"image\":[\"data:image/png;base64,";
+    kiln_buf_append(&json, p1, strlen(p1), NULL);
+    kiln_buf_append(&json, ea.data, ea.len, NULL);
+    kiln_buf_append(&json, "\",\"", 3, NULL);
+    kiln_buf_append(&json, eb.data, eb.len, NULL);
+    kiln_buf_append(&json, "\"]}", 3, NULL);
+    CHECK(gwc_request(port, "POST", "/v1/images/edits", "application/json", json.data, json.len, &r,
+                      T_REQ) == 0);
+    CHECKF(r.status == 200, "status %d: %.*s", r.status, (int)r.body.len, (char *)r.body.data);
+    CHECK(parse_images(&r, &im) == 0 && im.n == 1 && !strcmp(im.size, "128x128"));
+    gwc_response_free(&r);
+    const char *args2[] = {"--image", ref0, "--image", ref1, "--prompt", "two foxes", "--seed", "5",
+                           "--width", "128", "--height", "128", "--steps", "1", NULL};
+    compare_cli("edit", args2, &im, "png", "edit JSON two refs");
+    images_free(&im);
+    kiln_buf_free(&ea), kiln_buf_free(&eb), kiln_buf_free(&json);
+    kiln_buf_free(&a), kiln_buf_free(&b);
+}
+
+static void test_random_seed(void)
+{
+    const char *req = "{\"prompt\":\"a tree\",\"size\":\"64x64\",\"num_inference_steps\":1}";
+    gwc_response r1, r2, r3;
+    images a, b, c;
+    CHECK(post_json("/v1/images/generations", req, &r1) == 0 && r1.status == 200);
+    CHECK(post_json("/v1/images/generations", req, &r2) == 0 && r2.status == 200);
+    CHECK(parse_images(&r1, &a) == 0 && parse_images(&r2, &b) == 0 && a.n == 1 && b.n == 1);
+    CHECKF(a.seeds[0] != b.seeds[0], "two requests without a seed got seed %llu",
+           (unsigned long long)a.seeds[0]);
+    char again[256];
+    snprintf(again, sizeof again,
+             "{\"prompt\":\"a tree\",\"size\":\"64x64\",\"num_inference_steps\":1,\"seed\":%llu}",
+             (unsigned long long)a.seeds[0]);
+    CHECK(post_json("/v1/images/generations", again, &r3) == 0 && r3.status == 200);
+    CHECK(parse_images(&r3, &c) == 0 && c.n == 1 && c.seeds[0] == a.seeds[0]);
+    CHECK(c.files[0].len == a.files[0].len && !memcmp(c.files[0].data, a.files[0].data, a.files[0].len));
+    images_free(&a), images_free(&b), images_free(&c);
+    gwc_response_free(&r1), gwc_response_free(&r2), gwc_response_free(&r3);
+}
+
+typedef struct bad_case {
+    const char *path, *ctype, *body;
+    int status;
+    const char *param, *code, *what;
+} bad_case;
+
+static void test_bad_inputs(void)
+{
+    static const bad_case cases[] = {
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",", 400, NULL, "invalid_json", "malformed JSON"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"n\":\"2\"}", 400, "n", NULL, "n as a string"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":[\"x\"]}", 400, "prompt", NULL, "prompt as a list"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"256x256\"}", 400, "size", NULL, "size above --max-size"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"32x64\"}", 400, "size", NULL, "size below --min-size"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"72x64\"}", 400, "size", NULL, "size not a multiple of 16"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"64x64\",\"n\":0}", 400, "n", NULL, "n = 0"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"64x64\",\"n\":11}", 400, "n", NULL, "n = 11"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"model\":\"gpt-image-1\"}", 400, "model", "model_not_found", "unknown model"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"response_format\":\"url\"}", 400, "response_format", NULL, "url responses"},
+        {"/v1/images/generations", "application/json", "{\"size\":\"64x64\"}", 400, "prompt", NULL, "no prompt"},
+        {"/v1/images/edits", "multipart/form-data; boundary=zz", "--zz\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx", 400, NULL, "invalid_multipart", "broken multipart"},
+        {"/v1/images/edits", "multipart/form-data; boundary=zz", "--zz\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx\r\n--zz\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\nthis is text\r\n--zz--\r\n", 400, "image", "invalid_image", "non-image upload"},
+        {"/v1/images/edits", "application/json", "{\"prompt\":\"x\"}", 400, "image", NULL, "edit without image"},
+        {"/v1/nothing", NULL, NULL, 404, NULL, "not_found", "unknown route"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const bad_case *c = &cases[i];
+        gwc_response r;
+        int rc = c->body ? gwc_request(port, "POST", c->path, c->ctype, c->body, strlen(c->body), &r, 10000)
+                         : gwc_request(port, "GET", c->path, NULL, NULL, 0, &r, 10000);
+        CHECKF(rc == 0, "%s: no response", c->what);
+        if (!rc)
+            check_error(&r, c->status, c->param, c->code, c->what);
+        gwc_response_free(&r);
+        CHECKF(get_status("/healthz") == 200, "%s: the gateway stopped serving", c->what);
+    }
+    /* Wrong method, with Allow. */
+    gwc_response r;
+    CHECK(gwc_request(port, "GET", "/v1/images/generations", NULL, NULL, 0, &r, 5000) == 0);
+    check_error(&r, 405, NULL, "method_not_allowed", "GET on generations");
+    char allow[64] = "";
+    CHECK(gwc_header(&r, "Allow", allow, sizeof allow) == 0 && !strcmp(allow, "POST"));
+    gwc_response_free(&r);
+
+    /* A body over --max-body-mb (1 MiB): 413 before the body is read. */
+    size_t big = (1u << 20) + 1;
+    char *body = malloc(big);
+    memset(body, ' ', big);
+    CHECK(gwc_request(port, "POST", "/v1/images/generations", "application/json", body, big, &r,
+                      10000) == 0);
+    check_error(&r, 413, NULL, "too_large", "oversized body");
+    gwc_response_free(&r);
+    free(body);
+    CHECK(get_status("/healthz") == 200);
+
+    /* Keep-alive with pipelining: two requests in one write, answered in
+     * order on the same connection, an error in between included. */
+    int fd = gwc_connect(port);
+    kiln_buf req = {0}, in = {0};
+    gwc_format(&req, "GET", "/healthz", NULL, NULL, 0, 0);
+    gwc_format(&req, "POST", "/v1/images/generations", "application/json", "{", 1, 0);
+    gwc_format(&req, "GET", "/v1/models", NULL, NULL, 0, 0);
+    CHECK(gwc_send(fd, req.data, req.len, 5000) == 0);
+    gwc_response a, b, c;
+    CHECK(gwc_read_response(fd, &in, &a, 5000) == 0 && a.status == 200);
+    CHECK(gwc_read_response(fd, &in, &b, 5000) == 0 && b.status == 400);
+    CHECK(gwc_read_response(fd, &in, &c, 5000) == 0 && c.status == 200);
+    CHECK(c.body.len && strstr((const char *)c.body.data, "\"id\":\"klein-tiny\"") != NULL);
+    gwc_response_free(&a), gwc_response_free(&b), gwc_response_free(&c);
+    kiln_buf_free(&req), kiln_buf_free(&in);
+    close(fd);
+
+    /* Slowloris: headers that never end (408 after --header-timeout-ms),
+     * and a body that never completes (408 after --read-timeout-ms); each
+     * connection is then closed. */
+    int slow_h = gwc_connect(port), slow_b = gwc_connect(port);
+    const char *ph = "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    const char *pb = "POST /v1/images/generations HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"pro";
+    CHECK(gwc_send(slow_h, ph, strlen(ph), 1000) == 0 && gwc_send(slow_b, pb, strlen(pb), 1000) == 0);
+    double t0 = kiln_now_ms();
+    sleep_ms(300);
+    CHECK(gwc_send(slow_h, "a", 1, 1000) == 0); /* a trickle does not extend the deadline */
+    kiln_buf ih = {0}, ib = {0};
+    CHECK(gwc_read_response(slow_h, &ih, &a, 5000) == 0);
+    double th = kiln_now_ms() - t0;
+    check_error(&a, 408, NULL, "timeout", "slow headers");
+    CHECKF(th > 800 && th < 2500, "slow headers answered after %.0f ms", th);
+    CHECK(gwc_wait_closed(slow_h, 3000));
+    CHECK(gwc_read_response(slow_b, &ib, &b, 6000) == 0);
+    double tb = kiln_now_ms() - t0;
+    check_error(&b, 408, NULL, "timeout", "slow body");
+    CHECKF(tb > 2500 && tb < 5000, "slow body answered after %.0f ms", tb);
+    CHECK(gwc_wait_closed(slow_b, 3000));
+    gwc_response_free(&a), gwc_response_free(&b);
+    kiln_buf_free(&ih), kiln_buf_free(&ib);
+    close(slow_h), close(slow_b);
+    CHECK(get_status("/healthz") == 200);
+}
+
+/* ---- concurrency ---- */
+
+#define N_CONN 16
+#define PER_CONN 4
+
+static const int sizes[4][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}};
+
+static void request_json(char *buf, size_t cap, int i)
+{
+    snprintf(buf, cap,
+             "{\"prompt\":\"concurrent %d\",\"size\":\"%dx%d\",\"seed\":%d,\"num_inference_steps\":1}",
+             i % 4, sizes[i % 4][0], sizes[i % 4][1], 1000 + i);
+}
+
+static void test_concurrency(void)
+{
+    int fds[N_CONN];
+    kiln_buf in[N_CONN];
+    int got[N_CONN] = {0};
+    images results[N_CONN * PER_CONN];
+    memset(results, 0, sizeof results);
+    for (int c = 0; c < N_CONN; c++) {
+        fds[c] = gwc_connect(port);
+        in[c] = (kiln_buf){0};
+        kiln_buf req = {0};
+        for (int k = 0; k < PER_CONN; k++) {
+            char json[256];
+            request_json(json, sizeof json, c * PER_CONN + k);
+            gwc_format(&req, "POST", "/v1/images/generations", "application/json", json,
+                       strlen(json), 0);
+        }
+        CHECK(fds[c] >= 0 && gwc_send(fds[c], req.data, req.len, 5000) == 0);
+        kiln_buf_free(&req);
+    }
+    double t0 = kiln_now_ms();
+    int done = 0, failed = 0;
+    while (done + failed < N_CONN * PER_CONN && kiln_now_ms() - t0 < T_REQ) {
+        struct pollfd pf[N_CONN];
+        for (int c = 0; c < N_CONN; c++)
+            pf[c] = (struct pollfd){.fd = got[c] < PER_CONN ? fds[c] : -1, .events = POLLIN};
+        if (poll(pf, N_CONN, 1000) <= 0)
+            continue;
+        for (int c = 0; c < N_CONN; c++) {
+            if (!(pf[c].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            kiln_buf_reserve(&in[c], 65536, NULL);
+            ssize_t n = recv(fds[c], in[c].data + in[c].len, 65536, 0);
+            if (n <= 0) {
+                failed += PER_CONN - got[c];
+                got[c] = PER_CONN;
+                continue;
+            }
+            in[c].len += (size_t)n;
+            gwc_response r;
+            while (got[c] < PER_CONN && gwc_parse(&in[c], &r) == 1) {
+                int i = c * PER_CONN + got[c]++;
+                CHECKF(r.status == 200, "request %d: status %d", i, r.status);
+                if (r.status == 200 && parse_images(&r, &results[i]) == 0)
+                    done++;
+                else
+                    failed++;
+                gwc_response_free(&r);
+            }
+        }
+    }
+    KILN_LOG_INFO("e2e: %d concurrent requests answered in %.1f s", done, (kiln_now_ms() - t0) / 1000);
+    CHECKF(done == N_CONN * PER_CONN, "%d of %d requests succeeded", done, N_CONN * PER_CONN);
+    for (int c = 0; c < N_CONN; c++) {
+        close(fds[c]);
+        kiln_buf_free(&in[c]);
+    }
+    /* Right size and seed, and all different. */
+    for (int i = 0; i < N_CONN * PER_CONN; i++) {
+        images *im = &results[i];
+        if (im->n != 1)
+            continue;
+        CHECK(im->seeds[0] == (uint64_t)(1000 + i));
+        kiln_image img = {0};
+        CHECK(kiln_image_decode(im->files[0].data, im->files[0].len, NULL, &img, NULL) == KILN_OK);
+        CHECKF(img.width == sizes[i % 4][0] && img.height == sizes[i % 4][1], "request %d: %dx%d", i,
+               img.width, img.height);
+        kiln_image_free(&img);
+        for (int k = 0; k < i; k++)
+            if (results[k].n == 1 && results[k].files[0].len == im->files[0].len)
+                CHECKF(memcmp(results[k].files[0].data, im->files[0].data, im->files[0].len),
+                       "requests %d and %d gave the same image", k, i);
+    }
+    /* Batched with others, an image is what it is alone (the CLI). */
+    for (int i = 60; i < 64; i++) {
+        char seed[16], w[8], h[8], prompt[32];
+        snprintf(seed, sizeof seed, "%d", 1000 + i);
+        snprintf(w, sizeof w, "%d", sizes[i % 4][0]);
+        snprintf(h, sizeof h, "%d", sizes[i % 4][1]);
+        snprintf(prompt, sizeof prompt, "concurrent %d", i % 4);
+        const char *args[] = {"--prompt", prompt, "--seed", seed, "--width", w, "--height", h,
+                              "--steps", "1", NULL};
+        if (results[i].n == 1)
+            compare_cli("generate", args, &results[i], "png", "concurrent request vs CLI");
+    }
+    for (int i = 0; i < N_CONN * PER_CONN; i++)
+        images_free(&results[i]);
+}
+
+/* ---- disconnects ---- */
+
+/* Sum of a metric family's samples whose line starts with `prefix`. */
+static double metric(const char *text, const char *prefix)
+{
+    double sum = 0;
+    size_t pl = strlen(prefix);
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, prefix, pl))
+            sum += strtod(strchr(l + pl, ' ') ? strchr(l + pl, ' ') : l + pl, NULL);
+    return sum;
+}
+
+static void test_disconnects(void)
+{
+    enum { N = 24 };
+    int fds[N];
+    for (int i = 0; i < N; i++) {
+        char json[256];
+        snprintf(json, sizeof json,
+                 "{\"prompt\":\"leave %d\",\"size\":\"128x128\",\"seed\":%d,\"num_inference_steps\":2}",
+                 i, 5000 + i);
+        kiln_buf req = {0};
+        gwc_format(&req, "POST", "/v1/images/generations", "application/json", json, strlen(json), 0);
+        fds[i] = gwc_connect(port);
+        CHECK(fds[i] >= 0 && gwc_send(fds[i], req.data, req.len, 5000) == 0);
+        kiln_buf_free(&req);
+    }
+    /* Every other client leaves, at different moments (while parsing,
+     * queued, or at one stage or another), some with a reset. */
+    srand(7);
+    for (int i = 0; i < N; i += 2) {
+        sleep_ms(rand() % 120);
+        if (i % 4 == 0) {
+            struct linger lg = {1, 0};
+            setsockopt(fds[i], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        }
+        close(fds[i]);
+        fds[i] = -1;
+    }
+    for (int i = 1; i < N; i += 2) {
+        kiln_buf in = {0};
+        gwc_response r;
+        CHECKF(gwc_read_response(fds[i], &in, &r, T_REQ) == 0 && r.status == 200,
+               "request %d that stayed: status %d", i, r.status);
+        gwc_response_free(&r);
+        kiln_buf_free(&in);
+        close(fds[i]);
+    }
+    /* Everything drains: no job, queue or in-flight entry is left. */
+    double t0 = kiln_now_ms();
+    int clean = 0;
+    char last[4096] = "";
+    while (!clean && kiln_now_ms() - t0 < 30000) {
+        gwc_response r;
+        if (gwc_request(port, "GET", "/metrics", NULL, NULL, 0, &r, 5000) == 0 && r.status == 200) {
+            kiln_buf_append(&r.body, "", 1, NULL);
+            const char *t = (const char *)r.body.data;
+            clean = metric(t, "kiln_jobs ") == 0 && metric(t, "kiln_queue_depth{") == 0 &&
+                    metric(t, "kiln_inflight{") == 0;
+            snprintf(last, sizeof last, "jobs %g queued %g inflight %g cancels %g",
+                     metric(t, "kiln_jobs "), metric(t, "kiln_queue_depth{"),
+                     metric(t, "kiln_inflight{"), metric(t, "kiln_events_total{event=\"cancel\"}"));
+        }
+        gwc_response_free(&r);
+        if (!clean)
+            sleep_ms(200);
+    }
+    CHECKF(clean, "jobs left after the clients went away: %s", last);
+    KILN_LOG_INFO("e2e: after disconnects: %s", last);
+    gwc_response r;
+    CHECK(post_json("/v1/images/generations",
+                    "{\"prompt\":\"still here\",\"size\":\"64x64\",\"num_inference_steps\":1}", &r) == 0);
+    CHECK(r.status == 200);
+    gwc_response_free(&r);
+}
+
+/* ---- set-up ---- */
+
+static int start(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-gw-e2e-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    snprintf(bus, sizeof bus, "ipc://%s/bus", tmpdir);
+    char exe[4][512], log[4][160];
+    const char *names[4] = {"services/gateway/kiln-gateway", "services/kiln-encoder",
+                            "services/kiln-denoiser", "services/kiln-decoder"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(exe[i], sizeof exe[i], "%s/%s", build_root, names[i]);
+        snprintf(log[i], sizeof log[i], "%s/%d.log", tmpdir, i);
+    }
+    const char *gw[] = {exe[0], "--model", model, "--host", "127.0.0.1", "--port", "0", "--bus",
+                        bus, "--min-size", "64", "--max-size", "128", "--max-body-mb", "1",
+                        "--header-timeout-ms", "1000", "--read-timeout-ms", "3000",
+                        "--queue-max", "256", NULL};
+    pids[0] = spawn(gw, log[0]);
+    port = gateway_port(log[0]);
+    if (port <= 0)
+        return -1;
+    const char *enc[] = {exe[1], "--model", model, "--bus", bus, "--text-encoder-out-layers",
+                         "1,2,3", NULL};
+    const char *den[] = {exe[2], "--model", model, "--bus", bus, NULL};
+    const char *dec[] = {exe[3], "--model", model, "--bus", bus, NULL};
+    pids[1] = spawn(enc, log[1]);
+    pids[2] = spawn(den, log[2]);
+    pids[3] = spawn(dec, log[3]);
+    for (int i = 0; i < 600; i++) {
+        if (get_status("/readyz") == 200)
+            return 0;
+        sleep_ms(50);
+    }
+    return -1;
+}
+
+static void stop(void)
+{
+    /* The gateway first: it must exit 0 on SIGTERM. */
+    if (pids[0] > 0) {
+        kill(pids[0], SIGTERM);
+        int st = 0;
+        CHECK(waitpid(pids[0], &st, 0) == pids[0]);
+        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "gateway exit status %d", st);
+    }
+    for (int i = 1; i < 4; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGTERM);
+            waitpid(pids[i], NULL, 0);
+        }
+}
+
+int main(void)
+{
+    build_root = getenv("KILN_BUILD_ROOT");
+    const char *shared = getenv("KILN_SHARED");
+    if (!build_root || !shared) {
+        fprintf(stderr, "KILN_BUILD_ROOT and KILN_SHARED must be set (meson test sets them)\n");
+        return 1;
+    }
+    snprintf(model, sizeof model, "%s/oracle/ckpt/klein-tiny", shared);
+    signal(SIGPIPE, SIG_IGN);
+    if (start()) {
+        fprintf(stderr, "the service did not come up; logs in %s\n", tmpdir);
+        stop();
+        return 1;
+    }
+    RUN(test_generate_matches_cli);
+    RUN(test_edit_matches_cli);
+    RUN(test_random_seed);
+    RUN(test_bad_inputs);
+    RUN(test_concurrency);
+    RUN(test_disconnects);
+    stop();
+    if (test_failures)
+        fprintf(stderr, "logs kept in %s\n", tmpdir);
+    else {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+        if (system(cmd))
+            fprintf(stderr, "could not remove %s\n", tmpdir);
+    }
+    return test_finish();
+}
