@@ -4,7 +4,8 @@
  * process maps the slabs (cached), reads them through its own backend and
  * answers with content hashes.  Also: ranges returned to the pool and
  * reused under a cached mapping, slabs of the consumer's own process,
- * bad references and frees.
+ * bad references and frees, and (with two GPUs) a consumer on the other
+ * GPU mapping the slab through peer access.
  *
  * Without a CUDA device the test is skipped (exit 77), unless
  * KILN_REQUIRE_GPU=1 (tools/gpu/check.sh).  Fork happens before either
@@ -25,7 +26,7 @@
 #define MAX_REFS 8
 
 typedef struct reply {
-    int n;
+    int n; /* -1: the consumer has no such GPU */
     kiln_status code[MAX_REFS];
     uint64_t hash[MAX_REFS];
     int mapped, open_after_close;
@@ -88,7 +89,7 @@ static kiln_tensor view_of(const kiln_tensor_ref *ref, const void *ptr)
 
 /* ---- consumer process ---- */
 
-static int consumer(int in_fd, int out_fd)
+static int consumer(int in_fd, int out_fd, int device)
 {
     kiln_backend *be = NULL;
     kiln_transport *rx = NULL;
@@ -101,12 +102,20 @@ static int consumer(int in_fd, int out_fd)
         if (!frame || read_all(in_fd, frame, len))
             return 1;
         if (!be) {
-            be = kiln_backend_create("cuda", 0, &err);
-            rx = be ? kiln_transport_cuda_ipc_create("decode-test", "decode", 0, 0, 0, &err)
+            be = kiln_backend_create("cuda", device, &err);
+            rx = be ? kiln_transport_cuda_ipc_create("decode-test", "decode", device, 0, 0, &err)
                     : NULL;
             if (!rx) {
-                fprintf(stderr, "consumer: %s\n", err.msg);
-                return 1;
+                fprintf(stderr, "consumer on GPU %d: %s\n", device, err.msg);
+                free(frame);
+                reply none = {.n = -1};
+                int absent = device > 0 && (err.code == KILN_ERR_INVALID ||
+                                            err.code == KILN_ERR_UNAVAILABLE);
+                if (!absent || write_all(out_fd, &none, sizeof none))
+                    return 1;
+                kiln_backend_destroy(be);
+                be = NULL;
+                continue;
             }
         }
         kiln_msg *m = kiln_msg_decode(frame, len, &err);
@@ -153,12 +162,18 @@ static int consumer(int in_fd, int out_fd)
 
 /* ---- producer process ---- */
 
-static int to_child = -1, from_child = -1;
+/* A consumer process and its pipes. */
+typedef struct child {
+    pid_t pid;
+    int to, from;
+} child;
+
+static child consumers[2]; /* on GPU 0 and GPU 1 */
 static kiln_backend *be;
 static kiln_transport *tx;
 
-/* Sends refs as a msgpack frame and waits for the consumer's reply. */
-static int exchange(const kiln_tensor_ref *refs, int n, reply *r)
+/* Sends refs as a msgpack frame to consumer c and waits for its reply. */
+static int exchange(const child *c, const kiln_tensor_ref *refs, int n, reply *r)
 {
     kiln_msg m = {.type = KILN_MSG_RELEASE, .refs.n = n};
     memcpy(m.refs.refs, refs, (size_t)n * sizeof *refs);
@@ -169,8 +184,8 @@ static int exchange(const kiln_tensor_ref *refs, int n, reply *r)
         return -1;
     }
     uint32_t len = (uint32_t)b.len;
-    int rc = write_all(to_child, &len, sizeof len) || write_all(to_child, b.data, b.len) ||
-             read_all(from_child, r, sizeof *r);
+    int rc = write_all(c->to, &len, sizeof len) || write_all(c->to, b.data, b.len) ||
+             read_all(c->from, r, sizeof *r);
     kiln_buf_free(&b);
     return rc ? -1 : 0;
 }
@@ -222,7 +237,7 @@ static void test_two_processes(void)
     CHECK(st.slabs == 2 && st.live == 3);
 
     reply r;
-    CHECK(exchange(refs, 3, &r) == 0);
+    CHECK(exchange(&consumers[0], refs, 3, &r) == 0);
     for (int i = 0; i < 3; i++)
         CHECKF(r.code[i] == KILN_OK && r.hash[i] == want[i], "ref %d: code %d, hash %s", i,
                r.code[i], r.hash[i] == want[i] ? "equal" : "different");
@@ -242,14 +257,14 @@ static void test_two_processes(void)
     uint64_t h = fill(KILN_BF16, 3, (int64_t[]){2, 300, 128}, &again, &p);
     CHECK(!strcmp(again.slab, refs[0].slab) && again.off == refs[0].off && p == ptr[0]);
     CHECK(h != want[0]);
-    CHECK(exchange(&again, 1, &r) == 0);
+    CHECK(exchange(&consumers[0], &again, 1, &r) == 0);
     CHECK(r.code[0] == KILN_OK && r.hash[0] == h && r.mapped == 2);
 
     /* Bad references are refused before any mapping. */
     kiln_tensor_ref bad[2] = {again, again};
     bad[0].off = 3u << 20; /* beyond the 2 MiB slab */
     snprintf(bad[1].slab, sizeof bad[1].slab, "/kiln-cuda-decode-1-0-xx");
-    CHECK(exchange(bad, 2, &r) == 0);
+    CHECK(exchange(&consumers[0], bad, 2, &r) == 0);
     CHECK(r.code[0] == KILN_ERR_INVALID && r.code[1] == KILN_ERR_INVALID && r.mapped == 2);
 
     /* Frees the producer refuses: double, foreign owner, unknown range. */
@@ -288,20 +303,47 @@ static void test_same_process(void)
            kiln_transport_cuda_ipc_all_reachable() ? "yes" : "no");
 }
 
+/* A consumer on the second GPU opens a slab of the first through peer
+ * access; skipped on a one-GPU host. */
+static void test_peer_gpu(void)
+{
+    kiln_tensor_ref ref;
+    void *ptr;
+    uint64_t h = fill(KILN_BF16, 2, (int64_t[]){512, 384}, &ref, &ptr);
+    reply r;
+    CHECK(exchange(&consumers[1], &ref, 1, &r) == 0);
+    if (r.n < 0) {
+        printf("cuda_ipc: no second GPU, peer mapping not tried\n");
+    } else {
+        CHECKF(r.code[0] == KILN_OK && r.hash[0] == h, "GPU 1 reading GPU 0's slab: code %d",
+               r.code[0]);
+        printf("cuda_ipc: GPU 1 read a slab of GPU 0 (peer access %s): %s\n",
+               kiln_transport_cuda_ipc_reachable(1, 0) ? "available" : "unavailable",
+               r.code[0] == KILN_OK && r.hash[0] == h ? "same bytes" : "FAILED");
+    }
+    kiln_err err = {0};
+    CHECK(kiln_transport_free(tx, &ref, &err) == KILN_OK);
+}
+
 int main(void)
 {
-    int down[2], up[2];
-    if (pipe(down) || pipe(up))
-        return 1;
-    pid_t child = fork();
-    if (child < 0)
-        return 1;
-    if (child == 0) {
-        close(down[1]), close(up[0]);
-        _exit(consumer(down[0], up[1]));
+    /* Both consumers are forked before this process touches CUDA. */
+    for (int d = 0; d < 2; d++) {
+        int down[2], up[2];
+        if (pipe(down) || pipe(up))
+            return 1;
+        pid_t pid = fork();
+        if (pid < 0)
+            return 1;
+        if (pid == 0) {
+            close(down[1]), close(up[0]);
+            for (int e = 0; e < d; e++)
+                close(consumers[e].to), close(consumers[e].from);
+            _exit(consumer(down[0], up[1], d));
+        }
+        close(down[0]), close(up[1]);
+        consumers[d] = (child){.pid = pid, .to = down[1], .from = up[0]};
     }
-    close(down[0]), close(up[1]);
-    to_child = down[1], from_child = up[0];
 
     kiln_err err = {0};
     be = kiln_backend_create("cuda", 0, &err);
@@ -318,13 +360,17 @@ int main(void)
     } else {
         RUN(test_two_processes);
         RUN(test_same_process);
+        RUN(test_peer_gpu);
     }
-    uint32_t zero = 0;
-    write_all(to_child, &zero, sizeof zero);
-    close(to_child);
-    int status = 0;
-    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && !WEXITSTATUS(status));
-    close(from_child);
+    for (int d = 0; d < 2; d++) {
+        uint32_t zero = 0;
+        write_all(consumers[d].to, &zero, sizeof zero);
+        close(consumers[d].to);
+        int status = 0;
+        CHECK(waitpid(consumers[d].pid, &status, 0) == consumers[d].pid && WIFEXITED(status) &&
+              !WEXITSTATUS(status));
+        close(consumers[d].from);
+    }
     kiln_transport_destroy(tx);
     kiln_backend_destroy(be);
     if (skip)
