@@ -8,67 +8,60 @@
 #include <assert.h>
 #include <math.h>
 
+/* B independent (rows, cols) -> (cols, rows) transposes. */
+static void transpose(const float *src, float *dst, int64_t B, int64_t rows, int64_t cols)
+{
+    for (int64_t b = 0; b < B; b++) {
+        const float *s = src + b * rows * cols;
+        float *d = dst + b * rows * cols;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t k = 0; k < cols; k++)
+                d[k * rows + r] = s[r * cols + k];
+    }
+}
+
+/* (B, C, h*w) channel planes <-> (B, h*w, C) tokens. */
 void kiln_latents_pack(const float *src, float *dst, int64_t B, int64_t C, int64_t h, int64_t w)
 {
-    const int64_t hw = h * w;
-    for (int64_t b = 0; b < B; b++) {
-        const float *s = src + b * C * hw;
-        float *d = dst + b * C * hw;
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t n = 0; n < hw; n++)
-                d[n * C + c] = s[c * hw + n];
-    }
+    transpose(src, dst, B, C, h * w);
 }
 
 void kiln_latents_unpack(const float *src, float *dst, int64_t B, int64_t C, int64_t h,
                          int64_t w)
 {
-    const int64_t hw = h * w;
-    for (int64_t b = 0; b < B; b++) {
-        const float *s = src + b * C * hw;
-        float *d = dst + b * C * hw;
+    transpose(src, dst, B, h * w, C);
+}
+
+/* Moves every latent[b, c, 2y+dy, 2x+dx] of a (B, C, 2h, 2w) buffer to or
+ * from (`to_patches`) patch[b, 4c+2dy+dx, y, x] of a (B, 4C, h, w) buffer. */
+static void patch_move(const float *src, float *dst, int64_t B, int64_t C, int64_t h, int64_t w,
+                       int to_patches)
+{
+    for (int64_t b = 0; b < B; b++)
         for (int64_t c = 0; c < C; c++)
-            for (int64_t n = 0; n < hw; n++)
-                d[c * hw + n] = s[n * C + c];
-    }
-}
-
-/* Index of latent[b, c, 2y+dy, 2x+dx] in a (B, C, 2h, 2w) buffer, and of
- * patch[b, 4c+2dy+dx, y, x] in a (B, 4C, h, w) buffer. */
-static int64_t full_index(int64_t b, int64_t c, int64_t yy, int64_t xx, int64_t C, int64_t h,
-                          int64_t w)
-{
-    return ((b * C + c) * 2 * h + yy) * 2 * w + xx;
-}
-
-static int64_t patch_index(int64_t b, int64_t ch, int64_t y, int64_t x, int64_t C, int64_t h,
-                           int64_t w)
-{
-    return ((b * 4 * C + ch) * h + y) * w + x;
+            for (int64_t d = 0; d < 4; d++)
+                for (int64_t y = 0; y < h; y++)
+                    for (int64_t x = 0; x < w; x++) {
+                        int64_t yy = 2 * y + d / 2, xx = 2 * x + d % 2;
+                        int64_t full = ((b * C + c) * 2 * h + yy) * 2 * w + xx;
+                        int64_t patch = ((b * 4 * C + 4 * c + d) * h + y) * w + x;
+                        if (to_patches)
+                            dst[patch] = src[full];
+                        else
+                            dst[full] = src[patch];
+                    }
 }
 
 void kiln_latents_patchify(const float *src, float *dst, int64_t B, int64_t C, int64_t h,
                            int64_t w)
 {
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t d = 0; d < 4; d++)
-                for (int64_t y = 0; y < h; y++)
-                    for (int64_t x = 0; x < w; x++)
-                        dst[patch_index(b, 4 * c + d, y, x, C, h, w)] =
-                            src[full_index(b, c, 2 * y + d / 2, 2 * x + d % 2, C, h, w)];
+    patch_move(src, dst, B, C, h, w, 1);
 }
 
 void kiln_latents_unpatchify(const float *src, float *dst, int64_t B, int64_t C, int64_t h,
                              int64_t w)
 {
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t d = 0; d < 4; d++)
-                for (int64_t y = 0; y < h; y++)
-                    for (int64_t x = 0; x < w; x++)
-                        dst[full_index(b, c, 2 * y + d / 2, 2 * x + d % 2, C, h, w)] =
-                            src[patch_index(b, 4 * c + d, y, x, C, h, w)];
+    patch_move(src, dst, B, C, h, w, 0);
 }
 
 /* Rounds to the pipeline dtype: identity for fp32, to nearest even for bf16. */
@@ -81,8 +74,10 @@ static float bn_std(float var, float eps, int bf16)
     return to_dt(sqrtf(to_dt(var + eps, bf16)), bf16);
 }
 
-void kiln_latents_bn_normalize(float *x, int64_t B, int64_t C, int64_t hw, const float *mean,
-                               const float *var, double eps, kiln_dtype dt)
+/* x = (x - mean_c) / std_c, or with `inverse` x = x * std_c + mean_c; each
+ * operation rounded on its own. */
+static void bn_apply(float *x, int64_t B, int64_t C, int64_t hw, const float *mean,
+                     const float *var, double eps, kiln_dtype dt, int inverse)
 {
     assert(dt == KILN_F32 || dt == KILN_BF16);
     const int bf16 = dt == KILN_BF16;
@@ -92,25 +87,22 @@ void kiln_latents_bn_normalize(float *x, int64_t B, int64_t C, int64_t hw, const
         for (int64_t b = 0; b < B; b++) {
             float *p = x + (b * C + c) * hw;
             for (int64_t i = 0; i < hw; i++)
-                p[i] = to_dt(to_dt(p[i] - m, bf16) / std, bf16);
+                p[i] = inverse ? to_dt(to_dt(p[i] * std, bf16) + m, bf16)
+                               : to_dt(to_dt(p[i] - m, bf16) / std, bf16);
         }
     }
+}
+
+void kiln_latents_bn_normalize(float *x, int64_t B, int64_t C, int64_t hw, const float *mean,
+                               const float *var, double eps, kiln_dtype dt)
+{
+    bn_apply(x, B, C, hw, mean, var, eps, dt, 0);
 }
 
 void kiln_latents_bn_denormalize(float *x, int64_t B, int64_t C, int64_t hw, const float *mean,
                                  const float *var, double eps, kiln_dtype dt)
 {
-    assert(dt == KILN_F32 || dt == KILN_BF16);
-    const int bf16 = dt == KILN_BF16;
-    for (int64_t c = 0; c < C; c++) {
-        const float std = bn_std(var[c], (float)eps, bf16);
-        const float m = mean[c];
-        for (int64_t b = 0; b < B; b++) {
-            float *p = x + (b * C + c) * hw;
-            for (int64_t i = 0; i < hw; i++)
-                p[i] = to_dt(to_dt(p[i] * std, bf16) + m, bf16);
-        }
-    }
+    bn_apply(x, B, C, hw, mean, var, eps, dt, 1);
 }
 
 /* Z-Image's decode(latents / scaling_factor + shift_factor): true division, as
