@@ -23,6 +23,17 @@ static const char *raw(const char *name, const char *header, int64_t hlen, size_
     return path;
 }
 
+/* raw() of a header holding one tensor "t" with the given dtype and the
+ * given JSON shape and data_offsets, then `data` zero bytes. */
+static const char *one_tensor(const char *name, const char *dtype, const char *shape,
+                              const char *offsets, size_t data)
+{
+    char header[512];
+    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":%s}}",
+             dtype, shape, offsets);
+    return raw(name, header, -1, data);
+}
+
 static void expect_refused(const char *path, kiln_status code, const char *needle)
 {
     kiln_err err = {0};
@@ -129,39 +140,31 @@ static void test_hostile_files(void)
     expect_refused(raw("array.safetensors", "[1,2,3]", -1, 0), KILN_ERR_FORMAT,
                    "not a JSON object");
     expect_refused(raw("trailing.safetensors", "{}  x", -1, 0), KILN_ERR_FORMAT, "trailing");
-    expect_refused(raw("dtype.safetensors",
-                       "{\"t\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8),
-                   KILN_ERR_FORMAT, "unknown dtype");
-    expect_refused(raw("bool.safetensors",
-                       "{\"t\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[0,2]}}", -1, 2),
-                   KILN_ERR_UNSUPPORTED, "unsupported dtype BOOL");
-    expect_refused(raw("mismatch.safetensors",
-                       "{\"t\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", -1, 8),
-                   KILN_ERR_FORMAT, "need 12");
-    expect_refused(raw("beyond.safetensors",
-                       "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", -1, 8),
-                   KILN_ERR_FORMAT, "beyond the end");
-    expect_refused(raw("reversed.safetensors",
-                       "{\"t\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", -1, 8),
-                   KILN_ERR_FORMAT, "begin <= end");
+    expect_refused(one_tensor("dtype.safetensors", "Q7", "[2]", "[0,8]", 8), KILN_ERR_FORMAT,
+                   "unknown dtype");
+    expect_refused(one_tensor("bool.safetensors", "BOOL", "[2]", "[0,2]", 2), KILN_ERR_UNSUPPORTED,
+                   "unsupported dtype BOOL");
+    expect_refused(one_tensor("mismatch.safetensors", "F32", "[3]", "[0,8]", 8), KILN_ERR_FORMAT,
+                   "need 12");
+    expect_refused(one_tensor("beyond.safetensors", "F32", "[4]", "[0,16]", 8), KILN_ERR_FORMAT,
+                   "beyond the end");
+    expect_refused(one_tensor("reversed.safetensors", "F32", "[0]", "[8,0]", 8), KILN_ERR_FORMAT,
+                   "begin <= end");
     expect_refused(raw("overlap.safetensors",
                        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                        "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
                        -1, 12),
                    KILN_ERR_FORMAT, "overlap");
-    expect_refused(raw("negative.safetensors",
-                       "{\"t\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", -1, 8),
-                   KILN_ERR_FORMAT, "non-negative");
-    expect_refused(raw("fraction.safetensors",
-                       "{\"t\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,8]}}", -1, 8),
+    expect_refused(one_tensor("negative.safetensors", "F32", "[-2]", "[0,8]", 8), KILN_ERR_FORMAT,
+                   "non-negative");
+    expect_refused(one_tensor("fraction.safetensors", "F32", "[1.5]", "[0,8]", 8),
                    KILN_ERR_FORMAT, "non-negative integer");
-    expect_refused(raw("rank.safetensors",
-                       "{\"t\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,"
-                       "1,1,1,1,1,1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", -1, 1),
+    expect_refused(one_tensor("rank.safetensors", "U8",
+                              "[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]",
+                              "[0,1]", 1),
                    KILN_ERR_FORMAT, "rank 33");
-    expect_refused(raw("overflow.safetensors",
-                       "{\"t\":{\"dtype\":\"F64\",\"shape\":[4294967296,4294967296,4294967296],"
-                       "\"data_offsets\":[0,8]}}", -1, 8),
+    expect_refused(one_tensor("overflow.safetensors", "F64", "[4294967296,4294967296,4294967296]",
+                              "[0,8]", 8),
                    KILN_ERR_FORMAT, "overflows");
     expect_refused(raw("nooffsets.safetensors", "{\"t\":{\"dtype\":\"F32\",\"shape\":[2]}}", -1, 8),
                    KILN_ERR_FORMAT, "data_offsets");
