@@ -82,6 +82,13 @@ static void pair(jb *b, const char *k, const char *lib, const char *cls)
     put(b, k, cJSON_CreateStringArray(v, 2));
 }
 
+/* The two keys every diffusers config and model_index.json open with. */
+static void diffusers_class(jb *b, const char *cls)
+{
+    str(b, "_class_name", cls);
+    str(b, "_diffusers_version", DIFFUSERS_VERSION);
+}
+
 static cJSON *done(jb *b)
 {
     if (b->fail) {
@@ -93,8 +100,7 @@ static cJSON *done(jb *b)
 
 static cJSON *model_index(const kiln_ckpt_preset *p, jb *b)
 {
-    str(b, "_class_name", p->pipeline);
-    str(b, "_diffusers_version", DIFFUSERS_VERSION);
+    diffusers_class(b, p->pipeline);
     if (p->is_distilled >= 0)
         flag(b, "is_distilled", p->is_distilled);
     pair(b, "scheduler", "diffusers", "FlowMatchEulerDiscreteScheduler");
@@ -108,8 +114,7 @@ static cJSON *model_index(const kiln_ckpt_preset *p, jb *b)
 
 static cJSON *flux2_config(const kiln_flux2_dims *d, jb *b)
 {
-    str(b, "_class_name", "Flux2Transformer2DModel");
-    str(b, "_diffusers_version", DIFFUSERS_VERSION);
+    diffusers_class(b, "Flux2Transformer2DModel");
     num(b, "attention_head_dim", d->head_dim);
     ints(b, "axes_dims_rope", d->axes, 4);
     num(b, "eps", 1e-6);
@@ -129,8 +134,7 @@ static cJSON *flux2_config(const kiln_flux2_dims *d, jb *b)
 
 static cJSON *zimage_config(const kiln_zimage_dims *d, jb *b)
 {
-    str(b, "_class_name", "ZImageTransformer2DModel");
-    str(b, "_diffusers_version", DIFFUSERS_VERSION);
+    diffusers_class(b, "ZImageTransformer2DModel");
     ints(b, "all_f_patch_size", &d->f_patch, 1);
     ints(b, "all_patch_size", &d->patch, 1);
     ints(b, "axes_dims", d->axes, 3);
@@ -203,8 +207,7 @@ static cJSON *generation_config(jb *b)
 
 static cJSON *vae_config(const kiln_vae_dims *d, jb *b)
 {
-    str(b, "_class_name", d->flux2 ? "AutoencoderKLFlux2" : "AutoencoderKL");
-    str(b, "_diffusers_version", DIFFUSERS_VERSION);
+    diffusers_class(b, d->flux2 ? "AutoencoderKLFlux2" : "AutoencoderKL");
     str(b, "act_fn", "silu");
     if (d->flux2) {
         num(b, "batch_norm_eps", 1e-4);
@@ -242,8 +245,7 @@ static cJSON *vae_config(const kiln_vae_dims *d, jb *b)
  * shift 3.0). */
 static cJSON *scheduler_config(const kiln_ckpt_preset *p, jb *b)
 {
-    str(b, "_class_name", "FlowMatchEulerDiscreteScheduler");
-    str(b, "_diffusers_version", DIFFUSERS_VERSION);
+    diffusers_class(b, "FlowMatchEulerDiscreteScheduler");
     num(b, "base_image_seq_len", 256);
     num(b, "base_shift", 0.5);
     flag(b, "invert_sigmas", 0);
