@@ -15,6 +15,7 @@
 #include "models/qwen3.h"
 #include "oracle_check.h"
 #include "tests/test.h"
+#include "tests/unit/io_helpers.h"
 
 static kiln_backend *be;
 
@@ -326,15 +327,6 @@ static void test_bad_layers_and_tokens(void)
     kiln_checkpoint_close(ck);
 }
 
-static int write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    int ok = fputs(text, f) >= 0;
-    return fclose(f) == 0 && ok ? 0 : -1;
-}
-
 static int copy_file(const char *from, const char *to)
 {
     FILE *f = fopen(from, "rb");
@@ -344,7 +336,7 @@ static int copy_file(const char *from, const char *to)
     size_t n = fread(buf, 1, sizeof buf, f);
     fclose(f);
     buf[n < sizeof buf ? n : sizeof buf - 1] = 0;
-    return write_file(to, buf);
+    return io_write_str(to, buf);
 }
 
 static void test_missing_component_and_bad_shapes(void)
@@ -355,7 +347,7 @@ static void test_missing_component_and_bad_shapes(void)
 
     /* a klein checkpoint without a text encoder */
     snprintf(path, sizeof path, "%s/model_index.json", dir);
-    CHECK(!write_file(path, "{\"_class_name\": \"Flux2KleinPipeline\"}"));
+    CHECK(!io_write_str(path, "{\"_class_name\": \"Flux2KleinPipeline\"}"));
     kiln_checkpoint *ck = kiln_checkpoint_open(dir, &err);
     CHECKF(ck, "%s", err.msg);
     if (ck) {
@@ -365,8 +357,8 @@ static void test_missing_component_and_bad_shapes(void)
     }
 
     /* klein-tiny's text encoder with layer 1's down_proj stored transposed */
-    CHECK(!write_file(path, "{\"_class_name\": \"Flux2KleinPipeline\", "
-                            "\"text_encoder\": [\"transformers\", \"Qwen3ForCausalLM\"]}"));
+    CHECK(!io_write_str(path, "{\"_class_name\": \"Flux2KleinPipeline\", "
+                              "\"text_encoder\": [\"transformers\", \"Qwen3ForCausalLM\"]}"));
     snprintf(path, sizeof path, "%s/text_encoder", dir);
     CHECK(mkdir(path, 0700) == 0);
     snprintf(path, sizeof path, "%s/text_encoder/config.json", dir);
