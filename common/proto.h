@@ -41,6 +41,7 @@
 
 #define KILN_PROTO_MAX_FRAME (512u << 20) /* bytes in one message */
 #define KILN_PROTO_ID_MAX 128             /* replica ids, host and model names, with the NUL */
+#define KILN_PROTO_MODEL_ID_MAX 64        /* kiln_proto_model_id's buffer, with the NUL */
 #define KILN_PROTO_SLAB_MAX 64            /* shm / slab names, with the NUL */
 #define KILN_PROTO_IPC_HANDLE 64          /* sizeof(cudaIpcMemHandle_t) */
 #define KILN_PROTO_MAX_TENSORS 8          /* named tensors in one `in` / `out` map */
@@ -89,8 +90,9 @@ int kiln_stage_parse(const char *name, kiln_stage *out);
 /* The model name replicas announce in `hello` (and the gateway compares
  * with its own): the base name of the checkpoint folder after resolving
  * symlinks and trailing slashes, characters outside [A-Za-z0-9._-] turned
- * into '_', at most cap - 1 bytes (cap <= KILN_PROTO_ID_MAX keeps it valid
- * in a hello).  "model" when nothing is left. */
+ * into '_', at most cap - 1 bytes; both sides use cap =
+ * KILN_PROTO_MODEL_ID_MAX so long names truncate alike.  "model" when
+ * nothing is left. */
 void kiln_proto_model_id(const char *model_dir, char *out, size_t cap);
 
 /* The reverse of kiln_status_name (error codes travel by name); -1 when

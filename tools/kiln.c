@@ -11,6 +11,7 @@ const kiln_command kiln_commands[] = {
     {"edit", "edit images with a FLUX.2 klein checkpoint", kiln_cmd_edit},
     {"tokenize", "print the Qwen3 token ids of a text", kiln_cmd_tokenize},
     {"encode", "prompt embeddings (Qwen3 text encoder) to a safetensors file", kiln_cmd_encode},
+    {"serve", "run the HTTP service: gateway and stage replicas, supervised", kiln_cmd_serve},
     {0},
 };
 

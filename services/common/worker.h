@@ -60,11 +60,16 @@ typedef struct kiln_stage_ops {
     void (*run)(void *state, kiln_worker *w, kiln_worker_job **jobs, int n);
 } kiln_stage_ops;
 
+/* Exit status of a worker whose checkpoint or options are unusable
+ * (sysexits' EX_CONFIG): restarting it cannot help. */
+#define KILN_WORKER_EXIT_CONFIG 78
+
 /* Parses the common command line (--model --bus [--device] [--gpu]
  * [--max-batch] [--text-encoder-out-layers] [--batch-window-ms]
- * [--tensor-transport auto|shm|cuda_ipc]), loads the
- * stage, serves until SIGINT/SIGTERM, and returns the exit status (0, 1 on
- * a fatal error, 2 on a usage error). */
+ * [--tensor-transport auto|shm|cuda_ipc]), loads the stage, serves until
+ * SIGINT/SIGTERM, and returns the exit status (0, 2 on a usage error,
+ * KILN_WORKER_EXIT_CONFIG when the checkpoint or options are unusable, 1
+ * on another fatal error). */
 int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops);
 
 /* ---- for stage implementations ---- */

@@ -156,7 +156,7 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
     sanitize(w->host, 48, host);
     snprintf(w->replica, sizeof w->replica, "%s-%.48s-%ld", kiln_stage_name(w->ops->stage), w->host,
              (long)getpid());
-    kiln_proto_model_id(w->opts.model, w->model, sizeof w->model);
+    kiln_proto_model_id(w->opts.model, w->model, KILN_PROTO_MODEL_ID_MAX);
 
     int stale = kiln_transport_shm_clean_stale(err);
     if (stale < 0)
@@ -219,7 +219,12 @@ int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops)
     kiln_err err = {0};
     if (setup(&w, &err)) {
         fprintf(stderr, "%s: %s\n", ops->binary, err.msg);
-        rc = 1;
+        /* A bad checkpoint or option stays bad: tell a supervisor not to
+         * restart us (EX_CONFIG); anything else may be transient. */
+        rc = err.code == KILN_ERR_INVALID || err.code == KILN_ERR_NOT_FOUND ||
+                     err.code == KILN_ERR_FORMAT || err.code == KILN_ERR_UNSUPPORTED
+                 ? KILN_WORKER_EXIT_CONFIG
+                 : 1;
     } else {
         worker_serve(&w);
     }

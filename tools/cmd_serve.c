@@ -1,0 +1,161 @@
+/* kiln serve: the whole service on one machine: kiln-gateway plus N
+ * replicas of each stage worker as supervised child processes
+ * (tools/supervisor.h).  Each child is also its own executable, for
+ * deployments that spread them over machines (docs/ARCHITECTURE.md). */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "common/log.h"
+#include "supervisor.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kiln serve --model DIR [--port P] [--bus ENDPOINT] [--device cpu|cuda]\n"
+            "  [--gpus N] [--min-size PX] [--max-size PX] [--text-encoder-out-layers A,B,C]\n"
+            "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
+            "Starts kiln-gateway on port P (default 8000) and the stage replicas (one of\n"
+            "each by default), connected over the bus (default tcp://127.0.0.1:<P+1>).\n"
+            "With --gpus N, replica i of each stage runs on GPU i %% N.  A crashed child is\n"
+            "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n");
+}
+
+static int parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+typedef struct serve_opts {
+    const char *model, *bus, *device, *layers;
+    const char *min_size, *max_size;
+    int port, gpus, max_batch;
+    int replicas[3]; /* encoders, denoisers, decoders */
+} serve_opts;
+
+static int parse(int argc, char **argv, serve_opts *o)
+{
+    enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
+        {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
+        {"gpus", required_argument, 0, O_GPUS},   {"min-size", required_argument, 0, O_MIN},
+        {"max-size", required_argument, 0, O_MAX},
+        {"text-encoder-out-layers", required_argument, 0, O_LAYERS},
+        {"encoders", required_argument, 0, O_ENC}, {"denoisers", required_argument, 0, O_DEN},
+        {"decoders", required_argument, 0, O_DEC}, {"max-batch", required_argument, 0, O_BATCH},
+        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+    };
+    *o = (serve_opts){.device = "cpu", .port = 8000, .gpus = 1, .max_batch = 4,
+                      .replicas = {1, 1, 1}};
+    int c, unused;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'p': bad = parse_int(optarg, 1, 65534, &o->port); break;
+        case 'b': o->bus = optarg; break;
+        case 'd': o->device = optarg; break;
+        case O_GPUS: bad = parse_int(optarg, 1, 64, &o->gpus); break;
+        case O_MIN: o->min_size = optarg, bad = parse_int(optarg, 16, 16384, &unused); break;
+        case O_MAX: o->max_size = optarg, bad = parse_int(optarg, 16, 16384, &unused); break;
+        case O_LAYERS: o->layers = optarg; break;
+        case O_ENC: bad = parse_int(optarg, 1, 64, &o->replicas[0]); break;
+        case O_DEN: bad = parse_int(optarg, 1, 64, &o->replicas[1]); break;
+        case O_DEC: bad = parse_int(optarg, 1, 64, &o->replicas[2]); break;
+        case O_BATCH: bad = parse_int(optarg, 1, 256, &o->max_batch); break;
+        case 'h': usage(stdout); exit(0);
+        default: bad = 1;
+        }
+        if (bad) {
+            if (c != '?')
+                fprintf(stderr, "kiln serve: invalid value '%s' for %s\n", optarg ? optarg : "",
+                        argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc || !o->model) {
+        fprintf(stderr, "kiln serve: %s\n", optind < argc ? "unexpected argument"
+                                                          : "--model is required");
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+static kiln_status add_gateway(kiln_supervisor *s, const serve_opts *o, const char *bus,
+                               kiln_err *err)
+{
+    char exe[PATH_MAX], port[16];
+    if (kiln_supervisor_find_exe("kiln-gateway", exe, sizeof exe, err))
+        return err->code;
+    snprintf(port, sizeof port, "%d", o->port);
+    const char *argv[16] = {exe, "--port", port, "--bus", bus, "--model", o->model};
+    int k = 7;
+    if (o->min_size)
+        argv[k++] = "--min-size", argv[k++] = o->min_size;
+    if (o->max_size)
+        argv[k++] = "--max-size", argv[k++] = o->max_size;
+    return kiln_supervisor_add(s, "kiln-gateway", KILN_CHILD_FRONT, argv, err);
+}
+
+static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const char *bus,
+                                kiln_err *err)
+{
+    static const char *const bins[] = {"kiln-encoder", "kiln-denoiser", "kiln-decoder"};
+    for (int st = 0; st < 3; st++) {
+        char exe[PATH_MAX];
+        if (kiln_supervisor_find_exe(bins[st], exe, sizeof exe, err))
+            return err->code;
+        for (int i = 0; i < o->replicas[st]; i++) {
+            char name[64], gpu[16], batch[16];
+            snprintf(name, sizeof name, "%s[%d]", bins[st], i);
+            snprintf(gpu, sizeof gpu, "%d", i % o->gpus);
+            snprintf(batch, sizeof batch, "%d", o->max_batch);
+            const char *argv[16] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
+                                    "--gpu", gpu, "--max-batch", batch};
+            if (st == 0 && o->layers)
+                argv[11] = "--text-encoder-out-layers", argv[12] = o->layers;
+            if (kiln_supervisor_add(s, name, KILN_CHILD_BACK, argv, err))
+                return err->code;
+        }
+    }
+    return KILN_OK;
+}
+
+int kiln_cmd_serve(int argc, char **argv)
+{
+    serve_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc)
+        return rc;
+    char bus[256];
+    if (o.bus)
+        snprintf(bus, sizeof bus, "%s", o.bus);
+    else
+        snprintf(bus, sizeof bus, "tcp://127.0.0.1:%d", o.port + 1);
+    kiln_err err = {0};
+    kiln_supervisor *s = kiln_supervisor_create(&err);
+    if (!s || add_gateway(s, &o, bus, &err) || add_replicas(s, &o, bus, &err)) {
+        fprintf(stderr, "kiln serve: %s\n", err.msg);
+        kiln_supervisor_destroy(s);
+        return 1;
+    }
+    KILN_LOG_INFO("kiln serve: %s on port %d, bus %s, %d/%d/%d replicas on %s", o.model, o.port,
+                  bus, o.replicas[0], o.replicas[1], o.replicas[2], o.device);
+    rc = kiln_supervisor_run(s);
+    kiln_supervisor_destroy(s);
+    return rc;
+}
