@@ -94,7 +94,10 @@ static void test_restart_and_ordered_stop(void)
 static void test_config_error(void)
 {
     char bad[256], other[256];
-    snprintf(bad, sizeof bad, "echo start >> %s/bad; exit 78", dir);
+    /* Fails once the other child is surely up. */
+    snprintf(bad, sizeof bad,
+             "echo start >> %s/bad; while [ ! -s %s/other.pid ]; do sleep 0.01; done; exit 78",
+             dir, dir);
     snprintf(other, sizeof other, "echo $$ > %s/other.pid; exec sleep 30", dir);
     kiln_err err = {0};
     kiln_supervisor *s = kiln_supervisor_create(&err);
