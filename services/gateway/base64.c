@@ -14,6 +14,8 @@ kiln_status kiln_base64_encode(const void *data, size_t n, kiln_buf *out, kiln_e
     if (n > (SIZE_MAX / 4) * 3 - 3)
         return kiln_err_set(err, KILN_ERR_NOMEM, "base64 output too large");
     size_t olen = kiln_base64_encoded_len(n);
+    if (olen == 0)
+        return KILN_OK; /* an empty buffer may have no memory at all */
     kiln_status st = kiln_buf_reserve(out, olen, err);
     if (st)
         return st;
