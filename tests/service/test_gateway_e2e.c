@@ -15,7 +15,10 @@
  *   checked against the CLI);
  * - clients that disconnect mid-request leave no job behind (/metrics
  *   gauges back to 0) and the service still answers;
- * - SIGTERM stops the gateway cleanly. */
+ * - past --max-connections a connection gets 503; without replicas
+ *   /readyz and requests answer 503;
+ * - SIGTERM drains: an accepted request is still answered, then the
+ *   gateway exits 0. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -634,6 +637,43 @@ static void test_disconnects(void)
     gwc_response_free(&r);
 }
 
+/* A second gateway (no replicas needed) with room for two connections:
+ * the third is told 503 and closed; /readyz fails without replicas. */
+static void test_max_connections(void)
+{
+    char exe[512], log[160], bus2[160];
+    snprintf(exe, sizeof exe, "%s/services/gateway/kiln-gateway", build_root);
+    snprintf(log, sizeof log, "%s/gw2.log", tmpdir);
+    snprintf(bus2, sizeof bus2, "ipc://%s/bus2", tmpdir);
+    const char *argv[] = {exe, "--model", model, "--host", "127.0.0.1", "--port", "0", "--bus",
+                          bus2, "--max-connections", "2", NULL};
+    pid_t pid = spawn(argv, log);
+    int p2 = gateway_port(log);
+    CHECK(p2 > 0);
+    if (p2 > 0) {
+        int a = gwc_connect(p2), b = gwc_connect(p2);
+        sleep_ms(100); /* both accepted */
+        gwc_response r;
+        CHECK(gwc_request(p2, "GET", "/healthz", NULL, NULL, 0, &r, 5000) == 0);
+        check_error(&r, 503, NULL, "too_many_connections", "third connection");
+        gwc_response_free(&r);
+        close(a);
+        sleep_ms(100);
+        CHECK(gwc_request(p2, "GET", "/readyz", NULL, NULL, 0, &r, 5000) == 0 && r.status == 503);
+        CHECK(r.body.len && strstr((const char *)r.body.data, "not_ready"));
+        gwc_response_free(&r);
+        sleep_ms(100); /* the gateway sees that connection close */
+        CHECK(gwc_request(p2, "POST", "/v1/images/generations", "application/json", "{\"prompt\":\"x\"}",
+                          14, &r, 5000) == 0);
+        check_error(&r, 503, NULL, "stage_unavailable", "no replicas");
+        gwc_response_free(&r);
+        close(b);
+    }
+    kill(pid, SIGTERM);
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* ---- set-up ---- */
 
 static int start(void)
@@ -674,9 +714,24 @@ static int start(void)
 
 static void stop(void)
 {
-    /* The gateway first: it must exit 0 on SIGTERM. */
+    /* SIGTERM drains: a request already accepted is still answered, then
+     * the gateway exits 0. */
     if (pids[0] > 0) {
+        const char *json = "{\"prompt\":\"last one\",\"size\":\"64x64\",\"num_inference_steps\":1}";
+        int fd = port > 0 ? gwc_connect(port) : -1;
+        kiln_buf req = {0}, in = {0};
+        gwc_format(&req, "POST", "/v1/images/generations", "application/json", json, strlen(json), 0);
+        int sent = fd >= 0 && gwc_send(fd, req.data, req.len, 5000) == 0;
+        sleep_ms(200);
         kill(pids[0], SIGTERM);
+        if (sent && !test_failures) {
+            gwc_response r;
+            CHECK(gwc_read_response(fd, &in, &r, T_REQ) == 0 && r.status == 200);
+            gwc_response_free(&r);
+        }
+        if (fd >= 0)
+            close(fd);
+        kiln_buf_free(&req), kiln_buf_free(&in);
         int st = 0;
         CHECK(waitpid(pids[0], &st, 0) == pids[0]);
         CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "gateway exit status %d", st);
@@ -709,6 +764,7 @@ int main(void)
     RUN(test_bad_inputs);
     RUN(test_concurrency);
     RUN(test_disconnects);
+    RUN(test_max_connections);
     stop();
     if (test_failures)
         fprintf(stderr, "logs kept in %s\n", tmpdir);
