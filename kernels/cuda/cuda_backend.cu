@@ -54,6 +54,7 @@ static void cuda_destroy(kiln_backend *be)
         if (c->stream)
             cudaStreamSynchronize(c->stream);
         cuda_linear_fini(be);
+        cuda_cudnn_fini(be);
         if (c->lt)
             cublasLtDestroy(c->lt);
         cudaFree(c->lt_workspace);
@@ -156,6 +157,8 @@ extern "C" kiln_backend *kiln_cuda_backend_create(int device, kiln_err *err)
      * image fails here, with a clear message, instead of at the first op. */
     if (!be->error.code && cuda_linear_init(be) && cuda_attention_init(be))
         cuda_conv_init(be);
+    if (!be->error.code)
+        cuda_cudnn_init(be);
     if (be->error.code) {
         kiln_err_set(err, be->error.code, "%s", be->error.msg);
         if (strstr(err->msg, "no kernel image") || strstr(err->msg, "NoKernelImage"))

@@ -222,6 +222,8 @@ void cuda_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const k
         CUDA_REQUIRE(be, cin * h * wd < INT32_MAX && (cout + CV_BM - 1) / CV_BM <= 65535 &&
                              kh < 32768 && kw < 32768))
         return;
+    if (cuda_cudnn_conv2d(be, y, x, w, bias, stride, pad))
+        return;
     if (cin * kh * kw > CV_MAX_K) {
         kiln_be_fail(be, KILN_ERR_UNSUPPORTED, "cuda conv2d: Cin*kh*kw = %lld is over %d",
                      (long long)(cin * kh * kw), CV_MAX_K);

@@ -27,6 +27,7 @@ extern "C" {
 typedef __nv_bfloat16 bf16;
 
 struct cuda_linear_cache; /* cuda_linear.cu */
+struct cuda_cudnn;        /* cuda_cudnn.cuh */
 
 typedef struct cuda_impl {
     int device;
@@ -38,6 +39,7 @@ typedef struct cuda_impl {
     struct cuda_linear_cache *linear_cache;
     void *scratch; /* small per-op scratch (group-norm partials), grows on demand */
     size_t scratch_bytes;
+    struct cuda_cudnn *cudnn; /* NULL: cuDNN absent or disabled */
 } cuda_impl;
 
 static inline cuda_impl *cuda_of(kiln_backend *be) { return (cuda_impl *)be->impl; }
@@ -149,6 +151,16 @@ void cuda_rope(kiln_backend *be, kiln_tensor *x, const kiln_tensor *cos, const k
 int cuda_attention_init(kiln_backend *be);
 void cuda_attention(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q, const kiln_tensor *k,
                     const kiln_tensor *v, const kiln_attn_opts *opts);
+/* cuDNN-backed ops (cuda_cudnn*.cu).  init never fails: without cuDNN,
+ * cudnn stays NULL.  The ops return 0 when they decline a call (kiln's
+ * kernel runs it), 1 when they ran it or recorded an error; callers have
+ * validated the arguments. */
+void cuda_cudnn_init(kiln_backend *be);
+void cuda_cudnn_fini(kiln_backend *be);
+int cuda_cudnn_attention(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q,
+                         const kiln_tensor *k, const kiln_tensor *v, const kiln_attn_opts *opts);
+int cuda_cudnn_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                      const kiln_tensor *bias, int stride, const int pad[4]);
 
 void cuda_silu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cuda_swiglu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);

@@ -355,6 +355,7 @@ static void test_attention(void)
     case_attn(1, 64, 200, 2, 1, 72, 0, (int[]){150});      /* padded head dim */
     case_attn(1, 256, 256, 1, 1, 512, 0, NULL);            /* VAE mid-block */
     case_attn(1, 130, 130, 1, 1, 200, 1, NULL);            /* 200: two 128-col slices */
+    case_attn(2, 600, 600, 3, 3, 128, 0, NULL);            /* DiT-like joint attention */
 }
 
 /* --- elementwise ----------------------------------------------------------- */
@@ -624,6 +625,28 @@ static void test_transfers(void)
     fflush(stdout);
 }
 
+/* Plain attention and convolutions run through cuDNN when it is there;
+ * the same cases again on kiln's own kernels, which serve every shape
+ * cuDNN declines. */
+static void test_native_kernels(void)
+{
+    kiln_err err = {0};
+    kiln_backend *with_cudnn = gpu;
+    setenv("KILN_CUDNN", "0", 1);
+    gpu = kiln_backend_create("cuda", 0, &err);
+    unsetenv("KILN_CUDNN");
+    if (!gpu) {
+        fprintf(stderr, "cuda backend (kiln's kernels only): %s\n", err.msg);
+        failed++;
+    } else {
+        printf("(attention and conv2d again, KILN_CUDNN=0)\n");
+        test_attention();
+        test_conv();
+        kiln_backend_destroy(gpu);
+    }
+    gpu = with_cudnn;
+}
+
 /* A caller bug becomes the sticky error: later ops are skipped, check()
  * reports and clears it, and the backend works again afterwards. */
 static void test_sticky_error(void)
@@ -695,6 +718,7 @@ int main(void)
     test_cfg();
     test_copies();
     test_conv();
+    test_native_kernels();
     test_sticky_error();
     printf("%d cases, %d failed\n", cases, failed);
     fflush(stdout);
