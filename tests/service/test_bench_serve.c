@@ -1,0 +1,165 @@
+/* kiln-bench end to end: `kiln serve` on the tiny klein checkpoint (CPU
+ * backend), then the kiln-bench binary in both modes with a few small
+ * requests.  Checks that every request succeeds, the JSON report holds the
+ * right counts (latency samples, throughput repeats, images/s > 0) and the
+ * gateway's per-stage timings read from /metrics (one encode, denoise and
+ * decode observation per request), and that a bad request size makes
+ * kiln-bench fail with the server's message. */
+#include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/run_util.h"
+#include "tests/test.h"
+
+static char tmpdir[64];
+
+/* A port nobody listens on right now (the kernel's pick, released again). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
+        !getsockname(fd, (struct sockaddr *)&a, &len))
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static pid_t spawn(const char *const *argv, const char *log)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static double num(const cJSON *o, const char *path)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *save, *k = strtok_r(buf, ".", &save); k && o; k = strtok_r(NULL, ".", &save))
+        o = cJSON_IsArray(o) ? cJSON_GetArrayItem(o, atoi(k)) : cJSON_GetObjectItem(o, k);
+    return cJSON_IsNumber(o) ? o->valuedouble : -1;
+}
+
+/* The count of the stage series kiln_latency_seconds{phase="<phase>"}. */
+static double stage_count(const cJSON *phase, const char *name)
+{
+    char labels[64];
+    snprintf(labels, sizeof labels, "phase=\"%s\"", name);
+    const cJSON *s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItem(phase, "stages"))
+    {
+        const cJSON *m = cJSON_GetObjectItem(s, "metric"), *l = cJSON_GetObjectItem(s, "labels");
+        if (cJSON_IsString(m) && !strcmp(m->valuestring, "kiln_latency_seconds") &&
+            cJSON_IsString(l) && !strcmp(l->valuestring, labels))
+            return num(s, "count");
+    }
+    return 0;
+}
+
+static void check_report(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    CHECKF(f != NULL, "no report at %s", path);
+    if (!f)
+        return;
+    char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    cJSON *j = cJSON_Parse(text);
+    CHECK(j != NULL);
+    const cJSON *lat = cJSON_GetObjectItem(j, "latency");
+    CHECK(num(lat, "requests") == 2 && num(lat, "errors") == 0);
+    CHECK(num(lat, "latency_ms.n") == 2 && num(lat, "latency_ms.median") > 0);
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(lat, "latency_s_samples")) == 2);
+    for (const char *const *p = (const char *const[]){"encode", "denoise", "decode", "total", 0};
+         *p; p++)
+        CHECKF(stage_count(lat, *p) == 2, "latency phase %s", *p);
+    const cJSON *tp = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "throughput"), 0);
+    CHECK(num(tp, "concurrency") == 2 && num(tp, "requests") == 4 && num(tp, "errors") == 0);
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(tp, "images_per_s_repeats")) == 2);
+    CHECK(num(tp, "images_per_s.median") > 0 && num(tp, "latency_ms.n") == 4);
+    CHECK(stage_count(tp, "denoise") == 4);
+    cJSON_Delete(j);
+}
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-bench-test-XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char model[512], port[16], url[64], bus[128], log[256], json[256];
+    snprintf(model, sizeof model, "%s/oracle/ckpt/klein-tiny", getenv("KILN_SHARED"));
+    int p = free_port();
+    snprintf(port, sizeof port, "%d", p);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", p);
+    snprintf(bus, sizeof bus, "ipc://%s/bus", tmpdir);
+    snprintf(log, sizeof log, "%s/serve.log", tmpdir);
+    snprintf(json, sizeof json, "%s/report.json", tmpdir);
+    char kiln[4096];
+    snprintf(kiln, sizeof kiln, "%s", test_build_path("tools/kiln"));
+    const char *serve[] = {kiln, "serve", "--model", model, "--device", "cpu", "--port", port,
+                           "--bus", bus, "--min-size", "64", "--text-encoder-out-layers", "1,2,3",
+                           NULL};
+    pid_t pid = spawn(serve, log);
+    CHECK(pid > 0);
+
+    char out[16384], err[16384];
+    const char *bench[] = {NULL, "--url", url, "--wait-ready", "60", "--size", "64x64",
+                           "--steps", "1", "--warmup", "1", "--requests", "2", "--concurrency",
+                           "2", "--images", "2", "--repeats", "2", "--json", json, NULL};
+    const char *exe = test_build_path("tools/bench/kiln-bench");
+    int rc = test_run_capture(exe, bench, out, sizeof out, err, sizeof err);
+    CHECKF(rc == 0, "kiln-bench exited %d: %s%s", rc, out, err);
+    CHECK(strstr(out, "latency (B=1") && strstr(out, "kiln_latency_seconds{phase=\"denoise\"}"));
+    check_report(json);
+
+    /* 72x64 is within the size range but not a multiple of 16: every request fails. */
+    const char *bad[] = {NULL, "--url", url, "--mode", "latency", "--size", "72x64", "--steps",
+                         "1", "--warmup", "0", "--requests", "1", NULL};
+    rc = test_run_capture(exe, bad, out, sizeof out, err, sizeof err);
+    CHECKF(rc == 1 && strstr(out, "HTTP 400"), "rc %d: %s", rc, out);
+
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        int st = 0;
+        waitpid(pid, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    if (test_failures) {
+        FILE *f = fopen(log, "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f))
+            fputs(line, stderr);
+        if (f)
+            fclose(f);
+    }
+    unlink(log);
+    unlink(json);
+    rmdir(tmpdir);
+    return test_finish();
+}

@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# The speed benchmark of docs/PERFORMANCE.md, run ON the GPU machine from the
+# repository root, all steps in one run (same machine, same clocks):
+#
+#   tools/gpu/bench.sh [step...]   default: env ops parity opbench ckpt stages serve diffusers
+#
+# Steps (each prints "=== name", its output, and lands in the summary):
+#   env        GPU, driver, the cuDNN kiln will dlopen, torch
+#   ops        tests/cuda/test_cuda_ops (every CUDA op against the CPU
+#              reference): the speed work must keep it passing
+#   parity     tests/cuda/test_cuda_pipeline: the klein oracle cases on the
+#              GPU (oracle from .devdata/ when carried, else ../shared)
+#   opbench    kiln-opbench: attention at the pipeline's shapes (cuDNN and
+#              the in-house kernel), one GEMM for calibration
+#   ckpt       kiln make-checkpoint --preset M for each model M: full-size
+#              random weights, bf16, streamed to disk (kept between steps)
+#   stages     kiln-stagebench: encode / denoise (and one step) / decode / PNG
+#              in one process, steady state; peak GPU memory
+#   serve      kiln serve --device cuda, then kiln-bench through HTTP
+#              (latency, and throughput unless KILN_BENCH_MODE=latency);
+#              peak GPU memory of the whole service
+#   diffusers  diffusers' Flux2KleinPipeline on the same checkpoint folder,
+#              bf16, B=1 latency the same way (tools/bench/diffusers_bench.py);
+#              the diffusers wheel comes from .whl/ (carry it: see below)
+#
+# Binaries come from $KILN_BUILD (default .devbuild: tools/gpu/build.sh
+# tools/kiln tools/bench/kiln-bench tools/bench/kiln-opbench
+# tools/bench/kiln-stagebench tests/cuda/test_cuda_ops
+# tests/cuda/test_cuda_pipeline and the service
+# executables), their libraries from $KILN_LIBS (default .devlibs).  The
+# diffusers wheel: `pip download --no-deps diffusers==0.42.1 -d .whl` here,
+# carried with the run (torch and transformers are on the GPU machine).
+#
+# Env: KILN_BENCH_MODELS ("klein-4b"; e.g. "klein-4b klein-9b"),
+#      KILN_BENCH_DATA (/tmp/kiln-bench: checkpoints), KILN_BENCH_SIZE
+#      (1024x1024), KILN_BENCH_STEPS (4), KILN_BENCH_N (20), KILN_BENCH_WARMUP
+#      (3), KILN_BENCH_MODE (both|latency|throughput), KILN_BENCH_CONC
+#      (4,8,16), KILN_BENCH_IMAGES (32), KILN_BENCH_REPEATS (3),
+#      KILN_BENCH_ITERS (5: kiln-stagebench), KILN_BENCH_DIFFUSERS_N (= N),
+#      KILN_BENCH_PORT (18500), KILN_BENCH_WHEELS (.whl: the wheels folder),
+#      KILN_BENCH_TIMEOUT (1800: seconds for each long command of a step;
+#      a timed-out kiln-bench still lets the step stop kiln serve).
+# Results go to $OUT (the device tool's return folder) when set, else to
+# $KILN_BUILD/bench: kiln-bench-<model>.json, diffusers-<model>.json and the
+# logs; at most a few files, since a device run returns at most 8.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+build=${KILN_BUILD:-.devbuild}
+libs=${KILN_LIBS:-.devlibs}
+out=${OUT:-$root/$build/bench}
+mkdir -p "$out"
+models=(${KILN_BENCH_MODELS:-klein-4b})
+data=${KILN_BENCH_DATA:-/tmp/kiln-bench}
+size=${KILN_BENCH_SIZE:-1024x1024}
+steps=${KILN_BENCH_STEPS:-4}
+n=${KILN_BENCH_N:-20}
+warmup=${KILN_BENCH_WARMUP:-3}
+port=${KILN_BENCH_PORT:-18500}
+limit=${KILN_BENCH_TIMEOUT:-1800}
+STEPS=(env ops parity opbench ckpt stages serve diffusers)
+log=$out/steps.log # the long outputs; stdout keeps the summaries
+mem=$(mktemp -d)    # memory samples (not returned: a device run returns 8 files)
+trap 'rm -rf "$mem"' EXIT
+
+# CUDA libraries: the toolkit's folders, then the pip wheels next to PyTorch
+# (cuBLASLt, and the cuDNN that kiln dlopens).
+libpath=$root/$libs
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
+  [ -d "$d" ] && libpath=$libpath:$d
+done
+while read -r d; do libpath=$libpath:$d; done < <(python3 - 2>/dev/null <<'PY' || true
+import glob, os, site
+for sp in site.getsitepackages():
+    for lib in glob.glob(os.path.join(sp, "nvidia", "**", "lib"), recursive=True):
+        print(lib)
+PY
+)
+export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# Samples the GPU's used memory every 100 ms into $1 until killed.
+mem_sampler() {
+  while :; do
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1
+    sleep 0.1
+  done >"$1"
+}
+# Peak used memory in the samples file $1 minus the idle reading $2, in GiB.
+mem_peak() {
+  sort -n "$1" | tail -1 | awk -v idle="$2" '{printf "%.2f GiB (peak %d MiB used, %d idle)", ($1 - idle) / 1024, $1, idle}'
+}
+mem_idle() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+
+step_env() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 - <<'PY'
+import ctypes, torch
+try:
+    lib = ctypes.CDLL("libcudnn.so.9")
+    lib.cudnnGetVersion.restype = ctypes.c_size_t
+    print("cuDNN (dlopen libcudnn.so.9):", lib.cudnnGetVersion())
+except OSError as e:
+    print("cuDNN: not loadable:", e)
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+PY
+}
+
+step_ops() {
+  timeout "$limit" "$build/tests/cuda/test_cuda_ops" >"$out/ops.log" 2>&1
+  local rc=$?
+  grep -E "cuDNN|cudnn|attention|cases, " "$out/ops.log"
+  return $rc
+}
+
+step_parity() {
+  local shared=../shared
+  [ -d .devdata/oracle ] && shared=.devdata
+  KILN_SHARED=$shared timeout "$limit" "$build/tests/cuda/test_cuda_pipeline" >"$out/parity.log" 2>&1
+  local rc=$?
+  grep -E "checks, .* failed|CHECK failed|cuDNN" "$out/parity.log"
+  if [ $rc -ne 0 ]; then
+    # Tells a cuDNN regression from a failure of the pipeline itself.
+    echo "again with KILN_CUDNN=0 (kiln's kernels only):"
+    KILN_CUDNN=0 KILN_SHARED=$shared timeout "$limit" "$build/tests/cuda/test_cuda_pipeline" 2>&1 |
+      grep -E "checks, .* failed|CHECK failed" | head -20
+  fi
+  return $rc
+}
+
+step_opbench() {
+  "$build/tools/bench/kiln-opbench" 2>&1
+}
+
+step_ckpt() {
+  local m
+  for m in "${models[@]}"; do
+    if [ -f "$data/$m/model_index.json" ]; then
+      echo "$m: kept $data/$m"
+      continue
+    fi
+    local t0=$(date +%s)
+    rm -rf "${data:?}/$m"
+    timeout "$limit" "$build/tools/kiln" make-checkpoint --preset "$m" --out "$data/$m" \
+      --tokenizer data/qwen3-tokenizer >>"$log" 2>&1 || return 1
+    echo "$m: $(du -sh "$data/$m" | cut -f1) in $(($(date +%s) - t0)) s"
+  done
+}
+
+step_stages() {
+  local m idle rc=0
+  for m in "${models[@]}"; do
+    idle=$(mem_idle)
+    mem_sampler "$mem/stages.txt" &
+    local sampler=$!
+    timeout "$limit" "$build/tools/bench/kiln-stagebench" --model "$data/$m" --device cuda \
+      --size "$size" --steps "$steps" --iters "${KILN_BENCH_ITERS:-5}" --warmup 1 \
+      --prompts tools/bench/prompts.txt 2>>"$log" || rc=1
+    kill "$sampler"
+    wait "$sampler" 2>/dev/null
+    echo "  peak GPU memory $(mem_peak "$mem/stages.txt" "$idle")"
+  done
+  return $rc
+}
+
+step_serve() {
+  local m idle rc=0 mode=${KILN_BENCH_MODE:-both}
+  for m in "${models[@]}"; do
+    idle=$(mem_idle)
+    "$build/tools/kiln" serve --model "$data/$m" --device cuda --port "$port" \
+      >"$out/serve-$m.log" 2>&1 &
+    local pid=$!
+    mem_sampler "$mem/serve.txt" &
+    local sampler=$!
+    timeout "$limit" "$build/tools/bench/kiln-bench" --url "http://127.0.0.1:$port" --wait-ready 300 \
+      --prompts tools/bench/prompts.txt \
+      --mode "$mode" --size "$size" --steps "$steps" --requests "$n" --warmup "$warmup" \
+      --concurrency "${KILN_BENCH_CONC:-4,8,16}" --images "${KILN_BENCH_IMAGES:-32}" \
+      --repeats "${KILN_BENCH_REPEATS:-3}" --label "$m" --json "$out/kiln-bench-$m.json" || rc=1
+    kill "$sampler"
+    wait "$sampler" 2>/dev/null
+    echo "  peak GPU memory of the service $(mem_peak "$mem/serve.txt" "$idle")"
+    kill -TERM "$pid"
+    wait "$pid"
+    [ $rc -eq 0 ] || tail -20 "$out/serve-$m.log"
+  done
+  return $rc
+}
+
+step_diffusers() {
+  local m rc=0
+  local whl=${KILN_BENCH_WHEELS:-.whl}
+  ls "$whl"/diffusers-*.whl >/dev/null 2>&1 || { echo "no $whl/diffusers-*.whl carried"; return 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/kiln-bench-site "$whl"/*.whl >>"$log" 2>&1 || return 1
+  for m in "${models[@]}"; do
+    PYTHONPATH=/tmp/kiln-bench-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout "$limit" \
+      python3 tools/bench/diffusers_bench.py --model "$data/$m" --size "$size" --steps "$steps" \
+      --n "${KILN_BENCH_DIFFUSERS_N:-$n}" --warmup "$warmup" --json "$out/diffusers-$m.json" \
+      2>>"$log" || rc=1
+  done
+  return $rc
+}
+
+want=("$@")
+[ ${#want[@]} -gt 0 ] || want=("${STEPS[@]}")
+summary=()
+status=0
+for s in "${want[@]}"; do
+  if ! declare -F "step_$s" >/dev/null; then
+    echo "unknown step '$s' (have: ${STEPS[*]})"
+    exit 2
+  fi
+  echo
+  echo "=== $s"
+  t0=$(date +%s%N)
+  if "step_$s"; then r=ok; else r=FAILED; status=1; fi
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  summary+=("$(printf '%-9s | %-6s | %5d.%d s' "$s" "$r" $((ms / 1000)) $((ms % 1000 / 100)))")
+done
+echo
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
+exit $status
