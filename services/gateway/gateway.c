@@ -1,7 +1,6 @@
 /* Start-up, signals, the periodic tick and shutdown of kiln-gateway. */
 #include "gateway.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,23 +12,6 @@
 #define TICK_MS 250
 
 enum { H_TICK = 1, H_SIGINT = 2, H_SIGTERM = 4 };
-
-void kiln_gw_model_id(const char *dir, char *out, size_t cap)
-{
-    char real[PATH_MAX];
-    const char *base = realpath(dir, real) ? strrchr(real, '/') : NULL;
-    const char *s = base && base[1] ? base + 1 : dir;
-    size_t n = 0;
-    for (; *s && n + 1 < cap && n < 63; s++) {
-        char ch = *s;
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                 ch == '.' || ch == '-' || ch == '_';
-        out[n++] = ok ? ch : '_';
-    }
-    out[n] = '\0';
-    if (!n)
-        snprintf(out, cap, "unknown");
-}
 
 static void on_bus_msg(void *ud, const char *peer, kiln_msg *m)
 {
@@ -113,7 +95,7 @@ static int start(kiln_gateway *gw, kiln_err *err)
         return -1;
     gw->api.traits = kiln_model_traits_of(ck);
     kiln_checkpoint_close(ck);
-    kiln_gw_model_id(o->model_dir, gw->model_id, sizeof gw->model_id);
+    kiln_proto_model_id(o->model_dir, gw->model_id, sizeof gw->model_id);
     gw->api.model_id = gw->model_id;
     gw->api.limits = KILN_LIMITS_SERVICE;
     gw->api.limits.min_side = o->min_size;

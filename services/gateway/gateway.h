@@ -49,7 +49,7 @@ typedef struct kiln_gw_options {
 typedef struct kiln_gateway {
     uv_loop_t *loop;
     kiln_gw_options opt;
-    char model_id[64];
+    char model_id[KILN_PROTO_MODEL_ID_MAX]; /* kiln_proto_model_id, as the replicas say it */
     kiln_api_config api;
     int64_t started; /* unix seconds, for /v1/models */
     kiln_http_server *http;
@@ -66,11 +66,6 @@ typedef struct kiln_gateway {
 /* Runs the gateway; returns the process exit status (0 after a clean
  * shutdown, 1 when it cannot start). */
 int kiln_gateway_run(const kiln_gw_options *o);
-
-/* The model id replicas report for a checkpoint folder: the base name of
- * its real path with characters outside [A-Za-z0-9._-] replaced by '_',
- * at most 63 bytes (the rule of services/common/worker_main.c). */
-void kiln_gw_model_id(const char *dir, char *out, size_t cap);
 
 /* routes.c: the HTTP side. */
 extern const kiln_http_handlers kiln_gw_http_handlers;
