@@ -342,13 +342,18 @@ static void run_requests(cluster *c, const request *qs, const char *const *names
         den[i] = denoise_job(c, &qs[i], ed[i]);
         send_to(c, KILN_STAGE_DENOISE, den[i]);
     }
-    double t_done[4] = {0}, run_ms[4] = {0};
+    double t_done[4] = {0}, run_ms[4] = {0}, batch_rows[4] = {0};
     for (int i = 0; i < n; i++) {
         dd[i] = wait_done(c, den[i]->job.job);
         t_done[i] = kiln_now_ms();
-        for (int k = 0; dd[i] && k < dd[i]->done.n_ms; k++)
+        for (int k = 0; dd[i] && k < dd[i]->done.n_ms; k++) {
             if (!strcmp(dd[i]->done.ms[k].name, "run"))
                 run_ms[i] = dd[i]->done.ms[k].ms;
+            if (!strcmp(dd[i]->done.ms[k].name, "batch_rows"))
+                batch_rows[i] = dd[i]->done.ms[k].ms;
+        }
+        CHECKF(batch_rows[i] >= qs[i].n, "denoise done reports batch_rows %g for a job of %d rows",
+               batch_rows[i], qs[i].n);
         if (!dd[i] || !dd[i]->done.ok)
             return;
         const kiln_tensor_ref *lat = kiln_ref_map_get(&dd[i]->done.out, "latents");
@@ -361,6 +366,10 @@ static void run_requests(cluster *c, const request *qs, const char *const *names
     if (n == 2 && run_ms[0] > 0)
         CHECKF(t_done[1] - t_done[0] < run_ms[0] / 2, "denoise jobs were not batched (%.0f ms apart, "
                "run %.0f ms)", t_done[1] - t_done[0], run_ms[0]);
+    if (n == 2)
+        CHECKF(batch_rows[0] == qs[0].n + qs[1].n && batch_rows[1] == batch_rows[0],
+               "batched denoise jobs report batch_rows %g and %g, want %d", batch_rows[0],
+               batch_rows[1], qs[0].n + qs[1].n);
     for (int i = 0; i < n; i++) {
         cd[i] = wait_done(c, dec[i]->job.job);
         CHECK(cd[i] && cd[i]->done.ok && cd[i]->done.n_images == qs[i].n);
