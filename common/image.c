@@ -86,6 +86,9 @@ kiln_status kiln_image_encode(const kiln_image *img, const kiln_image_encode_opt
         if (o.png_strategy != KILN_PNG_STRATEGY_RLE && o.png_strategy != KILN_PNG_STRATEGY_LZ77)
             return kiln_err_set(err, KILN_ERR_INVALID, "unknown PNG strategy %d",
                                 (int)o.png_strategy);
+        if (o.png_strategy == KILN_PNG_STRATEGY_RLE && o.png_filter == KILN_PNG_FILTER_PAETH &&
+            o.png_level > 0)
+            return kiln_image_png_encode_striped(img, out, err);
         return kiln_image_png_encode(img, o.png_level, o.png_filter, o.png_strategy, out, err);
     case KILN_IMAGE_JPEG:
     case KILN_IMAGE_WEBP:

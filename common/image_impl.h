@@ -13,6 +13,9 @@
 
 kiln_status kiln_image_png_encode(const kiln_image *img, int level, kiln_png_filter filter,
                                   kiln_png_strategy strategy, kiln_buf *out, kiln_err *err);
+/* The default combination (PAETH, Z_RLE, level >= 1) in parallel stripes
+ * (image_png_striped.c). */
+kiln_status kiln_image_png_encode_striped(const kiln_image *img, kiln_buf *out, kiln_err *err);
 kiln_status kiln_image_jpeg_encode(const kiln_image *img, int quality, kiln_buf *out,
                                    kiln_err *err);
 kiln_status kiln_image_webp_encode(const kiln_image *img, int quality, kiln_buf *out,
