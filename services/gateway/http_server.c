@@ -47,13 +47,30 @@ struct kiln_http_server {
     void *ud;
     kiln_http_conn *conns;
     int n_conns;
+    struct reject *rejects;
+    int n_rejects;
     int port;
     int stopping, listener_closed;
 };
 
+/* A connection past max_connections: told 503, then lingering like a
+ * closing connection so that the client reads the answer, not a reset. */
 typedef struct reject {
     uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_write_t wreq;
+    uv_shutdown_t sreq;
+    kiln_http_server *srv;
+    struct reject *prev, *next;
+    int closing, n_closed;
+    char head[256];
+    kiln_buf body;
+    char drain[4096];
 } reject;
+
+/* Refused connections lingering at once; beyond, they are closed at once
+ * (best-effort answer) so a flood cannot pin memory. */
+#define MAX_REJECTS 64
 
 static void close_conn(kiln_http_conn *c);
 static void process(kiln_http_conn *c);
@@ -61,7 +78,7 @@ static void arm(kiln_http_conn *c);
 
 static void maybe_free_server(kiln_http_server *s)
 {
-    if (s->stopping && s->listener_closed && s->n_conns == 0)
+    if (s->stopping && s->listener_closed && s->n_conns == 0 && s->n_rejects == 0)
         free(s);
 }
 
@@ -310,7 +327,56 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 
 static void reject_closed(uv_handle_t *h)
 {
-    free(h->data);
+    reject *r = h->data;
+    if (++r->n_closed < 2)
+        return;
+    kiln_http_server *s = r->srv;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        s->rejects = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    s->n_rejects--;
+    kiln_buf_free(&r->body);
+    free(r);
+    maybe_free_server(s);
+}
+
+static void reject_close(reject *r)
+{
+    if (r->closing)
+        return;
+    r->closing = 1;
+    uv_close((uv_handle_t *)&r->tcp, reject_closed);
+    uv_close((uv_handle_t *)&r->timer, reject_closed);
+}
+
+static void reject_timeout(uv_timer_t *t) { reject_close(t->data); }
+
+static void reject_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    reject *r = h->data;
+    (void)suggested;
+    *buf = uv_buf_init(r->drain, sizeof r->drain);
+}
+
+/* What the client still sends (its request) is read and dropped until it
+ * closes or the linger ends. */
+static void reject_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    if (nread < 0)
+        reject_close(st->data);
+}
+
+static void reject_written(uv_write_t *w, int status)
+{
+    reject *r = w->data;
+    if (r->closing)
+        return;
+    if (status < 0 || uv_shutdown(&r->sreq, (uv_stream_t *)&r->tcp, NULL))
+        reject_close(r);
 }
 
 static void refuse(kiln_http_server *s)
@@ -320,24 +386,42 @@ static void refuse(kiln_http_server *s)
         free(r);
         return;
     }
-    r->tcp.data = r;
-    if (uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)&r->tcp) == 0) {
-        char msg[256];
-        kiln_buf body = {0};
-        kiln_api_error_json(&body, 503, "too many connections", NULL, "too_many_connections",
-                            NULL);
-        int n = snprintf(msg, sizeof msg,
-                         "HTTP/1.1 503 Service Unavailable\r\nServer: kiln\r\n"
-                         "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-                         "Retry-After: 1\r\nConnection: close\r\n\r\n", body.len);
-        uv_buf_t b[2] = {uv_buf_init(msg, (unsigned)n),
-                         uv_buf_init((char *)body.data, (unsigned)body.len)};
+    r->srv = s;
+    r->tcp.data = r->timer.data = r->wreq.data = r;
+    r->next = s->rejects;
+    if (s->rejects)
+        s->rejects->prev = r;
+    s->rejects = r;
+    s->n_rejects++;
+    if (uv_timer_init(s->loop, &r->timer)) {
+        r->closing = r->n_closed = 1;
+        uv_close((uv_handle_t *)&r->tcp, reject_closed);
+        return;
+    }
+    if (uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)&r->tcp)) {
+        reject_close(r);
+        return;
+    }
+    s->h.on_own_response(s->ud, 503);
+    if (kiln_api_error_json(&r->body, 503, "too many connections", NULL, "too_many_connections",
+                            NULL))
+        kiln_buf_clear(&r->body);
+    snprintf(r->head, sizeof r->head,
+             "HTTP/1.1 503 Service Unavailable\r\nServer: kiln\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+             "Retry-After: 1\r\nConnection: close\r\n\r\n", r->body.len);
+    uv_buf_t b[2] = {uv_buf_init(r->head, (unsigned)strlen(r->head)),
+                     uv_buf_init((char *)r->body.data, (unsigned)r->body.len)};
+    if (s->n_rejects > MAX_REJECTS) {
         if (uv_try_write((uv_stream_t *)&r->tcp, b, 2) < 0)
             KILN_LOG_DEBUG("http: could not tell a refused connection why");
-        kiln_buf_free(&body);
-        s->h.on_own_response(s->ud, 503);
+        reject_close(r);
+        return;
     }
-    uv_close((uv_handle_t *)&r->tcp, reject_closed);
+    if (uv_write(&r->wreq, (uv_stream_t *)&r->tcp, b, r->body.len ? 2 : 1, reject_written) ||
+        uv_read_start((uv_stream_t *)&r->tcp, reject_alloc, reject_read) ||
+        uv_timer_start(&r->timer, reject_timeout, LINGER_MS, 0))
+        reject_close(r);
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -451,6 +535,8 @@ void kiln_http_server_stop(kiln_http_server *s)
     uv_close((uv_handle_t *)&s->listener, listener_closed);
     for (kiln_http_conn *c = s->conns; c; c = c->next)
         close_conn(c);
+    for (reject *r = s->rejects; r; r = r->next)
+        reject_close(r);
 }
 
 void kiln_http_set_pending(kiln_http_conn *c, void *pending)

@@ -26,9 +26,10 @@
  * connection closes after idle_timeout_ms; a response not drained by the
  * client within write_timeout_ms closes the connection; past
  * max_connections a new connection gets 503 and is closed.  After an
- * error response or `Connection: close` the server shuts its side down
- * and reads what the client still sends for up to 2 s before closing, so
- * the client sees the response rather than a reset.
+ * error response, such a 503 (up to 64 refused connections at a time) or
+ * `Connection: close` the server shuts its side down and reads what the
+ * client still sends for up to 2 s before closing, so the client sees the
+ * response rather than a reset.
  *
  * Not thread-safe: everything runs on the loop's thread.
  */
