@@ -124,7 +124,10 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         if (bad) {
             if (c != '?')
                 fprintf(stderr, "kiln %s: invalid value '%s' for %s\n", cmd,
-                        optarg ? optarg : "", argv[optind - 1]);
+                        optarg ? optarg : "",
+                        /* "--opt value" or "--opt=value" */
+                        optarg && argv[optind - 1] == optarg ? argv[optind - 2]
+                                                             : argv[optind - 1]);
             usage(stderr, edit);
             return 2;
         }

@@ -19,9 +19,11 @@ static void usage(FILE *f)
             "usage: kiln serve --model DIR [--port P] [--bus ENDPOINT] [--device cpu|cuda]\n"
             "  [--gpus N] [--min-size PX] [--max-size PX] [--text-encoder-out-layers A,B,C]\n"
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
+            "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G]\n"
             "Starts kiln-gateway on port P (default 8000) and the stage replicas (one of\n"
             "each by default), connected over the bus (default tcp://127.0.0.1:<P+1>).\n"
-            "With --gpus N, replica i of each stage runs on GPU i %% N.  A crashed child is\n"
+            "With --gpus N, replica i of each stage runs on GPU i %% N; --<stage>-gpu G pins\n"
+            "every replica of that stage to GPU G instead.  A crashed child is\n"
             "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n");
 }
 
@@ -41,11 +43,13 @@ typedef struct serve_opts {
     const char *min_size, *max_size;
     int port, gpus, max_batch;
     int replicas[3]; /* encoders, denoisers, decoders */
+    int stage_gpu[3]; /* -1: round robin over --gpus */
 } serve_opts;
 
 static int parse(int argc, char **argv, serve_opts *o)
 {
-    enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH };
+    enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
+           O_DEN_GPU, O_DEC_GPU };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
@@ -54,10 +58,13 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"text-encoder-out-layers", required_argument, 0, O_LAYERS},
         {"encoders", required_argument, 0, O_ENC}, {"denoisers", required_argument, 0, O_DEN},
         {"decoders", required_argument, 0, O_DEC}, {"max-batch", required_argument, 0, O_BATCH},
+        {"encoder-gpu", required_argument, 0, O_ENC_GPU},
+        {"denoiser-gpu", required_argument, 0, O_DEN_GPU},
+        {"decoder-gpu", required_argument, 0, O_DEC_GPU},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     *o = (serve_opts){.device = "cpu", .port = 8000, .gpus = 1, .max_batch = 4,
-                      .replicas = {1, 1, 1}};
+                      .replicas = {1, 1, 1}, .stage_gpu = {-1, -1, -1}};
     int c, unused;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -75,13 +82,18 @@ static int parse(int argc, char **argv, serve_opts *o)
         case O_DEN: bad = parse_int(optarg, 1, 64, &o->replicas[1]); break;
         case O_DEC: bad = parse_int(optarg, 1, 64, &o->replicas[2]); break;
         case O_BATCH: bad = parse_int(optarg, 1, 256, &o->max_batch); break;
+        case O_ENC_GPU: bad = parse_int(optarg, 0, 63, &o->stage_gpu[0]); break;
+        case O_DEN_GPU: bad = parse_int(optarg, 0, 63, &o->stage_gpu[1]); break;
+        case O_DEC_GPU: bad = parse_int(optarg, 0, 63, &o->stage_gpu[2]); break;
         case 'h': usage(stdout); exit(0);
         default: bad = 1;
         }
         if (bad) {
             if (c != '?')
                 fprintf(stderr, "kiln serve: invalid value '%s' for %s\n", optarg ? optarg : "",
-                        argv[optind - 1]);
+                        /* "--opt value" or "--opt=value" */
+                        optarg && argv[optind - 1] == optarg ? argv[optind - 2]
+                                                             : argv[optind - 1]);
             usage(stderr);
             return 2;
         }
@@ -122,7 +134,7 @@ static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const c
         for (int i = 0; i < o->replicas[st]; i++) {
             char name[64], gpu[16], batch[16];
             snprintf(name, sizeof name, "%s[%d]", bins[st], i);
-            snprintf(gpu, sizeof gpu, "%d", i % o->gpus);
+            snprintf(gpu, sizeof gpu, "%d", o->stage_gpu[st] >= 0 ? o->stage_gpu[st] : i % o->gpus);
             snprintf(batch, sizeof batch, "%d", o->max_batch);
             const char *argv[16] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
                                     "--gpu", gpu, "--max-batch", batch};
