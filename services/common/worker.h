@@ -122,8 +122,8 @@ void kiln_worker_timing(kiln_worker_job *j, const char *name, double ms);
 
 /* Finishes a job: st == KILN_OK sends done with its outputs; otherwise
  * done with the error (err's message; KILN_ERR_CANCELLED when the job was
- * cancelled), and its shm outputs return to the pool.  Releases inputs,
- * returns one credit to the gateway and frees the job. */
+ * cancelled), and its shm outputs return to the pool.  Releases inputs
+ * and frees the job; the done returns the job's credit to the gateway. */
 void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const kiln_err *err);
 
 #endif

@@ -308,7 +308,7 @@ void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const 
         if (!d->ok || j->out[i].tx == w->inl)
             kiln_transport_free(j->out[i].tx, &j->out[i].ref, NULL);
     }
-    kiln_msg ready = {.type = KILN_MSG_READY, .ready.credits = 1};
-    worker_send(w, &ready);
+    /* The done itself gives the job's credit back (the gateway counts it
+     * on receipt); a `ready` here as well would grant a second one. */
     worker_job_free(j);
 }

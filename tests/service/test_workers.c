@@ -184,6 +184,14 @@ static int slabs_of(pid_t pid)
 
 static void stop(cluster *c)
 {
+    /* Each done returned the credit of its job; `ready` only announced the
+     * capacity (2 x --max-batch) at registration. */
+    double until = kiln_now_ms() + 200;
+    while (kiln_now_ms() < until)
+        kiln_msg_free(wait_for(c, KILN_MSG_DONE, NULL, 20));
+    for (int s = 0; s < KILN_STAGE_COUNT; s++)
+        CHECKF(c->credits[s] == 8, "stage %d announced %d credits with ready, want 8", s,
+               c->credits[s]);
     for (int s = 0; s < KILN_STAGE_COUNT; s++)
         if (c->pid[s] > 0)
             kill(c->pid[s], SIGTERM);
