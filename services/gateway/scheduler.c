@@ -160,8 +160,10 @@ void sched_enqueue(kiln_sched *s, sched_job *j, kiln_stage stage, int front, dou
     s->queued[stage]++;
 }
 
-/* The live replica of `stage` with the most credits (ties: the fewest jobs
- * in flight), or NULL. */
+/* The live replica of `stage` with the most credits, or NULL.  Ties go to
+ * the fewest jobs in flight, then to the replica that got a job the
+ * longest ago: idle replicas take turns, so sequential requests do not
+ * all land on the first one registered. */
 static sched_replica *pick(kiln_sched *s, kiln_stage stage)
 {
     sched_replica *best = NULL;
@@ -170,7 +172,9 @@ static sched_replica *pick(kiln_sched *s, kiln_stage stage)
         if (!r->alive || r->stage != stage || r->credits <= 0)
             continue;
         if (!best || r->credits > best->credits ||
-            (r->credits == best->credits && r->n_inflight < best->n_inflight))
+            (r->credits == best->credits &&
+             (r->n_inflight < best->n_inflight ||
+              (r->n_inflight == best->n_inflight && r->last_job < best->last_job))))
             best = r;
     }
     return best;
@@ -234,6 +238,7 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
     kiln_metrics_latency(s->metrics, KILN_PHASE_QUEUE, (now - j->t_enqueue) / 1000.0);
     sched_detach(s, j);
     r->credits--;
+    r->last_job = ++s->n_dispatched;
     j->state = JOB_RUNNING;
     j->on = r;
     j->t_dispatch = now;

@@ -41,6 +41,7 @@ typedef struct sched_replica {
     double last_seen;
     sched_link inflight; /* jobs running here */
     int n_inflight;
+    uint64_t last_job; /* kiln_sched.n_dispatched when it last got a job */
 } sched_replica;
 
 typedef enum job_state { JOB_NEW = 0, JOB_QUEUED, JOB_RUNNING } job_state;
@@ -77,6 +78,7 @@ struct kiln_sched {
     int n_jobs;
     kiln_idmap jobs;
     uint64_t next_id;
+    uint64_t n_dispatched; /* jobs sent so far, all stages */
 };
 
 /* scheduler.c */

@@ -1,7 +1,8 @@
 /* The gateway scheduler driven by hand-made bus messages and a fake clock:
  * the encode -> denoise -> decode flow with references forwarded, credits
- * (pull), release -> free forwarding, admission (503 / 429), cancellation
- * in every state, heartbeat loss with one re-dispatch then 503, restarts
+ * (pull), idle replicas taking turns, release -> free forwarding,
+ * admission (503 / 429), cancellation in every state, heartbeat loss with
+ * one re-dispatch then 503, restarts
  * from the encode stage when inputs were already released, timeouts (504),
  * error dones, and dones nobody waits for.  Every message the scheduler
  * sends goes through kiln_msg_encode / kiln_msg_decode, so it must be a
@@ -507,10 +508,33 @@ static void test_errors_and_timeout(void)
     world_free(&w);
 }
 
+/* Idle replicas with equal credits take turns: sequential requests do
+ * not all go to the first replica registered. */
+static void test_idle_replicas_take_turns(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    hello(&w, "encode-b", KILN_STAGE_ENCODE, "klein-tiny", 2);
+    static const char *const expect[] = {"encode-a", "encode-b", "encode-a", "encode-b"};
+    for (int i = 0; i < 4; i++) {
+        uint64_t id;
+        CHECK(submit(&w, "{\"prompt\":\"x\",\"size\":\"64x64\"}", &id) == KILN_OK);
+        kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, expect[i]);
+        CHECK(m && m->job.job == id);
+        done_error(&w, expect[i], id, KILN_ERR_INVALID, "bad prompt"); /* its credit back */
+        CHECK(w.n_finished == i + 1 && w.last_status == 400);
+    }
+    expect_quiet(&w);
+    expect_idle(&w);
+    world_free(&w);
+}
+
 int main(void)
 {
     RUN(test_flow);
     RUN(test_credits_and_admission);
+    RUN(test_idle_replicas_take_turns);
     RUN(test_cancel_between_stages);
     RUN(test_replica_loss);
     RUN(test_restart_after_release);
