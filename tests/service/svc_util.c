@@ -1,0 +1,479 @@
+#include "svc_util.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "services/gateway/base64.h"
+
+svc_env svc;
+
+int svc_init(const char *name)
+{
+    svc.build_root = getenv("KILN_BUILD_ROOT");
+    const char *shared = getenv("KILN_SHARED");
+    if (!svc.build_root || !shared) {
+        fprintf(stderr, "KILN_BUILD_ROOT and KILN_SHARED must be set (meson test sets them)\n");
+        return -1;
+    }
+    snprintf(svc.model, sizeof svc.model, "%s/oracle/ckpt/klein-tiny", shared);
+    snprintf(svc.tmpdir, sizeof svc.tmpdir, "/tmp/kiln-%.20s-XXXXXX", name);
+    if (!mkdtemp(svc.tmpdir)) {
+        fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
+        return -1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+void svc_cleanup(int keep)
+{
+    if (keep) {
+        fprintf(stderr, "logs kept in %s\n", svc.tmpdir);
+        return;
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", svc.tmpdir);
+    if (system(cmd))
+        fprintf(stderr, "could not remove %s\n", svc.tmpdir);
+}
+
+const char *svc_exe(const char *rel)
+{
+    static char bufs[8][512];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%s/%s", svc.build_root, rel);
+    return b;
+}
+
+const char *svc_tmp(const char *name)
+{
+    static char bufs[8][256];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%s/%s", svc.tmpdir, name);
+    return b;
+}
+
+void svc_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) && errno == EINTR)
+        ;
+}
+
+pid_t svc_spawn(const char *const *argv, const char *const *env, const char *log)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* A test killed by its timeout takes its processes with it. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(1);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        for (int i = 0; env && env[i]; i++)
+            putenv((char *)env[i]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int exit_status(int st)
+{
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+}
+
+int svc_wait_exit(pid_t pid, int timeout_ms)
+{
+    double until = kiln_now_ms() + timeout_ms;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return exit_status(st);
+        if (r < 0)
+            return -1;
+        if (kiln_now_ms() > until) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        svc_sleep_ms(20);
+    }
+}
+
+int svc_stop(pid_t pid, int timeout_ms)
+{
+    if (pid <= 0)
+        return -1;
+    kill(pid, SIGTERM);
+    return svc_wait_exit(pid, timeout_ms);
+}
+
+int svc_read_file(const char *path, kiln_buf *out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    char buf[65536];
+    size_t n;
+    int rc = 0;
+    while (!rc && (n = fread(buf, 1, sizeof buf, f)) > 0)
+        rc = kiln_buf_append(out, buf, n, NULL) ? -1 : 0;
+    fclose(f);
+    return rc;
+}
+
+int svc_write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    int ok = fwrite(data, 1, len, f) == len;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+void svc_read_log(const char *log, kiln_buf *out)
+{
+    kiln_buf_clear(out);
+    svc_read_file(log, out);
+    if (kiln_buf_append(out, "", 1, NULL) == KILN_OK)
+        out->len--; /* the NUL stays past len */
+}
+
+int svc_log_count(const char *log, const char *needle)
+{
+    kiln_buf b = {0};
+    svc_read_log(log, &b);
+    int n = 0;
+    for (const char *p = b.data ? (const char *)b.data : ""; (p = strstr(p, needle)); p++)
+        n++;
+    kiln_buf_free(&b);
+    return n;
+}
+
+int svc_wait_log(const char *log, const char *needle, int times, int timeout_ms)
+{
+    double until = kiln_now_ms() + timeout_ms;
+    while (svc_log_count(log, needle) < times) {
+        if (kiln_now_ms() > until)
+            return -1;
+        svc_sleep_ms(20);
+    }
+    return 0;
+}
+
+int svc_log_port(const char *log, int timeout_ms)
+{
+    static const char key[] = "on http://127.0.0.1:";
+    double until = kiln_now_ms() + timeout_ms;
+    for (;;) {
+        kiln_buf b = {0};
+        svc_read_log(log, &b);
+        const char *p = b.data ? strstr((const char *)b.data, key) : NULL;
+        int port = p ? atoi(p + strlen(key)) : 0;
+        kiln_buf_free(&b);
+        if (port > 0)
+            return port;
+        if (kiln_now_ms() > until)
+            return -1;
+        svc_sleep_ms(20);
+    }
+}
+
+int svc_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
+        !getsockname(fd, (struct sockaddr *)&a, &len))
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+int svc_get_status(int port, const char *path)
+{
+    gwc_response r;
+    int st = gwc_request(port, "GET", path, NULL, NULL, 0, &r, 5000) ? -1 : r.status;
+    gwc_response_free(&r);
+    return st;
+}
+
+int svc_post_json(int port, const char *path, const char *json, gwc_response *r, int timeout_ms)
+{
+    return gwc_request(port, "POST", path, "application/json", json, strlen(json), r, timeout_ms);
+}
+
+int svc_wait_ready(int port, int timeout_ms)
+{
+    double until = kiln_now_ms() + timeout_ms;
+    while (svc_get_status(port, "/readyz") != 200) {
+        if (kiln_now_ms() > until)
+            return -1;
+        svc_sleep_ms(50);
+    }
+    return 0;
+}
+
+int svc_metrics(int port, kiln_buf *out)
+{
+    gwc_response r;
+    kiln_buf_clear(out);
+    if (gwc_request(port, "GET", "/metrics", NULL, NULL, 0, &r, 5000) || r.status != 200) {
+        gwc_response_free(&r);
+        return -1;
+    }
+    int rc = kiln_buf_append(out, r.body.data, r.body.len, NULL) ||
+                     kiln_buf_append(out, "", 1, NULL)
+                 ? -1
+                 : 0;
+    if (!rc)
+        out->len--; /* the NUL stays past len */
+    gwc_response_free(&r);
+    return rc;
+}
+
+double svc_metric(const char *text, const char *prefix)
+{
+    double sum = 0;
+    size_t pl = strlen(prefix);
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, prefix, pl)) {
+            const char *sp = strchr(l + pl - 1, ' ');
+            if (sp)
+                sum += strtod(sp, NULL);
+        }
+    return sum;
+}
+
+int svc_wait_metric(int port, const char *prefix, double want, int timeout_ms, double *last)
+{
+    double until = kiln_now_ms() + timeout_ms, v = -1;
+    kiln_buf m = {0};
+    int rc = -1;
+    for (;;) {
+        if (svc_metrics(port, &m) == 0 && (v = svc_metric((const char *)m.data, prefix)) == want) {
+            rc = 0;
+            break;
+        }
+        if (kiln_now_ms() > until)
+            break;
+        svc_sleep_ms(50);
+    }
+    kiln_buf_free(&m);
+    if (last)
+        *last = v;
+    return rc;
+}
+
+int svc_wait_idle(int port, int timeout_ms, char *last, size_t cap)
+{
+    double until = kiln_now_ms() + timeout_ms;
+    kiln_buf m = {0};
+    int rc = -1;
+    snprintf(last, cap, "no /metrics answer");
+    for (;;) {
+        if (svc_metrics(port, &m) == 0) {
+            const char *t = (const char *)m.data;
+            double jobs = svc_metric(t, "kiln_jobs "), q = svc_metric(t, "kiln_queue_depth{"),
+                   in = svc_metric(t, "kiln_inflight{");
+            snprintf(last, cap, "kiln_jobs %g, queued %g, in flight %g", jobs, q, in);
+            if (jobs == 0 && q == 0 && in == 0) {
+                rc = 0;
+                break;
+            }
+        }
+        if (kiln_now_ms() > until)
+            break;
+        svc_sleep_ms(50);
+    }
+    kiln_buf_free(&m);
+    return rc;
+}
+
+/* ---- responses ---- */
+
+void svc_images_free(svc_images *im)
+{
+    for (int i = 0; i < im->n; i++)
+        kiln_buf_free(&im->files[i]);
+    memset(im, 0, sizeof *im);
+}
+
+int svc_parse_images(const gwc_response *r, svc_images *im)
+{
+    memset(im, 0, sizeof *im);
+    if (r->status != 200)
+        return -1;
+    cJSON *j = cJSON_ParseWithLength((const char *)r->body.data, r->body.len);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
+    int ok = j && cJSON_IsArray(data) && cJSON_GetArraySize(data) > 0;
+    /* Seeds are exact in the text even past 2^53 (a double is not): read
+     * them from the text, in order. */
+    const char *at = (const char *)r->body.data, *end = at + r->body.len;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, data)
+    {
+        const char *b64 = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "b64_json"));
+        ok = ok && b64 && im->n < 16 &&
+             cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(it, "seed")) &&
+             (at = memmem(at, (size_t)(end - at), "\"seed\":", 7)) != NULL;
+        if (!ok)
+            break;
+        at += 7;
+        im->seeds[im->n] = strtoull(at, NULL, 10);
+        ok = kiln_base64_decode(b64, strlen(b64), &im->files[im->n], NULL) == KILN_OK;
+        im->n++;
+    }
+    cJSON_Delete(j);
+    if (!ok)
+        svc_images_free(im);
+    return ok ? 0 : -1;
+}
+
+int svc_error_body(const gwc_response *r, const char *code, char *why, size_t cap)
+{
+    cJSON *j = cJSON_ParseWithLength((const char *)r->body.data, r->body.len);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    const char *msg = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "message"));
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "type"));
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "code");
+    int rc = -1;
+    if (!msg || !msg[0] || !type || !cJSON_HasObjectItem(e, "param") || !c)
+        snprintf(why, cap, "not an OpenAI error body: %.*s", (int)(r->body.len > 200 ? 200 : r->body.len),
+                 r->body.data ? (const char *)r->body.data : "");
+    else if (strstr(msg, "/tmp/") || strstr(msg, "/work/") || strstr(msg, "/dev/shm"))
+        snprintf(why, cap, "the message leaks a path: %s", msg);
+    else if (code && !(cJSON_IsString(c) && !strcmp(c->valuestring, code)))
+        snprintf(why, cap, "code %s, want %s (%s)", cJSON_IsString(c) ? c->valuestring : "null",
+                 code, msg);
+    else
+        rc = 0;
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* ---- the CLI ---- */
+
+int svc_cli(const char *cmd, const char *const *args, const char *out)
+{
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = svc_exe("tools/kiln");
+    argv[n++] = cmd;
+    argv[n++] = "--model";
+    argv[n++] = svc.model;
+    argv[n++] = "--text-encoder-out-layers";
+    argv[n++] = "1,2,3";
+    argv[n++] = "--out";
+    argv[n++] = out;
+    for (int i = 0; args[i] && n < 63; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = svc_spawn(argv, NULL, svc_tmp("cli.log"));
+    return pid < 0 ? -1 : svc_wait_exit(pid, SVC_T_REQ);
+}
+
+int svc_same_file(const char *path, const kiln_buf *data)
+{
+    kiln_buf f = {0};
+    int same = svc_read_file(path, &f) == 0 && f.len == data->len && f.len &&
+               !memcmp(f.data, data->data, f.len);
+    kiln_buf_free(&f);
+    return same;
+}
+
+/* ---- processes ---- */
+
+long svc_proc_kb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long v = -1;
+    size_t fl = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, field, fl) && line[fl] == ':') {
+            v = strtol(line + fl + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+int svc_shm_slabs(pid_t pid)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return -1;
+    char mid[32];
+    snprintf(mid, sizeof mid, "-%ld-", (long)pid);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += !strncmp(e->d_name, "kiln-", 5) && strstr(e->d_name, mid) != NULL;
+    closedir(d);
+    return n;
+}
+
+int svc_children(pid_t parent, const char *comm, pid_t *out, int max)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) && n < max;) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0)
+            continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        /* pid (comm) state ppid ...: comm may hold spaces, so from the
+         * last ')'. */
+        char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+        if (!open || !close || close < open)
+            continue;
+        char state;
+        long ppid;
+        if (sscanf(close + 1, " %c %ld", &state, &ppid) != 2 || ppid != (long)parent ||
+            state == 'Z')
+            continue;
+        *close = '\0';
+        if (!strcmp(open + 1, comm))
+            out[n++] = (pid_t)pid;
+    }
+    closedir(d);
+    return n;
+}

@@ -1,0 +1,132 @@
+/* Helpers for the service tests that run the real processes (`kiln
+ * serve`, kiln-gateway and the stage workers) on the tiny klein
+ * checkpoint: starting them with their output in a log, bounded waits on
+ * logs, /readyz and /metrics, OpenAI image responses, the CLI's images for
+ * comparison, and what a process holds (/proc RSS, /dev/shm slabs).
+ *
+ *   if (svc_init("faults")) return 1;             // env, temporary folder
+ *   const char *argv[] = {svc_exe("tools/kiln"), "serve", ..., NULL};
+ *   pid_t serve = svc_spawn(argv, NULL, svc_tmp("serve.log"));
+ *   if (svc_wait_ready(port, 60000)) ...
+ *   gwc_response r;  svc_post_json(port, "/v1/images/generations", json, &r, SVC_T_REQ);
+ *   svc_images im;   svc_parse_images(&r, &im);
+ *   svc_cli("generate", args, svc_tmp("cli.png"));  svc_same_file(svc_tmp("cli.png"), &im.files[0]);
+ *   svc_stop(serve, 30000);  svc_cleanup(test_failures);
+ *
+ * Every wait is bounded and returns -1 on timeout; the checks themselves
+ * stay in the test programs (tests/test.h counts per program), so these
+ * return 0 / -1 or values and, where a reason helps, fill a message.
+ * Paths and names come from static rotating buffers (svc_exe, svc_tmp:
+ * 8 each).  Not thread-safe.
+ */
+#ifndef KILN_TEST_SVC_UTIL_H
+#define KILN_TEST_SVC_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/buf.h"
+#include "tests/service/gw_client.h"
+
+#define SVC_T_REQ 120000 /* ms for one image request on a loaded CI machine */
+
+typedef struct svc_env {
+    const char *build_root;
+    char model[512];  /* the tiny klein checkpoint */
+    char tmpdir[64];  /* this run's logs and files */
+} svc_env;
+
+extern svc_env svc;
+
+/* Reads KILN_BUILD_ROOT / KILN_SHARED, makes /tmp/kiln-<name>-XXXXXX and
+ * ignores SIGPIPE.  -1 (with a message on stderr) when it cannot. */
+int svc_init(const char *name);
+/* Removes the temporary folder, or says where it is kept when `keep`. */
+void svc_cleanup(int keep);
+
+/* $KILN_BUILD_ROOT/rel and <tmpdir>/name (rotating static buffers). */
+const char *svc_exe(const char *rel);
+const char *svc_tmp(const char *name);
+
+void svc_sleep_ms(int ms);
+
+/* fork + exec with stdout and stderr appended to `log`; the child gets
+ * SIGTERM if this test dies.  `env` (NULL-terminated "K=V" strings, or
+ * NULL) is added to its environment.  The pid, or -1. */
+pid_t svc_spawn(const char *const *argv, const char *const *env, const char *log);
+/* SIGTERM, then waits up to timeout_ms (SIGKILL after that).  The exit
+ * status (128 + signal when killed by one), or -1 when it could not be
+ * reaped. */
+int svc_stop(pid_t pid, int timeout_ms);
+/* Waits for a child to exit on its own; as svc_stop, without signals
+ * unless the wait times out (then SIGKILL and -1). */
+int svc_wait_exit(pid_t pid, int timeout_ms);
+
+/* The whole log as a NUL-terminated buffer (empty when unreadable). */
+void svc_read_log(const char *log, kiln_buf *out);
+/* Occurrences of `needle` in the log. */
+int svc_log_count(const char *log, const char *needle);
+/* Waits until the log holds `needle` at least `times` times; 0 or -1. */
+int svc_wait_log(const char *log, const char *needle, int times, int timeout_ms);
+/* The port kiln-gateway logged it listens on ("on http://127.0.0.1:P"),
+ * or -1 after timeout_ms. */
+int svc_log_port(const char *log, int timeout_ms);
+/* A port nobody listens on right now (the kernel's pick, released). */
+int svc_free_port(void);
+
+/* One GET on a new connection: the status, or -1. */
+int svc_get_status(int port, const char *path);
+int svc_post_json(int port, const char *path, const char *json, gwc_response *r, int timeout_ms);
+/* Waits until GET /readyz answers 200; 0 or -1. */
+int svc_wait_ready(int port, int timeout_ms);
+
+/* GET /metrics into a NUL-terminated buffer; 0 or -1. */
+int svc_metrics(int port, kiln_buf *out);
+/* Sum of the samples on lines starting with `prefix` (e.g.
+ * "kiln_jobs " or "kiln_inflight{"); 0 when none. */
+double svc_metric(const char *text, const char *prefix);
+/* Waits until the metric at `prefix` equals `want`; 0, or -1 with the
+ * last value in *last (when not NULL). */
+int svc_wait_metric(int port, const char *prefix, double want, int timeout_ms, double *last);
+/* Waits until no job is left in the gateway (kiln_jobs, every
+ * kiln_queue_depth and kiln_inflight at 0); 0, or -1 with the last values
+ * described in `last`. */
+int svc_wait_idle(int port, int timeout_ms, char *last, size_t cap);
+
+/* ---- OpenAI images responses ---- */
+
+typedef struct svc_images {
+    int n;
+    kiln_buf files[16];
+    uint64_t seeds[16];
+} svc_images;
+
+/* 0 when r is a 200 images response (files decoded from b64_json). */
+int svc_parse_images(const gwc_response *r, svc_images *im);
+void svc_images_free(svc_images *im);
+/* 0 when r's body is an OpenAI error object whose code is `code` (any
+ * code when NULL) and whose message names no path; else -1 with why. */
+int svc_error_body(const gwc_response *r, const char *code, char *why, size_t cap);
+
+/* ---- the CLI and files ---- */
+
+/* Runs `kiln <cmd> --model <tiny> --text-encoder-out-layers 1,2,3 --out
+ * <out> args...` (its output in <tmpdir>/cli.log); the exit status or -1. */
+int svc_cli(const char *cmd, const char *const *args, const char *out);
+/* 1 when the file holds exactly `data`. */
+int svc_same_file(const char *path, const kiln_buf *data);
+int svc_write_file(const char *path, const void *data, size_t len);
+int svc_read_file(const char *path, kiln_buf *out);
+
+/* ---- what a process holds ---- */
+
+/* A field of /proc/<pid>/status in kB ("VmRSS", "RssAnon"), or -1. */
+long svc_proc_kb(pid_t pid, const char *field);
+/* /dev/shm/kiln-* slabs named after pid (/kiln-<stage>-<pid>-<n>). */
+int svc_shm_slabs(pid_t pid);
+/* Children of `parent` whose command name is `comm`, up to max; the
+ * count. */
+int svc_children(pid_t parent, const char *comm, pid_t *out, int max);
+
+#endif
