@@ -31,6 +31,21 @@ void kiln_backend_destroy(kiln_backend *be)
         be->ops->destroy(be);
 }
 
+kiln_status kiln_backend_mem_info(kiln_backend *be, size_t *used_bytes, size_t *total_bytes,
+                                  kiln_err *err)
+{
+    size_t free_b = 0, total = 0;
+    if (!be->ops->mem_info)
+        return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "the %s backend has no device memory",
+                            be->name);
+    kiln_status st = be->ops->mem_info(be, &free_b, &total);
+    if (st)
+        return kiln_err_set(err, st, "%s backend: cannot read the device's memory", be->name);
+    *used_bytes = total - free_b;
+    *total_bytes = total;
+    return KILN_OK;
+}
+
 kiln_status kiln_be_check(kiln_backend *be, kiln_err *err)
 {
     kiln_status st = be->error.code;

@@ -132,6 +132,25 @@ typedef struct kiln_backend_ops {
                    const kiln_tensor *bias, int stride, const int pad[4]);
     void (*upsample_nearest2x)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 
+    /* --- fused transformer ops (one pass where the ops above take several)
+     * qkv_split: P (B, S, 3D) the fused q|k|v projection -> q, k, v
+     * (B, S, D) each, with D = H * d; q and k get the per-head RMSNorm of
+     * norm_q / norm_k (d elements; NULL skips it) and then RoPE (cos, sin
+     * (S, d) F32 as for rope; NULL skips it); v is copied.  The same values
+     * and roundings as copy_cols + rms_norm + rope.
+     * swiglu_cols: swiglu into columns [dst_col0, dst_col0 + F) of y (R, C),
+     * x (R, 2F): the other columns of y are left alone. */
+    void (*qkv_split)(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                      const kiln_tensor *P, const kiln_tensor *norm_q, const kiln_tensor *norm_k,
+                      float eps, const kiln_tensor *cos, const kiln_tensor *sin,
+                      kiln_rope_mode mode);
+    void (*swiglu_cols)(kiln_backend *be, kiln_tensor *y, int64_t dst_col0, const kiln_tensor *x);
+
+    /* mem_info: bytes free and in total on the backend's device, as the
+     * driver reports them for the whole device (every process's use counts);
+     * NULL where the backend has no device memory (the CPU). */
+    kiln_status (*mem_info)(kiln_backend *be, size_t *free_bytes, size_t *total_bytes);
+
     void (*destroy)(kiln_backend *be);
 } kiln_backend_ops;
 
@@ -149,6 +168,13 @@ struct kiln_backend {
  * no such device).  The caller owns the result. */
 kiln_backend *kiln_backend_create(const char *name, int device, kiln_err *err);
 void kiln_backend_destroy(kiln_backend *be);
+
+/* Device memory in use on the backend's device (total - free, every
+ * process's share included) and its size.  KILN_ERR_UNSUPPORTED with err
+ * set on a backend without device memory (the CPU).  For logs and
+ * benchmarks; thread-safe for the CUDA backend (a driver query). */
+kiln_status kiln_backend_mem_info(kiln_backend *be, size_t *used_bytes, size_t *total_bytes,
+                                  kiln_err *err);
 
 /* Reports the sticky error (copying it into err) and clears it.  Returns
  * KILN_OK when every op since the last check succeeded. */
@@ -214,6 +240,13 @@ KILN_BE_WRAP(conv2d, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
              (be, y, x, w, bias, stride, pad))
 KILN_BE_WRAP(upsample_nearest2x, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x),
              (be, y, x))
+KILN_BE_WRAP(qkv_split, (kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                         const kiln_tensor *P, const kiln_tensor *norm_q,
+                         const kiln_tensor *norm_k, float eps, const kiln_tensor *cos,
+                         const kiln_tensor *sin, kiln_rope_mode mode),
+             (be, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode))
+KILN_BE_WRAP(swiglu_cols, (kiln_backend *be, kiln_tensor *y, int64_t dst_col0,
+                           const kiln_tensor *x), (be, y, dst_col0, x))
 #undef KILN_BE_WRAP
 
 /* --- scratch arena ---------------------------------------------------------

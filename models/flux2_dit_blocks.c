@@ -39,33 +39,18 @@ typedef struct flux2_qkv {
     kiln_tensor q, k, v; /* (B, S, D) each */
 } flux2_qkv;
 
-/* Column slice `part` of the fused projection P (B, S, 3D), then per-head
- * RMSNorm and RoPE where given. */
-static kiln_tensor qkv_part(flux2_fwd *f, const kiln_tensor *P, int part, const kiln_tensor *norm,
-                            const flux2_rope *rope)
-{
-    const int64_t D = f->m->cfg.hidden;
-    kiln_tensor t = tmp(f, P->shape[1], D);
-    kiln_be_copy_cols(f->be, &t, 0, P, part * D, D);
-    if (norm)
-        kiln_be_rms_norm(f->be, &t, &t, norm, (float)f->m->cfg.eps);
-    if (rope) {
-        kiln_tensor h = heads(f, &t);
-        kiln_be_rope(f->be, &h, &rope->cos, &rope->sin, KILN_ROPE_INTERLEAVED);
-    }
-    return t;
-}
-
+/* The fused projection P (B, S, 3D) split into q, k, v, with the per-head
+ * RMSNorm and RoPE of q and k in the same pass (backend qkv_split). */
 static flux2_qkv project(flux2_fwd *f, const kiln_tensor *n, const kiln_tensor *w,
                          const kiln_tensor *norm_q, const kiln_tensor *norm_k,
                          const flux2_rope *rope)
 {
-    kiln_tensor P = tmp(f, n->shape[1], 3 * f->m->cfg.hidden);
+    const int64_t S = n->shape[1], D = f->m->cfg.hidden;
+    kiln_tensor P = tmp(f, S, 3 * D);
     kiln_be_linear(f->be, &P, n, w, NULL);
-    flux2_qkv r;
-    r.q = qkv_part(f, &P, 0, norm_q, rope);
-    r.k = qkv_part(f, &P, 1, norm_k, rope);
-    r.v = qkv_part(f, &P, 2, NULL, NULL);
+    flux2_qkv r = {tmp(f, S, D), tmp(f, S, D), tmp(f, S, D)};
+    kiln_be_qkv_split(f->be, &r.q, &r.k, &r.v, &P, norm_q, norm_k, (float)f->m->cfg.eps,
+                      &rope->cos, &rope->sin, KILN_ROPE_INTERLEAVED);
     return r;
 }
 
@@ -172,10 +157,9 @@ static void single_finish(flux2_fwd *f, kiln_tensor *y, const kiln_tensor *o,
                           const kiln_tensor *h, const flux2_single_w *W, const flux2_mod *mod)
 {
     const int64_t S = y->shape[1], D = f->m->cfg.hidden, F = f->m->cfg.mlp_hidden;
-    kiln_tensor cat = tmp(f, S, D + F), g = tmp(f, S, F), a = tmp(f, S, D);
+    kiln_tensor cat = tmp(f, S, D + F), a = tmp(f, S, D);
     kiln_be_copy_cols(f->be, &cat, 0, o, 0, D);
-    kiln_be_swiglu(f->be, &g, h);
-    kiln_be_copy_cols(f->be, &cat, D, &g, 0, F);
+    kiln_be_swiglu_cols(f->be, &cat, D, h);
     kiln_be_linear(f->be, &a, &cat, &W->out, NULL);
     kiln_be_gated_add(f->be, y, &mod->gate, &a);
 }

@@ -30,6 +30,8 @@ static const kiln_backend_ops cpu_ops = {
     .transpose = cpu_transpose,
     .conv2d = cpu_conv2d,
     .upsample_nearest2x = cpu_upsample_nearest2x,
+    .qkv_split = cpu_qkv_split,
+    .swiglu_cols = cpu_swiglu_cols,
     .destroy = cpu_destroy,
 };
 

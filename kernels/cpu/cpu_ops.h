@@ -1,6 +1,6 @@
 /* The CPU reference backend's operations, one file per family
  * (cpu_memory.c, cpu_linear.c, cpu_norm.c, cpu_attention.c, cpu_elementwise.c,
- * cpu_conv.c), gathered into the ops table by cpu_backend.c.
+ * cpu_conv.c, cpu_fused.c), gathered into the ops table by cpu_backend.c.
  *
  * Plain fp32 loops written for clarity: this backend is the oracle the CUDA
  * kernels are tested against.  Shape mismatches are caller bugs and become a
@@ -59,5 +59,10 @@ void cpu_transpose(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cpu_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                 const kiln_tensor *bias, int stride, const int pad[4]);
 void cpu_upsample_nearest2x(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+
+void cpu_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                   const kiln_tensor *P, const kiln_tensor *norm_q, const kiln_tensor *norm_k,
+                   float eps, const kiln_tensor *cos, const kiln_tensor *sin, kiln_rope_mode mode);
+void cpu_swiglu_cols(kiln_backend *be, kiln_tensor *y, int64_t dst_col0, const kiln_tensor *x);
 
 #endif

@@ -272,7 +272,8 @@ void cuda_attention(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q, cons
                      (long long)hq);
         return;
     }
-    if (!bsz || !sq || !hq || !cuda_enter(be) || cuda_cudnn_attention(be, o, q, k, v, opts))
+    if (!bsz || !sq || !hq || !cuda_enter(be) || cuda_cudnn_attention(be, o, q, k, v, opts) ||
+        cuda_attention_gemm(be, o, q, k, v, opts))
         return;
     attn_params p;
     memset(&p, 0, sizeof p);

@@ -90,6 +90,9 @@ static const kiln_backend_ops cuda_ops = {
     .transpose = cuda_transpose,
     .conv2d = cuda_conv2d,
     .upsample_nearest2x = cuda_upsample_nearest2x,
+    .qkv_split = cuda_qkv_split,
+    .swiglu_cols = cuda_swiglu_cols,
+    .mem_info = cuda_mem_info,
     .destroy = cuda_destroy,
 };
 

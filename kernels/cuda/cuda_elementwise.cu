@@ -1,6 +1,6 @@
-/* CUDA elementwise ops: SiLU, SwiGLU, add, gated residual add, Euler update,
- * classifier-free guidance, RoPE.  Each operand may be BF16 or F32; math is
- * fp32, and where the output is bf16 the intermediate roundings follow the
+/* CUDA elementwise ops: SiLU, add, gated residual add, Euler update,
+ * classifier-free guidance, RoPE (SwiGLU: cuda_fused.cu).  Each operand may
+ * be BF16 or F32; math is fp32, and where the output is bf16 the intermediate roundings follow the
  * bf16 PyTorch ops of diffusers (noted per op), so a bf16 run tracks the
  * reference bit patterns rather than only its values. */
 #include "cuda_internal.cuh"
@@ -25,29 +25,6 @@ void cuda_silu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
     silu_kernel<<<cuda_blocks(be, n), 256, 0, cuda_stream(be)>>>(y->data, is_bf16(y), x->data,
                                                                  is_bf16(x), n);
     cuda_launched(be, "silu");
-}
-
-/* diffusers/transformers: silu(gate) * up as two bf16 ops. */
-__global__ void swiglu_kernel(void *y, int ybf, const void *x, int xbf, int64_t rows, int64_t f)
-{
-    GRID_STRIDE(i, rows * f)
-    {
-        int64_t r = i / f, c = i % f;
-        float g = rnd_act(silu_f(ld_act(x, r * 2 * f + c, xbf)), ybf);
-        st_act(y, i, g * ld_act(x, r * 2 * f + f + c, xbf), ybf);
-    }
-}
-
-void cuda_swiglu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
-{
-    int64_t rows = kiln_tensor_rows(x), f = kiln_tensor_cols(y);
-    if (CUDA_REQUIRE(be, kiln_tensor_cols(x) == 2 * f && kiln_tensor_rows(y) == rows &&
-                             y->data != x->data && is_act(x) && is_act(y)) ||
-        !rows || !f || !cuda_enter(be))
-        return;
-    swiglu_kernel<<<cuda_blocks(be, rows * f), 256, 0, cuda_stream(be)>>>(
-        y->data, is_bf16(y), x->data, is_bf16(x), rows, f);
-    cuda_launched(be, "swiglu");
 }
 
 __global__ void add_kernel(void *y, int ybf, const void *a, int abf, const void *b, int bbf,
@@ -81,6 +58,30 @@ __global__ void gated_add_kernel(void *x, int xbf, const void *gate, int gbf, co
     }
 }
 
+/* The same for all-bf16 operands (D % 8 == 0 with a gate): 8 elements (16
+ * bytes) per load and store, one index division per 8 elements. */
+__global__ void gated_add_vec_kernel(bf16 *__restrict__ x, const bf16 *__restrict__ gate,
+                                     const bf16 *__restrict__ y, int64_t n8, int64_t sd8,
+                                     int64_t d8)
+{
+    GRID_STRIDE(i, n8)
+    {
+        uint4 x4 = ((const uint4 *)x)[i], y4 = ((const uint4 *)y)[i], g4;
+        if (gate)
+            g4 = ((const uint4 *)gate)[(i / sd8) * d8 + i % d8];
+        bf16 *xv = (bf16 *)&x4;
+        const bf16 *yv = (const bf16 *)&y4, *gv = (const bf16 *)&g4;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float v = __bfloat162float(yv[j]);
+            if (gate)
+                v = rnd_act(__bfloat162float(gv[j]) * v, 1);
+            xv[j] = __float2bfloat16_rn(__bfloat162float(xv[j]) + v);
+        }
+        ((uint4 *)x)[i] = x4;
+    }
+}
+
 void cuda_gated_add(kiln_backend *be, kiln_tensor *x, const kiln_tensor *gate,
                     const kiln_tensor *y)
 {
@@ -97,6 +98,15 @@ void cuda_gated_add(kiln_backend *be, kiln_tensor *x, const kiln_tensor *gate,
     }
     if (!n || !cuda_enter(be))
         return;
+    if (is_bf16(x) && is_bf16(y) && (!gate || (is_bf16(gate) && d % 8 == 0)) && n % 8 == 0 &&
+        ((uintptr_t)x->data | (uintptr_t)y->data | (uintptr_t)(gate ? gate->data : NULL)) % 16 ==
+            0) {
+        gated_add_vec_kernel<<<cuda_blocks(be, n / 8), 256, 0, cuda_stream(be)>>>(
+            (bf16 *)x->data, gate ? (const bf16 *)gate->data : NULL, (const bf16 *)y->data, n / 8,
+            sd / 8, d / 8);
+        cuda_launched(be, "gated_add");
+        return;
+    }
     gated_add_kernel<<<cuda_blocks(be, n), 256, 0, cuda_stream(be)>>>(
         x->data, is_bf16(x), gate ? gate->data : NULL, gate ? is_bf16(gate) : 0, y->data,
         is_bf16(y), n, sd, d);
@@ -169,8 +179,8 @@ __global__ void rope_kernel(void *x, int xbf, const float *__restrict__ cs,
         int64_t base = row * d;
         float a = ld_act(x, base + i0, xbf), b = ld_act(x, base + i1, xbf);
         const float *c = cs + t * d, *sv = sn + t * d;
-        st_act(x, base + i0, a * c[i0] - b * sv[i0], xbf);
-        st_act(x, base + i1, b * c[i1] + a * sv[i1], xbf);
+        st_act(x, base + i0, rope_rot(a, c[i0], -b, sv[i0]), xbf);
+        st_act(x, base + i1, rope_rot(b, c[i1], a, sv[i1]), xbf);
     }
 }
 

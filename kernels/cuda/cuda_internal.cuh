@@ -97,6 +97,14 @@ __device__ __forceinline__ float rnd_act(float v, int is_bf16)
     return is_bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 
+/* One rotated RoPE element, x * cos + y * sin, as diffusers'
+ * apply_rotary_emb computes it: two fp32 products and a sum, never fused
+ * into an FMA (so rope and qkv_split round identically). */
+__device__ __forceinline__ float rope_rot(float x, float c, float y, float s)
+{
+    return __fadd_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -162,6 +170,11 @@ int cuda_cudnn_attention(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q,
 int cuda_cudnn_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                       const kiln_tensor *bias, int stride, const int pad[4]);
 
+/* One wide head (d >= 256, no mask) as GEMMs, cuda_attention_gemm.cu; 0 when
+ * it declines the call, as the cuDNN ops do. */
+int cuda_attention_gemm(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q,
+                        const kiln_tensor *k, const kiln_tensor *v, const kiln_attn_opts *opts);
+
 void cuda_silu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cuda_swiglu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cuda_add(kiln_backend *be, kiln_tensor *y, const kiln_tensor *a, const kiln_tensor *b);
@@ -177,6 +190,13 @@ void cuda_copy_cols(kiln_backend *be, kiln_tensor *dst, int64_t dst_col0, const 
                     int64_t src_col0, int64_t n);
 void cuda_transpose(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cuda_upsample_nearest2x(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+
+void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                    const kiln_tensor *P, const kiln_tensor *norm_q, const kiln_tensor *norm_k,
+                    float eps, const kiln_tensor *cos, const kiln_tensor *sin,
+                    kiln_rope_mode mode);
+void cuda_swiglu_cols(kiln_backend *be, kiln_tensor *y, int64_t dst_col0, const kiln_tensor *x);
+kiln_status cuda_mem_info(kiln_backend *be, size_t *free_bytes, size_t *total_bytes);
 
 int cuda_conv_init(kiln_backend *be);
 void cuda_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,

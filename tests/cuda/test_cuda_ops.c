@@ -244,6 +244,7 @@ static void test_layer_norm_mod(void)
     case_ln(2, 5, 40, 0, 1, 0);
     case_ln(1, 9, 200, 0, 0, 0);
     case_ln(2, 17, 64, 1, 1, 1);
+    case_ln(2, 7, 36, 1, 1, 0); /* d % 8 != 0: the element path */
 }
 
 static void case_gn(int64_t b, int64_t c, int64_t h, int64_t w, int groups, int silu, int inplace)
@@ -275,14 +276,15 @@ static void test_group_norm(void)
     case_gn(2, 96, 16, 16, 32, 0, 0);
     case_gn(1, 32, 96, 80, 32, 1, 0); /* 7680 elements a group: split over blocks */
     case_gn(1, 128, 20, 20, 32, 1, 1);
+    case_gn(2, 128, 64, 64, 32, 1, 0); /* 16-byte vectors, many chunks a group */
+    case_gn(1, 64, 6, 5, 32, 0, 0);    /* hw % 8 != 0: the element path */
 }
 
 /* --- attention ------------------------------------------------------------- */
 
-static void case_rope(int64_t b, int64_t s, int64_t h, int64_t d, kiln_rope_mode mode)
+/* Random rotation tables (s, d) in the layout `mode` expects, on both sides. */
+static void rope_tables(dual *cs, dual *sn, int64_t s, int64_t d, kiln_rope_mode mode)
 {
-    dual x, cs, sn;
-    dual_in(&x, KILN_BF16, 4, (int64_t[]){b, s, h, d}, 2.0f);
     float *c = xmalloc_f(s * d), *si = xmalloc_f(s * d);
     for (int64_t t = 0; t < s; t++)
         for (int64_t i = 0; i < d / 2; i++) {
@@ -292,14 +294,21 @@ static void case_rope(int64_t b, int64_t s, int64_t h, int64_t d, kiln_rope_mode
             c[t * d + i0] = c[t * d + i1] = cosf(ang);
             si[t * d + i0] = si[t * d + i1] = sinf(ang);
         }
-    kiln_be_alloc(cpu, &cs.c, KILN_F32, 2, (int64_t[]){s, d});
-    kiln_be_alloc(gpu, &cs.g, KILN_F32, 2, (int64_t[]){s, d});
-    kiln_be_alloc(cpu, &sn.c, KILN_F32, 2, (int64_t[]){s, d});
-    kiln_be_alloc(gpu, &sn.g, KILN_F32, 2, (int64_t[]){s, d});
-    dual_upload(&cs, c);
-    dual_upload(&sn, si);
+    kiln_be_alloc(cpu, &cs->c, KILN_F32, 2, (int64_t[]){s, d});
+    kiln_be_alloc(gpu, &cs->g, KILN_F32, 2, (int64_t[]){s, d});
+    kiln_be_alloc(cpu, &sn->c, KILN_F32, 2, (int64_t[]){s, d});
+    kiln_be_alloc(gpu, &sn->g, KILN_F32, 2, (int64_t[]){s, d});
+    dual_upload(cs, c);
+    dual_upload(sn, si);
     free(c);
     free(si);
+}
+
+static void case_rope(int64_t b, int64_t s, int64_t h, int64_t d, kiln_rope_mode mode)
+{
+    dual x, cs, sn;
+    dual_in(&x, KILN_BF16, 4, (int64_t[]){b, s, h, d}, 2.0f);
+    rope_tables(&cs, &sn, s, d, mode);
     kiln_be_rope(cpu, &x.c, &cs.c, &sn.c, mode);
     kiln_be_rope(gpu, &x.g, &cs.g, &sn.g, mode);
     char desc[96];
@@ -353,9 +362,113 @@ static void test_attention(void)
     case_attn(3, 50, 90, 8, 2, 8, 0, (int[]){90, 1, 0});   /* d 8, empty batch */
     case_attn(1, 70, 70, 3, 3, 12, 1, NULL);               /* d % 8 != 0: scalar loads */
     case_attn(1, 64, 200, 2, 1, 72, 0, (int[]){150});      /* padded head dim */
-    case_attn(1, 256, 256, 1, 1, 512, 0, NULL);            /* VAE mid-block */
+    case_attn(1, 256, 256, 1, 1, 512, 0, NULL);            /* VAE mid-block: GEMMs */
+    case_attn(2, 300, 264, 1, 1, 256, 0, NULL);            /* GEMMs, two batch rows */
+    case_attn(1, 100, 136, 1, 1, 512, 0, (int[]){110});    /* d 512 masked: flash kernel */
     case_attn(1, 130, 130, 1, 1, 200, 1, NULL);            /* 200: two 128-col slices */
     case_attn(2, 600, 600, 3, 3, 128, 0, NULL);            /* DiT-like joint attention */
+}
+
+/* --- fused transformer ops ---------------------------------------------------- */
+
+/* qkv_split against the CPU reference; the CUDA result must also equal the
+ * unfused CUDA ops (copy_cols + rms_norm + rope) bit for bit. */
+static void case_qkv_split(int64_t b, int64_t s, int64_t h, int64_t d, int norm, int rope,
+                           kiln_rope_mode mode)
+{
+    int64_t D = h * d, shape[3] = {b, s, D};
+    dual P, wq, wk, cs, sn, q, k, v;
+    dual_in(&P, KILN_BF16, 3, (int64_t[]){b, s, 3 * D}, 2.0f);
+    if (norm) {
+        dual_in(&wq, KILN_BF16, 1, &d, 1.5f);
+        dual_in(&wk, KILN_BF16, 1, &d, 1.5f);
+    }
+    if (rope)
+        rope_tables(&cs, &sn, s, d, mode);
+    dual_out(&q, KILN_BF16, 3, shape);
+    dual_out(&k, KILN_BF16, 3, shape);
+    dual_out(&v, KILN_BF16, 3, shape);
+    kiln_be_qkv_split(cpu, &q.c, &k.c, &v.c, &P.c, norm ? &wq.c : NULL, norm ? &wk.c : NULL,
+                      1e-6f, rope ? &cs.c : NULL, rope ? &sn.c : NULL, mode);
+    kiln_be_qkv_split(gpu, &q.g, &k.g, &v.g, &P.g, norm ? &wq.g : NULL, norm ? &wk.g : NULL,
+                      1e-6f, rope ? &cs.g : NULL, rope ? &sn.g : NULL, mode);
+
+    /* The unfused CUDA sequence the DiT ran before. */
+    int64_t n = b * s * D, mismatches = 0;
+    kiln_tensor u = {0};
+    float *fused = xmalloc_f(n), *plain = xmalloc_f(n);
+    kiln_be_alloc(gpu, &u, KILN_BF16, 3, shape);
+    for (int part = 0; part < 2; part++) {
+        kiln_be_copy_cols(gpu, &u, 0, &P.g, part * D, D);
+        if (norm)
+            kiln_be_rms_norm(gpu, &u, &u, part ? &wk.g : &wq.g, 1e-6f);
+        if (rope) {
+            kiln_tensor hv = u;
+            kiln_tensor_set_shape(&hv, KILN_BF16, 4, (int64_t[]){b, s, h, d});
+            kiln_be_rope(gpu, &hv, &cs.g, &sn.g, mode);
+        }
+        kiln_be_download(gpu, &u, plain);
+        kiln_be_download(gpu, part ? &k.g : &q.g, fused);
+        for (int64_t i = 0; i < n; i++)
+            mismatches += memcmp(&fused[i], &plain[i], sizeof(float)) != 0;
+    }
+    kiln_be_free(gpu, &u);
+    free(fused);
+    free(plain);
+
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lldx%lld H%lld d%lld%s%s", (long long)b, (long long)s,
+             (long long)h, (long long)d, norm ? " norm" : "",
+             rope ? (mode == KILN_ROPE_INTERLEAVED ? " rope-il" : " rope-half") : "");
+    CHECKF(mismatches == 0, "qkv_split %s: %lld elements differ from the unfused CUDA ops", desc,
+           (long long)mismatches);
+    finish_ex("qkv_split q", desc, &q, TOL_BF16, mismatches == 0);
+    finish("qkv_split k", desc, &k, TOL_BF16);
+    finish("qkv_split v", desc, &v, TOL_EXACT);
+    dual_free(&P);
+    if (norm) {
+        dual_free(&wq);
+        dual_free(&wk);
+    }
+    if (rope) {
+        dual_free(&cs);
+        dual_free(&sn);
+    }
+    dual_free(&q);
+    dual_free(&k);
+    dual_free(&v);
+}
+
+static void test_qkv_split(void)
+{
+    case_qkv_split(2, 17, 3, 64, 1, 1, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(1, 40, 4, 128, 1, 1, KILN_ROPE_INTERLEAVED); /* DiT head size */
+    case_qkv_split(1, 9, 2, 32, 1, 1, KILN_ROPE_HALF);
+    case_qkv_split(2, 5, 3, 16, 0, 1, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(1, 7, 2, 24, 1, 0, KILN_ROPE_INTERLEAVED);
+}
+
+/* SwiGLU into a column slice; the columns around it must stay untouched. */
+static void case_swiglu_cols(int64_t rows, int64_t f, int64_t cols, int64_t col0)
+{
+    dual x, y;
+    dual_in(&x, KILN_BF16, 2, (int64_t[]){rows, 2 * f}, 4.0f);
+    dual_in(&y, KILN_BF16, 2, (int64_t[]){rows, cols}, 1.0f);
+    kiln_be_swiglu_cols(cpu, &y.c, col0, &x.c);
+    kiln_be_swiglu_cols(gpu, &y.g, col0, &x.g);
+    char desc[64];
+    snprintf(desc, sizeof desc, "%lldx2*%lld -> %lldx%lld @%lld", (long long)rows, (long long)f,
+             (long long)rows, (long long)cols, (long long)col0);
+    finish("swiglu_cols", desc, &y, TOL_BF16);
+    dual_free(&x);
+    dual_free(&y);
+}
+
+static void test_swiglu_cols(void)
+{
+    case_swiglu_cols(33, 64, 96, 32); /* 16-byte vectors */
+    case_swiglu_cols(5, 45, 100, 40); /* element path */
+    case_swiglu_cols(3, 24, 60, 36);  /* aligned sizes, unaligned offset */
 }
 
 /* --- elementwise ----------------------------------------------------------- */
@@ -419,20 +532,27 @@ static void test_add(void)
 
 static void test_gated_add(void)
 {
-    for (int gated = 1; gated >= 0; gated--) {
-        dual x, g, y;
-        dual_in(&x, KILN_BF16, 3, (int64_t[]){2, 13, 40}, 1.0f);
-        dual_in(&y, KILN_BF16, 3, (int64_t[]){2, 13, 40}, 1.0f);
-        if (gated)
-            dual_in(&g, KILN_BF16, 2, (int64_t[]){2, 40}, 2.0f);
-        kiln_be_gated_add(cpu, &x.c, gated ? &g.c : NULL, &y.c);
-        kiln_be_gated_add(gpu, &x.g, gated ? &g.g : NULL, &y.g);
-        finish("gated_add", gated ? "2x13x40 gate 2x40" : "2x13x40 no gate", &x, TOL_BF16);
-        dual_free(&x);
-        dual_free(&y);
-        if (gated)
-            dual_free(&g);
-    }
+    /* D = 40 runs 16-byte vectors, D = 36 the element path. */
+    const int64_t dims[2] = {40, 36};
+    for (int i = 0; i < 2; i++)
+        for (int gated = 1; gated >= 0; gated--) {
+            int64_t d = dims[i];
+            dual x, g, y;
+            dual_in(&x, KILN_BF16, 3, (int64_t[]){2, 13, d}, 1.0f);
+            dual_in(&y, KILN_BF16, 3, (int64_t[]){2, 13, d}, 1.0f);
+            if (gated)
+                dual_in(&g, KILN_BF16, 2, (int64_t[]){2, d}, 2.0f);
+            kiln_be_gated_add(cpu, &x.c, gated ? &g.c : NULL, &y.c);
+            kiln_be_gated_add(gpu, &x.g, gated ? &g.g : NULL, &y.g);
+            char desc[64];
+            snprintf(desc, sizeof desc, "2x13x%lld %s", (long long)d,
+                     gated ? "gate 2xD" : "no gate");
+            finish("gated_add", desc, &x, TOL_BF16);
+            dual_free(&x);
+            dual_free(&y);
+            if (gated)
+                dual_free(&g);
+        }
 }
 
 /* bf16 latents must follow pipeline.md section 7 bit for bit:
@@ -712,6 +832,8 @@ int main(void)
     test_rope();
     test_attention();
     test_silu_swiglu();
+    test_qkv_split();
+    test_swiglu_cols();
     test_add();
     test_gated_add();
     test_euler();

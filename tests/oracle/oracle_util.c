@@ -119,12 +119,17 @@ enum { KV_LINKED = 5 }; /* the first five are links, the index is written */
 
 const char *oracle_kv_checkpoint(const char *src, char *dir)
 {
+    /* The links live in /tmp: a relative KILN_SHARED (tools/gpu/bench.sh
+     * once passed .devdata) would leave them dangling. */
+    char abs[PATH_MAX];
+    if (!realpath(src, abs))
+        return NULL;
     snprintf(dir, PATH_MAX, "/tmp/kiln-kv-ckpt-XXXXXX");
     if (!mkdtemp(dir))
         return NULL;
     char a[PATH_MAX], b[PATH_MAX];
     for (int i = 0; i < KV_LINKED; i++) {
-        if (snprintf(a, sizeof a, "%s/%s", src, kv_parts[i]) >= (int)sizeof a ||
+        if (snprintf(a, sizeof a, "%s/%s", abs, kv_parts[i]) >= (int)sizeof a ||
             snprintf(b, sizeof b, "%s/%s", dir, kv_parts[i]) >= (int)sizeof b || symlink(a, b))
             return NULL;
     }

@@ -12,8 +12,9 @@
  * loop), decode (VAE, 8-bit conversion, download) and PNG encoding with the
  * default options, each between backend syncs on a host clock.  The denoise
  * loop also runs with 1 step, so that one step's time and the loop's fixed
- * cost separate: step = (T(steps) - T(1)) / (steps - 1).  Prints medians;
- * exit status 1 when a stage fails. */
+ * cost separate: step = (T(steps) - T(1)) / (steps - 1).  Prints medians
+ * and, on a GPU, the device memory each loading step and the first image
+ * added; exit status 1 when a stage fails. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,13 +87,41 @@ static int parse(int argc, char **argv, opts *o)
     return o->model ? 0 : -1;
 }
 
+/* Device memory in use after each loading step and after the first image
+ * (the activation arenas and library workspaces a request leaves behind),
+ * for the memory breakdown of docs/PERFORMANCE.md.  Device-wide numbers:
+ * exact while this is the only process on the GPU. */
+enum { M_BACKEND, M_ENCODER, M_DIT, M_VAE, M_FIRST, M_COUNT };
+static const char *const m_names[M_COUNT] = {
+    "backend created (CUDA context, handles, workspace)", "+ text encoder weights",
+    "+ DiT weights", "+ VAE decoder weights", "+ first image (arenas, workspaces)"};
+
 typedef struct stages {
     kiln_checkpoint *ck;
     kiln_backend *be;
     kiln_encode_stage *enc;
     kiln_denoise_stage *den;
     kiln_decode_stage *dec;
+    size_t mem[M_COUNT]; /* device bytes in use; 0 = not known */
 } stages;
+
+static void mem_mark(stages *s, int at)
+{
+    size_t used = 0, total = 0;
+    kiln_err err = {0};
+    if (s->be && !kiln_backend_mem_info(s->be, &used, &total, &err))
+        s->mem[at] = used;
+}
+
+static void mem_report(const stages *s)
+{
+    if (!s->mem[M_FIRST])
+        return;
+    printf("  GPU memory in use on the device (cudaMemGetInfo), GiB:\n");
+    for (int k = 0; k < M_COUNT; k++)
+        printf("    %-52s %7.2f (%+.2f)\n", m_names[k], s->mem[k] / 1073741824.0,
+               k ? ((double)s->mem[k] - (double)s->mem[k - 1]) / 1073741824.0 : 0.0);
+}
 
 static void stages_free(stages *s)
 {
@@ -106,11 +135,18 @@ static void stages_free(stages *s)
 static kiln_status load(stages *s, const opts *o, kiln_err *err)
 {
     if (!(s->ck = kiln_checkpoint_open(o->model, err)) ||
-        !(s->be = kiln_backend_create(o->device, o->gpu, err)) ||
-        !(s->enc = kiln_encode_stage_create(s->be, s->ck, &o->enc, err)) ||
-        !(s->den = kiln_denoise_stage_create(s->be, s->ck, err)) ||
-        !(s->dec = kiln_decode_stage_create(s->be, s->ck, err)))
+        !(s->be = kiln_backend_create(o->device, o->gpu, err)))
         return err->code;
+    mem_mark(s, M_BACKEND);
+    if (!(s->enc = kiln_encode_stage_create(s->be, s->ck, &o->enc, err)))
+        return err->code;
+    mem_mark(s, M_ENCODER);
+    if (!(s->den = kiln_denoise_stage_create(s->be, s->ck, err)))
+        return err->code;
+    mem_mark(s, M_DIT);
+    if (!(s->dec = kiln_decode_stage_create(s->be, s->ck, err)))
+        return err->code;
+    mem_mark(s, M_VAE);
     return KILN_OK;
 }
 
@@ -186,7 +222,11 @@ int main(int argc, char **argv)
         if (one_image(&s, &o, p.v[idx], idx, tt, &err)) {
             fprintf(stderr, "kiln-stagebench: %s\n", err.msg);
             rc = 1;
-        } else if (i >= o.warmup) {
+        } else {
+            if (i == 0)
+                mem_mark(&s, M_FIRST);
+            if (i < o.warmup)
+                continue;
             for (int k = 0; k < T_COUNT; k++)
                 t[(size_t)k * (size_t)o.iters + (size_t)(i - o.warmup)] = tt[k];
         }
@@ -205,6 +245,7 @@ int main(int argc, char **argv)
         printf("  %-28s %9.2f ms\n", "denoise fixed cost", med[T_DENOISE1] - step);
         printf("  %-28s %9.2f ms\n", "pipeline (enc+den+dec+png)",
                med[T_ENCODE] + med[T_DENOISE] + med[T_DECODE] + med[T_PNG]);
+        mem_report(&s);
     }
     free(t);
     kiln_bench_prompts_free(&p);

@@ -18,7 +18,7 @@
 #              in one process, steady state; peak GPU memory
 #   serve      kiln serve --device cuda, then kiln-bench through HTTP
 #              (latency, and throughput unless KILN_BENCH_MODE=latency);
-#              peak GPU memory of the whole service
+#              peak GPU memory of the whole service and of each process
 #   diffusers  diffusers' Flux2KleinPipeline on the same checkpoint folder,
 #              bf16, B=1 latency the same way (tools/bench/diffusers_bench.py);
 #              the diffusers wheel comes from .whl/ (carry it: see below)
@@ -85,6 +85,20 @@ mem_sampler() {
     sleep 0.1
   done >"$1"
 }
+# Samples each CUDA process's memory every 100 ms into $1 until killed
+# ("pid, name, MiB" lines).
+apps_sampler() {
+  while :; do
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits \
+      2>/dev/null
+    sleep 0.1
+  done >"$1"
+}
+# Each process's peak in the samples file $1, by executable name.
+apps_peak() {
+  awk -F', *' 'NF >= 3 && $3 + 0 > 0 { n = $2; sub(/.*\//, "", n); if ($3 + 0 > m[n]) m[n] = $3 + 0 }
+    END { for (n in m) printf "    %-16s %6.2f GiB\n", n, m[n] / 1024 }' "$1" | sort
+}
 # Peak used memory in the samples file $1 minus the idle reading $2, in GiB.
 mem_peak() {
   sort -n "$1" | tail -1 | awk -v idle="$2" '{printf "%.2f GiB (peak %d MiB used, %d idle)", ($1 - idle) / 1024, $1, idle}'
@@ -113,8 +127,9 @@ step_ops() {
 }
 
 step_parity() {
-  local shared=../shared
-  [ -d .devdata/oracle ] && shared=.devdata
+  # Absolute: the KV case links the checkpoint's folders from /tmp.
+  local shared=$root/../shared
+  [ -d .devdata/oracle ] && shared=$root/.devdata
   KILN_SHARED=$shared timeout "$limit" "$build/tests/cuda/test_cuda_pipeline" >"$out/parity.log" 2>&1
   local rc=$?
   grep -E "checks, .* failed|CHECK failed|cuDNN" "$out/parity.log"
@@ -171,14 +186,18 @@ step_serve() {
     local pid=$!
     mem_sampler "$mem/serve.txt" &
     local sampler=$!
+    apps_sampler "$mem/apps.txt" &
+    local apps=$!
     timeout "$limit" "$build/tools/bench/kiln-bench" --url "http://127.0.0.1:$port" --wait-ready 300 \
       --prompts tools/bench/prompts.txt \
       --mode "$mode" --size "$size" --steps "$steps" --requests "$n" --warmup "$warmup" \
       --concurrency "${KILN_BENCH_CONC:-4,8,16}" --images "${KILN_BENCH_IMAGES:-32}" \
       --repeats "${KILN_BENCH_REPEATS:-3}" --label "$m" --json "$out/kiln-bench-$m.json" || rc=1
-    kill "$sampler"
-    wait "$sampler" 2>/dev/null
+    kill "$sampler" "$apps"
+    wait "$sampler" "$apps" 2>/dev/null
     echo "  peak GPU memory of the service $(mem_peak "$mem/serve.txt" "$idle")"
+    echo "  peak per process (nvidia-smi --query-compute-apps):"
+    apps_peak "$mem/apps.txt"
     kill -TERM "$pid"
     wait "$pid"
     [ $rc -eq 0 ] || tail -20 "$out/serve-$m.log"

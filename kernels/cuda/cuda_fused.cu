@@ -1,0 +1,167 @@
+/* CUDA fused transformer ops (kernels/backend.h): the q|k|v split with the
+ * per-head RMSNorm and RoPE in one pass over the projection, SwiGLU straight
+ * into a column slice of the next GEMM's input; and the device memory query.
+ *
+ * qkv_split replaces three copy_cols, two rms_norm and two rope launches
+ * (seven passes over (B, S, D) tensors) by one; it computes the sum of
+ * squares in rms_norm_kernel's lane order and rounds where rms_norm and rope
+ * round, so its bytes are those of the unfused ops. */
+#include "cuda_internal.cuh"
+
+/* One warp per (row, head): q and k heads normalised and rotated, the v
+ * head copied.  The normalised value is stored, then re-read as the rotation
+ * input (rope reads the bf16 tensor rms_norm wrote); the pairs a lane
+ * rotates were written by other lanes, hence the __syncwarp between. */
+__global__ void qkv_split_kernel(void *q, void *k, void *v, int obf, const void *P, int pbf,
+                                 const void *wq, int wqbf, const void *wk, int wkbf,
+                                 const float *__restrict__ cs, const float *__restrict__ sn,
+                                 int64_t rows, int64_t s, int64_t D, int64_t d, float eps,
+                                 int interleaved)
+{
+    int lane = threadIdx.x & 31;
+    int64_t heads = D / d, tasks = rows * heads, half = d / 2;
+    int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t task = warp; task < tasks; task += nwarps) {
+        int64_t r = task / heads, h = task % heads, t = r % s;
+        int64_t src = r * 3 * D + h * d, dst = r * D + h * d;
+        for (int part = 0; part < 2; part++) {
+            void *y = part ? k : q;
+            const void *w = part ? wk : wq;
+            int wbf = part ? wkbf : wqbf;
+            int64_t in = src + part * D;
+            if (w) {
+                float ss = 0;
+                for (int64_t i = lane; i < d; i += 32) {
+                    float x = ld_act(P, in + i, pbf);
+                    ss += x * x;
+                }
+                float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+                for (int64_t i = lane; i < d; i += 32) {
+                    float x = rnd_act(ld_act(P, in + i, pbf) * inv, obf);
+                    st_act(y, dst + i, x * ld_act(w, i, wbf), obf);
+                }
+            } else {
+                for (int64_t i = lane; i < d; i += 32)
+                    st_act(y, dst + i, ld_act(P, in + i, pbf), obf);
+            }
+            if (!cs)
+                continue;
+            __syncwarp();
+            const float *c = cs + t * d, *sv = sn + t * d;
+            for (int64_t i = lane; i < half; i += 32) {
+                int64_t i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+                float a = ld_act(y, dst + i0, obf), b = ld_act(y, dst + i1, obf);
+                st_act(y, dst + i0, rope_rot(a, c[i0], -b, sv[i0]), obf);
+                st_act(y, dst + i1, rope_rot(b, c[i1], a, sv[i1]), obf);
+            }
+        }
+        for (int64_t i = lane; i < d; i += 32)
+            st_act(v, dst + i, ld_act(P, src + 2 * D + i, pbf), obf);
+    }
+}
+
+void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                    const kiln_tensor *P, const kiln_tensor *norm_q, const kiln_tensor *norm_k,
+                    float eps, const kiln_tensor *cos, const kiln_tensor *sin,
+                    kiln_rope_mode mode)
+{
+    if (CUDA_REQUIRE(be, P->ndim == 3 && P->shape[2] % 3 == 0 && is_act(P) && is_act(q) &&
+                             q->dtype == k->dtype && q->dtype == v->dtype))
+        return;
+    int64_t bsz = P->shape[0], s = P->shape[1], D = P->shape[2] / 3;
+    int64_t d = norm_q ? kiln_tensor_numel(norm_q) : cos ? cos->shape[1] : D;
+    if (CUDA_REQUIRE(be, d > 0 && D % d == 0 && d % 2 == 0 &&
+                             kiln_tensor_numel(q) == bsz * s * D &&
+                             kiln_tensor_numel(k) == bsz * s * D &&
+                             kiln_tensor_numel(v) == bsz * s * D &&
+                             (!norm_q || (kiln_tensor_numel(norm_q) == d && is_act(norm_q))) &&
+                             (!norm_k || (kiln_tensor_numel(norm_k) == d && is_act(norm_k))) &&
+                             !cos == !sin &&
+                             (!cos || (cos->ndim == 2 && cos->shape[0] == s &&
+                                       cos->shape[1] == d && kiln_tensor_numel(sin) == s * d &&
+                                       cos->dtype == KILN_F32 && sin->dtype == KILN_F32))))
+        return;
+    int64_t tasks = bsz * s * (D / d);
+    if (!tasks || !cuda_enter(be))
+        return;
+    int64_t want = (tasks + 7) / 8, cap = (int64_t)cuda_of(be)->num_sms * 64;
+    qkv_split_kernel<<<(unsigned)(want < cap ? want : cap), 256, 0, cuda_stream(be)>>>(
+        q->data, k->data, v->data, is_bf16(q), P->data, is_bf16(P),
+        norm_q ? norm_q->data : NULL, norm_q ? is_bf16(norm_q) : 0,
+        norm_k ? norm_k->data : NULL, norm_k ? is_bf16(norm_k) : 0,
+        cos ? (const float *)cos->data : NULL, sin ? (const float *)sin->data : NULL, bsz * s, s,
+        D, d, eps, mode == KILN_ROPE_INTERLEAVED);
+    cuda_launched(be, "qkv_split");
+}
+
+__device__ __forceinline__ float silu_f32(float v) { return v / (1.0f + __expf(-v)); }
+
+/* diffusers/transformers: silu(gate) * up as two bf16 ops.  The vector path
+ * moves 8 bf16 (16 bytes) per load and store. */
+__global__ void swiglu_vec_kernel(bf16 *__restrict__ y, const bf16 *__restrict__ x, int64_t rows,
+                                  int64_t f8, int64_t ld8, int64_t col8)
+{
+    int64_t n = rows * f8;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / f8, c = i % f8;
+        uint4 g4 = ((const uint4 *)x)[r * 2 * f8 + c], u4 = ((const uint4 *)x)[r * 2 * f8 + f8 + c];
+        const bf16 *g = (const bf16 *)&g4, *u = (const bf16 *)&u4;
+        uint4 o4;
+        bf16 *o = (bf16 *)&o4;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float a = __bfloat162float(__float2bfloat16_rn(silu_f32(__bfloat162float(g[j]))));
+            o[j] = __float2bfloat16_rn(a * __bfloat162float(u[j]));
+        }
+        ((uint4 *)y)[r * ld8 + col8 + c] = o4;
+    }
+}
+
+__global__ void swiglu_cols_kernel(void *y, int ybf, const void *x, int xbf, int64_t rows,
+                                   int64_t f, int64_t ld, int64_t col0)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * f;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / f, c = i % f;
+        float g = rnd_act(silu_f32(ld_act(x, r * 2 * f + c, xbf)), ybf);
+        st_act(y, r * ld + col0 + c, g * ld_act(x, r * 2 * f + f + c, xbf), ybf);
+    }
+}
+
+void cuda_swiglu_cols(kiln_backend *be, kiln_tensor *y, int64_t dst_col0, const kiln_tensor *x)
+{
+    int64_t rows = kiln_tensor_rows(x), f = kiln_tensor_cols(x) / 2, ld = kiln_tensor_cols(y);
+    if (CUDA_REQUIRE(be, kiln_tensor_cols(x) % 2 == 0 && kiln_tensor_rows(y) == rows &&
+                             dst_col0 >= 0 && dst_col0 + f <= ld && y->data != x->data &&
+                             is_act(x) && is_act(y)) ||
+        !rows || !f || !cuda_enter(be))
+        return;
+    int vec = is_bf16(x) && is_bf16(y) && f % 8 == 0 && ld % 8 == 0 && dst_col0 % 8 == 0 &&
+              ((uintptr_t)x->data | (uintptr_t)y->data) % 16 == 0;
+    if (vec)
+        swiglu_vec_kernel<<<cuda_blocks(be, rows * f / 8), 256, 0, cuda_stream(be)>>>(
+            (bf16 *)y->data, (const bf16 *)x->data, rows, f / 8, ld / 8, dst_col0 / 8);
+    else
+        swiglu_cols_kernel<<<cuda_blocks(be, rows * f), 256, 0, cuda_stream(be)>>>(
+            y->data, is_bf16(y), x->data, is_bf16(x), rows, f, ld, dst_col0);
+    cuda_launched(be, "swiglu");
+}
+
+void cuda_swiglu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
+{
+    if (CUDA_REQUIRE(be, kiln_tensor_cols(x) == 2 * kiln_tensor_cols(y)))
+        return;
+    cuda_swiglu_cols(be, y, 0, x);
+}
+
+kiln_status cuda_mem_info(kiln_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    if (cudaSetDevice(cuda_of(be)->device) != cudaSuccess ||
+        cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return KILN_ERR_DEVICE;
+    }
+    return KILN_OK;
+}
