@@ -27,7 +27,10 @@
  * 503.  A stage losing its last replica fails the jobs queued for it with
  * 503.  A job older than job_timeout_ms is failed with 504 and cancelled
  * in its stage.  Error `done`s map to 400 (invalid), 429 (busy), 503
- * (unavailable, nomem, cancelled by the replica) or 500.
+ * (unavailable, nomem, cancelled by the replica) or 500, except a
+ * consumer's not_found (its inputs are gone: their producer died and its
+ * slabs were removed), which re-runs the job once from the encode stage,
+ * then 503.
  *
  * Time is passed in (milliseconds on any monotonic clock) so tests drive
  * it.  Not thread-safe: the event loop thread owns the scheduler; ops are

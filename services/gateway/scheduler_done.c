@@ -132,6 +132,25 @@ static void complete(kiln_sched *s, sched_job *j, kiln_msg *m, double now)
     sched_destroy_job(s, j);
 }
 
+/* A consumer could not open its inputs (KILN_ERR_NOT_FOUND): their
+ * producer died and its slabs were removed before they were opened.  As
+ * for the jobs of a lost replica: once more from the start, else 503. */
+static void restart_lost_inputs(kiln_sched *s, sched_job *j, double now)
+{
+    const char *producer = kiln_stage_name((kiln_stage)(j->stage - 1));
+    sched_detach(s, j);
+    if (j->redispatched) {
+        sched_fail(s, j, 503, "stage_unavailable",
+                   "the %s replica holding this request's data stopped", producer);
+        return;
+    }
+    KILN_LOG_WARN("gateway: job %llu: its inputs from a %s replica are gone; starting over",
+                  (unsigned long long)j->id, producer);
+    j->redispatched = 1;
+    kiln_metrics_event(s->metrics, KILN_EVENT_REDISPATCH);
+    sched_enqueue(s, j, KILN_STAGE_ENCODE, 1, now);
+}
+
 void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
 {
     const kiln_msg_done *d = &m->done;
@@ -153,6 +172,12 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
     }
     j->handed = j->released = 0;
     kiln_stage stage = j->stage;
+    if (!d->ok && d->code == KILN_ERR_NOT_FOUND && stage != KILN_STAGE_ENCODE) {
+        sched_free_map(s, &d->out);
+        kiln_msg_free(m);
+        restart_lost_inputs(s, j, now);
+        return;
+    }
     if (!d->ok) {
         const char *code;
         int status = status_of(d->code, &code);

@@ -2,9 +2,9 @@
  * the encode -> denoise -> decode flow with references forwarded, credits
  * (pull), idle replicas taking turns, release -> free forwarding,
  * admission (503 / 429), cancellation in every state, heartbeat loss with
- * one re-dispatch then 503, restarts
- * from the encode stage when inputs were already released, timeouts (504),
- * error dones, and dones nobody waits for.  Every message the scheduler
+ * one re-dispatch then 503, restarts from the encode stage when inputs
+ * were already released or are gone (a consumer's not_found), timeouts
+ * (504), error dones, and dones nobody waits for.  Every message the scheduler
  * sends goes through kiln_msg_encode / kiln_msg_decode, so it must be a
  * valid protocol message. */
 #include <stdio.h>
@@ -508,6 +508,35 @@ static void test_errors_and_timeout(void)
     world_free(&w);
 }
 
+/* A decoder that cannot open its input (the denoiser that made it died
+ * and its slabs were removed): the job starts over from the encode stage
+ * once, then fails with 503. */
+static void test_inputs_gone(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    uint64_t id;
+    CHECK(submit(&w, "{\"prompt\":\"x\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    for (int round = 0; round < 2; round++) {
+        expect_sent(&w, KILN_MSG_JOB, "encode-a");
+        kiln_tensor_ref emb = shm_ref("encode-a", "/kiln-encode-1-0", 0);
+        done_with(&w, "encode-a", id, "embeds", &emb);
+        expect_sent(&w, KILN_MSG_JOB, "denoise-a");
+        kiln_tensor_ref lat = shm_ref("denoise-a", "/kiln-denoise-1-0", 0);
+        done_with(&w, "denoise-a", id, "latents", &lat);
+        kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
+        CHECK(m && m->job.job == id);
+        done_error(&w, "decode-a", id, KILN_ERR_NOT_FOUND, "shm slab /kiln-denoise-1-0: gone");
+        CHECK(w.n_finished == round);
+    }
+    CHECK(w.n_finished == 1 && w.last_status == 503);
+    CHECKF(!strstr(w.last_message, "/kiln-"), "the message names a slab: %s", w.last_message);
+    expect_quiet(&w);
+    expect_idle(&w);
+    world_free(&w);
+}
+
 /* Idle replicas with equal credits take turns: sequential requests do
  * not all go to the first replica registered. */
 static void test_idle_replicas_take_turns(void)
@@ -535,6 +564,7 @@ int main(void)
     RUN(test_flow);
     RUN(test_credits_and_admission);
     RUN(test_idle_replicas_take_turns);
+    RUN(test_inputs_gone);
     RUN(test_cancel_between_stages);
     RUN(test_replica_loss);
     RUN(test_restart_after_release);
