@@ -8,8 +8,8 @@
  * round, so its bytes are those of the unfused ops. */
 #include "cuda_internal.cuh"
 
-/* One warp per (row, head): q and k heads normalised and rotated, the v
- * head copied.  The normalised value is stored, then re-read as the rotation
+/* One warp per (row, head) for any head size: q and k heads normalised and
+ * rotated, the v head copied.  The normalised value is stored, then re-read as the rotation
  * input (rope reads the bf16 tensor rms_norm wrote); the pairs a lane
  * rotates were written by other lanes, hence the __syncwarp between. */
 __global__ void qkv_split_kernel(void *q, void *k, void *v, int obf, const void *P, int pbf,
@@ -61,6 +61,94 @@ __global__ void qkv_split_kernel(void *q, void *k, void *v, int obf, const void 
     }
 }
 
+/* The same for heads of d = 32 J elements, J a power of two up to 8: a
+ * lane keeps elements lane + 32 j in registers (rms_norm_kernel's order
+ * for the sum of squares), and RoPE takes the partner of a pair from the
+ * neighbouring lane (interleaved: lanes l and l ^ 1) or from its own
+ * registers (half: j and j + J/2).  No global round trip between the norm
+ * and the rotation: the generic kernel above waits on one per head. */
+template <int J>
+__global__ void qkv_split_reg_kernel(void *q, void *k, void *v, int obf, const void *P, int pbf,
+                                     const void *wq, int wqbf, const void *wk, int wkbf,
+                                     const float *__restrict__ cs, const float *__restrict__ sn,
+                                     int64_t rows, int64_t s, int64_t D, float eps,
+                                     int interleaved)
+{
+    const int64_t d = 32 * J;
+    int lane = threadIdx.x & 31;
+    int64_t heads = D / d, tasks = rows * heads;
+    int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t task = warp; task < tasks; task += nwarps) {
+        int64_t r = task / heads, h = task % heads, t = r % s;
+        int64_t src = r * 3 * D + h * d, dst = r * D + h * d;
+        for (int part = 0; part < 2; part++) {
+            void *y = part ? k : q;
+            const void *w = part ? wk : wq;
+            int wbf = part ? wkbf : wqbf;
+            int64_t in = src + part * D;
+            float x[J];
+#pragma unroll
+            for (int j = 0; j < J; j++)
+                x[j] = ld_act(P, in + lane + 32 * j, pbf);
+            if (w) {
+                float ss = 0;
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    ss += x[j] * x[j];
+                float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    x[j] = rnd_act(rnd_act(x[j] * inv, obf) * ld_act(w, lane + 32 * j, wbf), obf);
+            } else {
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    x[j] = rnd_act(x[j], obf);
+            }
+            if (cs) {
+                const float *c = cs + t * d, *sv = sn + t * d;
+                float o[J];
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    int64_t i = lane + 32 * j;
+                    if (interleaved) {
+                        float p = __shfl_xor_sync(0xffffffffu, x[j], 1);
+                        o[j] = rope_rot(x[j], c[i], (lane & 1) ? p : -p, sv[i]);
+                    } else if (j < J / 2) {
+                        o[j] = rope_rot(x[j], c[i], -x[j + J / 2], sv[i]);
+                    } else {
+                        o[j] = rope_rot(x[j], c[i], x[j - J / 2], sv[i]);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    x[j] = o[j];
+            }
+#pragma unroll
+            for (int j = 0; j < J; j++)
+                st_act(y, dst + lane + 32 * j, x[j], obf);
+        }
+#pragma unroll
+        for (int j = 0; j < J; j++)
+            st_act(v, dst + lane + 32 * j, ld_act(P, src + 2 * D + lane + 32 * j, pbf), obf);
+    }
+}
+
+template <int J>
+static void launch_qkv_reg(kiln_backend *be, unsigned blocks, kiln_tensor *q, kiln_tensor *k,
+                           kiln_tensor *v, const kiln_tensor *P, const kiln_tensor *norm_q,
+                           const kiln_tensor *norm_k, float eps, const kiln_tensor *cos,
+                           const kiln_tensor *sin, kiln_rope_mode mode)
+{
+    int64_t bsz = P->shape[0], s = P->shape[1], D = P->shape[2] / 3;
+    qkv_split_reg_kernel<J><<<blocks, 256, 0, cuda_stream(be)>>>(
+        q->data, k->data, v->data, is_bf16(q), P->data, is_bf16(P),
+        norm_q ? norm_q->data : NULL, norm_q ? is_bf16(norm_q) : 0,
+        norm_k ? norm_k->data : NULL, norm_k ? is_bf16(norm_k) : 0,
+        cos ? (const float *)cos->data : NULL, sin ? (const float *)sin->data : NULL, bsz * s, s,
+        D, eps, mode == KILN_ROPE_INTERLEAVED);
+}
+
 void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
                     const kiln_tensor *P, const kiln_tensor *norm_q, const kiln_tensor *norm_k,
                     float eps, const kiln_tensor *cos, const kiln_tensor *sin,
@@ -86,7 +174,23 @@ void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tenso
     if (!tasks || !cuda_enter(be))
         return;
     int64_t want = (tasks + 7) / 8, cap = (int64_t)cuda_of(be)->num_sms * 64;
-    qkv_split_kernel<<<(unsigned)(want < cap ? want : cap), 256, 0, cuda_stream(be)>>>(
+    unsigned blocks = (unsigned)(want < cap ? want : cap);
+    int64_t J = d % 32 ? 0 : d / 32;
+    int reg = (J == 1 || J == 2 || J == 4 || J == 8) &&
+              (!cos || mode == KILN_ROPE_INTERLEAVED || J % 2 == 0);
+    if (reg) {
+        if (J == 1)
+            launch_qkv_reg<1>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode);
+        else if (J == 2)
+            launch_qkv_reg<2>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode);
+        else if (J == 4)
+            launch_qkv_reg<4>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode);
+        else
+            launch_qkv_reg<8>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode);
+        cuda_launched(be, "qkv_split");
+        return;
+    }
+    qkv_split_kernel<<<blocks, 256, 0, cuda_stream(be)>>>(
         q->data, k->data, v->data, is_bf16(q), P->data, is_bf16(P),
         norm_q ? norm_q->data : NULL, norm_q ? is_bf16(norm_q) : 0,
         norm_k ? norm_k->data : NULL, norm_k ? is_bf16(norm_k) : 0,

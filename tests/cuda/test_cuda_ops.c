@@ -441,11 +441,17 @@ static void case_qkv_split(int64_t b, int64_t s, int64_t h, int64_t d, int norm,
 
 static void test_qkv_split(void)
 {
+    /* Heads of 32 J (J = 1, 2, 4, 8) run the register kernel, others (and
+     * half rotations with odd J) the generic one. */
     case_qkv_split(2, 17, 3, 64, 1, 1, KILN_ROPE_INTERLEAVED);
     case_qkv_split(1, 40, 4, 128, 1, 1, KILN_ROPE_INTERLEAVED); /* DiT head size */
-    case_qkv_split(1, 9, 2, 32, 1, 1, KILN_ROPE_HALF);
-    case_qkv_split(2, 5, 3, 16, 0, 1, KILN_ROPE_INTERLEAVED);
-    case_qkv_split(1, 7, 2, 24, 1, 0, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(1, 9, 2, 64, 1, 1, KILN_ROPE_HALF);
+    case_qkv_split(1, 6, 2, 256, 1, 1, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(2, 5, 2, 32, 0, 1, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(1, 7, 2, 128, 1, 0, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(1, 9, 2, 32, 1, 1, KILN_ROPE_HALF);          /* generic */
+    case_qkv_split(2, 5, 3, 16, 0, 1, KILN_ROPE_INTERLEAVED);   /* generic */
+    case_qkv_split(1, 7, 2, 24, 1, 0, KILN_ROPE_INTERLEAVED);   /* generic */
 }
 
 /* SwiGLU into a column slice; the columns around it must stay untouched. */
