@@ -27,8 +27,9 @@
 #include "tests/test.h"
 
 /* Long enough (with --max-sequence-length 32) that a kill at the start of
- * a batch lands well inside it, short enough for CI: ~1 s per batch. */
-#define SLOW_STEPS "40"
+ * a batch lands well inside it (a 2-row batch: ~0.7 s in a plain build,
+ * several seconds with sanitizers), short enough for CI. */
+#define SLOW_STEPS "24"
 #define N_INFLIGHT 4
 #define SEED_SLOW 500
 #define SEED_AFTER 600
@@ -248,11 +249,13 @@ static void test_kill_one_denoiser(void)
            "%g live denoisers after the restart, want 2", v);
     CHECK(svc_wait_ready(port, 10000) == 0);
     CHECKF(svc_shm_slabs(victim) == 0, "the killed denoiser's slabs are still in /dev/shm");
-    /* Idle replicas take turns and the fresh one never had a job, so the
-     * next denoise goes to it. */
-    from = log_size(log);
+    /* The restarted replica serves: it took the re-dispatched jobs if it
+     * registered before the gateway gave up on the killed one, else the
+     * next job is its turn (idle replicas take turns; it had none). */
     expect_after_image(port, "after the restart");
-    CHECKF(batch_started(log, from, 1000) == fresh, "the restarted denoiser did not serve");
+    char ran[64];
+    snprintf(ran, sizeof ran, "-%ld: batch of ", (long)fresh);
+    CHECKF(svc_log_count(log, ran) > 0, "the restarted denoiser did not serve");
     char last[128];
     CHECKF(svc_wait_idle(port, 10000, last, sizeof last) == 0, "jobs left: %s", last);
     int st = svc_stop(serve, 60000);
