@@ -93,12 +93,14 @@ static void test_restart_and_ordered_stop(void)
  * the supervisor stops the others and returns 1 by itself. */
 static void test_config_error(void)
 {
-    char bad[256], other[256];
+    char bad[512], other[256];
     /* Fails once the other child is surely up. */
-    snprintf(bad, sizeof bad,
-             "echo start >> %s/bad; while [ ! -s %s/other.pid ]; do sleep 0.01; done; exit 78",
-             dir, dir);
-    snprintf(other, sizeof other, "echo $$ > %s/other.pid; exec sleep 30", dir);
+    CHECK(snprintf(bad, sizeof bad,
+                   "echo start >> %s/bad; while [ ! -s %s/other.pid ]; do sleep 0.01; done; "
+                   "exit 78",
+                   dir, dir) < (int)sizeof bad);
+    CHECK(snprintf(other, sizeof other, "echo $$ > %s/other.pid; exec sleep 30", dir) <
+          (int)sizeof other);
     kiln_err err = {0};
     kiln_supervisor *s = kiln_supervisor_create(&err);
     if (!s)
