@@ -13,6 +13,7 @@
 #include "engine/decode_stage.h"
 #include "engine/denoise_stage.h"
 #include "engine/encode_stage.h"
+#include "common/args.h"
 
 static void usage(FILE *f, int edit)
 {
@@ -30,17 +31,6 @@ static void usage(FILE *f, int edit)
             edit ? "edit" : "generate", edit ? " --image A.png [--image B.jpg ...]" : "");
 }
 
-static int parse_int(const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
 static int parse_layers(const char *s, cli_gen_opts *o)
 {
     o->n_out_layers = 0;
@@ -48,7 +38,7 @@ static int parse_layers(const char *s, cli_gen_opts *o)
     snprintf(buf, sizeof buf, "%s", s);
     for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (o->n_out_layers == KILN_MAX_OUT_LAYERS ||
-            parse_int(tok, -1000, 1000, &o->out_layers[o->n_out_layers]))
+            kiln_parse_int(tok, -1000, 1000, &o->out_layers[o->n_out_layers]))
             return -1;
         o->n_out_layers++;
     }
@@ -101,23 +91,23 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
             o->req.seed = strtoull(optarg, &end, 10);
             bad = errno || *end || end == optarg || optarg[0] == '-';
             break;
-        case 'W': bad = parse_int(optarg, 1, 1 << 16, &o->req.width); break;
-        case 'H': bad = parse_int(optarg, 1, 1 << 16, &o->req.height); break;
-        case 'S': bad = parse_int(optarg, 1, 100000, &o->req.steps); break;
-        case 'n': bad = parse_int(optarg, 1, 1000, &o->req.n); break;
+        case 'W': bad = kiln_parse_int(optarg, 1, 1 << 16, &o->req.width); break;
+        case 'H': bad = kiln_parse_int(optarg, 1, 1 << 16, &o->req.height); break;
+        case 'S': bad = kiln_parse_int(optarg, 1, 100000, &o->req.steps); break;
+        case 'n': bad = kiln_parse_int(optarg, 1, 1000, &o->req.n); break;
         case 'g':
             o->req.guidance = strtof(optarg, &end);
             bad = *end || end == optarg || o->req.guidance < 0;
             break;
         case O_NEG: o->req.negative_prompt = optarg; break;
-        case O_MAXSEQ: bad = parse_int(optarg, 1, 1 << 20, &o->req.max_sequence_length); break;
+        case O_MAXSEQ: bad = kiln_parse_int(optarg, 1, 1 << 20, &o->req.max_sequence_length); break;
         case O_LAYERS: bad = parse_layers(optarg, o); break;
         case O_BATCH: o->req.batch_noise = 1; break;
         case O_FP32: o->fp32_noise = 1; break;
         case O_LIN: o->latents_in = optarg; break;
         case O_LOUT: o->latents_out = optarg; break;
         case O_DEVICE: o->device = optarg; break;
-        case O_GPU: bad = parse_int(optarg, 0, 64, &o->gpu); break;
+        case O_GPU: bad = kiln_parse_int(optarg, 0, 64, &o->gpu); break;
         case 'h': usage(stdout, edit); exit(0);
         default: bad = 1;
         }
@@ -125,9 +115,7 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
             if (c != '?')
                 fprintf(stderr, "kiln %s: invalid value '%s' for %s\n", cmd,
                         optarg ? optarg : "",
-                        /* "--opt value" or "--opt=value" */
-                        optarg && argv[optind - 1] == optarg ? argv[optind - 2]
-                                                             : argv[optind - 1]);
+                        kiln_arg_option(argv, optind, optarg));
             usage(stderr, edit);
             return 2;
         }

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "models/qwen3.h"
 #include "models/tokenizer.h"
+#include "common/args.h"
 
 #define ENCODE_MAX_PROMPTS 64
 /* Far above any prompt (diffusers' default is 512); bounds the scratch memory. */
@@ -48,17 +49,6 @@ static void usage(FILE *f)
             "  --device N                      GPU index (default 0)\n");
 }
 
-static int parse_int(const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
 static int parse_layers(const char *s, encode_args *a)
 {
     char buf[256];
@@ -68,7 +58,7 @@ static int parse_layers(const char *s, encode_args *a)
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
         if (a->n_layers == KILN_QWEN3_MAX_OUT ||
-            parse_int(tok, -100000, 100000, &a->layers[a->n_layers]))
+            kiln_parse_int(tok, -100000, 100000, &a->layers[a->n_layers]))
             return -1;
         a->n_layers++;
     }
@@ -103,7 +93,7 @@ static int parse_args(int argc, char **argv, encode_args *a)
             }
             a->prompts[a->n_prompts++] = v;
         } else if (!strcmp(opt, "--max-sequence-length")) {
-            if (parse_int(v, 1, ENCODE_MAX_SEQ, &a->max_seq)) {
+            if (kiln_parse_int(v, 1, ENCODE_MAX_SEQ, &a->max_seq)) {
                 fprintf(stderr, "kiln encode: --max-sequence-length must be 1..%d\n",
                         ENCODE_MAX_SEQ);
                 return -1;
@@ -127,7 +117,7 @@ static int parse_args(int argc, char **argv, encode_args *a)
                 return -1;
             }
         } else if (!strcmp(opt, "--device")) {
-            if (parse_int(v, 0, 1023, &a->device)) {
+            if (kiln_parse_int(v, 0, 1023, &a->device)) {
                 fprintf(stderr, "kiln encode: bad --device '%s'\n", v);
                 return -1;
             }

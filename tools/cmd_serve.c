@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "common/log.h"
 #include "supervisor.h"
+#include "common/args.h"
 
 static void usage(FILE *f)
 {
@@ -25,17 +26,6 @@ static void usage(FILE *f)
             "With --gpus N, replica i of each stage runs on GPU i %% N; --<stage>-gpu G pins\n"
             "every replica of that stage to GPU G instead.  A crashed child is\n"
             "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n");
-}
-
-static int parse_int(const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
 }
 
 typedef struct serve_opts {
@@ -71,29 +61,27 @@ static int parse(int argc, char **argv, serve_opts *o)
         int bad = 0;
         switch (c) {
         case 'm': o->model = optarg; break;
-        case 'p': bad = parse_int(optarg, 1, 65534, &o->port); break;
+        case 'p': bad = kiln_parse_int(optarg, 1, 65534, &o->port); break;
         case 'b': o->bus = optarg; break;
         case 'd': o->device = optarg; break;
-        case O_GPUS: bad = parse_int(optarg, 1, 64, &o->gpus); break;
-        case O_MIN: o->min_size = optarg, bad = parse_int(optarg, 16, 16384, &unused); break;
-        case O_MAX: o->max_size = optarg, bad = parse_int(optarg, 16, 16384, &unused); break;
+        case O_GPUS: bad = kiln_parse_int(optarg, 1, 64, &o->gpus); break;
+        case O_MIN: o->min_size = optarg, bad = kiln_parse_int(optarg, 16, 16384, &unused); break;
+        case O_MAX: o->max_size = optarg, bad = kiln_parse_int(optarg, 16, 16384, &unused); break;
         case O_LAYERS: o->layers = optarg; break;
-        case O_ENC: bad = parse_int(optarg, 1, 64, &o->replicas[0]); break;
-        case O_DEN: bad = parse_int(optarg, 1, 64, &o->replicas[1]); break;
-        case O_DEC: bad = parse_int(optarg, 1, 64, &o->replicas[2]); break;
-        case O_BATCH: bad = parse_int(optarg, 1, 256, &o->max_batch); break;
-        case O_ENC_GPU: bad = parse_int(optarg, 0, 63, &o->stage_gpu[0]); break;
-        case O_DEN_GPU: bad = parse_int(optarg, 0, 63, &o->stage_gpu[1]); break;
-        case O_DEC_GPU: bad = parse_int(optarg, 0, 63, &o->stage_gpu[2]); break;
+        case O_ENC: bad = kiln_parse_int(optarg, 1, 64, &o->replicas[0]); break;
+        case O_DEN: bad = kiln_parse_int(optarg, 1, 64, &o->replicas[1]); break;
+        case O_DEC: bad = kiln_parse_int(optarg, 1, 64, &o->replicas[2]); break;
+        case O_BATCH: bad = kiln_parse_int(optarg, 1, 256, &o->max_batch); break;
+        case O_ENC_GPU: bad = kiln_parse_int(optarg, 0, 63, &o->stage_gpu[0]); break;
+        case O_DEN_GPU: bad = kiln_parse_int(optarg, 0, 63, &o->stage_gpu[1]); break;
+        case O_DEC_GPU: bad = kiln_parse_int(optarg, 0, 63, &o->stage_gpu[2]); break;
         case 'h': usage(stdout); exit(0);
         default: bad = 1;
         }
         if (bad) {
             if (c != '?')
                 fprintf(stderr, "kiln serve: invalid value '%s' for %s\n", optarg ? optarg : "",
-                        /* "--opt value" or "--opt=value" */
-                        optarg && argv[optind - 1] == optarg ? argv[optind - 2]
-                                                             : argv[optind - 1]);
+                        kiln_arg_option(argv, optind, optarg));
             usage(stderr);
             return 2;
         }

@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "worker_impl.h"
+#include "common/args.h"
 
 static void usage(FILE *f, const kiln_stage_ops *ops)
 {
@@ -21,17 +22,6 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
             kiln_stage_name(ops->stage));
 }
 
-static int parse_int(const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
 static int parse_layers(const char *s, kiln_worker_opts *o)
 {
     char buf[256];
@@ -39,7 +29,7 @@ static int parse_layers(const char *s, kiln_worker_opts *o)
     o->n_out_layers = 0;
     for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (o->n_out_layers == KILN_MAX_OUT_LAYERS ||
-            parse_int(tok, -1000, 1000, &o->out_layers[o->n_out_layers]))
+            kiln_parse_int(tok, -1000, 1000, &o->out_layers[o->n_out_layers]))
             return -1;
         o->n_out_layers++;
     }
@@ -80,9 +70,9 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         case 'm': o->model = optarg; break;
         case 'b': o->bus = optarg; break;
         case 'd': o->device = optarg; break;
-        case 'g': bad = parse_int(optarg, 0, 64, &o->gpu); break;
-        case 'B': bad = parse_int(optarg, 1, KILN_PROTO_MAX_ROWS, &o->max_batch); break;
-        case O_WINDOW: bad = parse_int(optarg, 0, 1000, &o->batch_window_ms); break;
+        case 'g': bad = kiln_parse_int(optarg, 0, 64, &o->gpu); break;
+        case 'B': bad = kiln_parse_int(optarg, 1, KILN_PROTO_MAX_ROWS, &o->max_batch); break;
+        case O_WINDOW: bad = kiln_parse_int(optarg, 0, 1000, &o->batch_window_ms); break;
         case O_LAYERS: bad = ops->stage != KILN_STAGE_ENCODE || parse_layers(optarg, o); break;
         case O_TRANSPORT: bad = parse_transport(optarg, &o->tensor_transport); break;
         case 'h': usage(stdout, ops); exit(0);
@@ -91,7 +81,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         if (bad) {
             if (c != '?')
                 fprintf(stderr, "%s: invalid value '%s' for %s\n", ops->binary,
-                        optarg ? optarg : "", argv[optind - 1]);
+                        optarg ? optarg : "", kiln_arg_option(argv, optind, optarg));
             usage(stderr, ops);
             return 2;
         }

@@ -1,4 +1,5 @@
 #include "bench_args.h"
+#include "common/args.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -17,17 +18,6 @@ const char *kiln_bench_usage(void)
            "per concurrency level, --repeats runs of --images requests (n = 1 each) from\n"
            "that many connections (images/s: median and range).  /metrics is read before\n"
            "and after each phase to show where the time went.\n";
-}
-
-static int parse_int(const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
 }
 
 static int parse_seconds(const char *s, double *out)
@@ -49,7 +39,7 @@ static int parse_size(const char *s, int *w, int *h)
         return -1;
     memcpy(buf, s, (size_t)(x - s));
     buf[x - s] = '\0';
-    return parse_int(buf, 16, 16384, w) || parse_int(x + 1, 16, 16384, h) ? -1 : 0;
+    return kiln_parse_int(buf, 16, 16384, w) || kiln_parse_int(x + 1, 16, 16384, h) ? -1 : 0;
 }
 
 static int parse_conc(const char *s, kiln_bench_opts *o)
@@ -63,7 +53,7 @@ static int parse_conc(const char *s, kiln_bench_opts *o)
             return -1;
         memcpy(buf, p, n);
         buf[n] = '\0';
-        if (parse_int(buf, 1, 1024, &o->conc[o->n_conc++]))
+        if (kiln_parse_int(buf, 1, 1024, &o->conc[o->n_conc++]))
             return -1;
         if (!p[n])
             return 0;
@@ -103,7 +93,7 @@ kiln_status kiln_bench_parse_args(int argc, char **argv, kiln_bench_opts *o, kil
         else if (!strcmp(a, "--size"))
             bad = parse_size(v, &o->width, &o->height);
         else if (!strcmp(a, "--steps"))
-            bad = parse_int(v, 1, 1000, &o->steps);
+            bad = kiln_parse_int(v, 1, 1000, &o->steps);
         else if (!strcmp(a, "--format"))
             bad = strcmp(v, "png") && strcmp(v, "jpeg") && strcmp(v, "webp"), o->format = v;
         else if (!strcmp(a, "--prompts"))
@@ -113,15 +103,15 @@ kiln_status kiln_bench_parse_args(int argc, char **argv, kiln_bench_opts *o, kil
             o->throughput = !strcmp(v, "throughput") || !strcmp(v, "both");
             bad = !o->latency && !o->throughput;
         } else if (!strcmp(a, "--warmup"))
-            bad = parse_int(v, 0, 1000, &o->warmup);
+            bad = kiln_parse_int(v, 0, 1000, &o->warmup);
         else if (!strcmp(a, "--requests"))
-            bad = parse_int(v, 1, 100000, &o->n_latency);
+            bad = kiln_parse_int(v, 1, 100000, &o->n_latency);
         else if (!strcmp(a, "--concurrency"))
             bad = parse_conc(v, o);
         else if (!strcmp(a, "--images"))
-            bad = parse_int(v, 1, 100000, &o->images);
+            bad = kiln_parse_int(v, 1, 100000, &o->images);
         else if (!strcmp(a, "--repeats"))
-            bad = parse_int(v, 1, 64, &o->repeats);
+            bad = kiln_parse_int(v, 1, 64, &o->repeats);
         else if (!strcmp(a, "--timeout"))
             bad = parse_seconds(v, &o->timeout_s) || o->timeout_s <= 0;
         else if (!strcmp(a, "--wait-ready"))
