@@ -6,52 +6,13 @@
  * decode observation per request), and that a bad request size makes
  * kiln-bench fail with the server's message. */
 #include <cjson/cJSON.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
+#include "svc_util.h"
 #include "tests/run_util.h"
 #include "tests/test.h"
-
-static char tmpdir[64];
-
-/* A port nobody listens on right now (the kernel's pick, released again). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
-        !getsockname(fd, (struct sockaddr *)&a, &len))
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
-static pid_t spawn(const char *const *argv, const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
-}
 
 static double num(const cJSON *o, const char *path)
 {
@@ -107,32 +68,29 @@ static void check_report(const char *path)
 
 int main(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln-bench-test-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
+    if (svc_init("bench-serve"))
         return 1;
-    }
-    char model[512], port[16], url[64], bus[128], log[256], json[256];
-    snprintf(model, sizeof model, "%s/oracle/ckpt/klein-tiny", getenv("KILN_SHARED"));
-    int p = free_port();
+    char port[16], url[64], bus[128], log[256], json[256];
+    int p = svc_free_port();
     snprintf(port, sizeof port, "%d", p);
     snprintf(url, sizeof url, "http://127.0.0.1:%d", p);
-    snprintf(bus, sizeof bus, "ipc://%s/bus", tmpdir);
-    snprintf(log, sizeof log, "%s/serve.log", tmpdir);
-    snprintf(json, sizeof json, "%s/report.json", tmpdir);
+    snprintf(bus, sizeof bus, "ipc://%s", svc_tmp("bus"));
+    snprintf(log, sizeof log, "%s", svc_tmp("serve.log"));
+    snprintf(json, sizeof json, "%s", svc_tmp("report.json"));
     char kiln[4096];
-    snprintf(kiln, sizeof kiln, "%s", test_build_path("tools/kiln"));
-    const char *serve[] = {kiln, "serve", "--model", model, "--device", "cpu", "--port", port,
+    snprintf(kiln, sizeof kiln, "%s", svc_exe("tools/kiln"));
+    const char *serve[] = {kiln, "serve", "--model", svc.model, "--device", "cpu", "--port", port,
                            "--bus", bus, "--min-size", "64", "--text-encoder-out-layers", "1,2,3",
                            NULL};
-    pid_t pid = spawn(serve, log);
+    pid_t pid = svc_spawn(serve, NULL, log);
     CHECK(pid > 0);
 
     char out[16384], err[16384];
     const char *bench[] = {NULL, "--url", url, "--wait-ready", "60", "--size", "64x64",
                            "--steps", "1", "--warmup", "1", "--requests", "2", "--concurrency",
                            "2", "--images", "2", "--repeats", "2", "--json", json, NULL};
-    const char *exe = test_build_path("tools/bench/kiln-bench");
+    char exe[4096];
+    snprintf(exe, sizeof exe, "%s", svc_exe("tools/bench/kiln-bench"));
     int rc = test_run_capture(exe, bench, out, sizeof out, err, sizeof err);
     CHECKF(rc == 0, "kiln-bench exited %d: %s%s", rc, out, err);
     CHECK(strstr(out, "latency (B=1") && strstr(out, "kiln_latency_seconds{phase=\"denoise\"}"));
@@ -144,22 +102,15 @@ int main(void)
     rc = test_run_capture(exe, bad, out, sizeof out, err, sizeof err);
     CHECKF(rc == 1 && strstr(out, "HTTP 400"), "rc %d: %s", rc, out);
 
-    if (pid > 0) {
-        kill(pid, SIGTERM);
-        int st = 0;
-        waitpid(pid, &st, 0);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    }
+    if (pid > 0)
+        CHECK(svc_stop(pid, 30000) == 0);
     if (test_failures) {
-        FILE *f = fopen(log, "r");
-        char line[512];
-        while (f && fgets(line, sizeof line, f))
-            fputs(line, stderr);
-        if (f)
-            fclose(f);
+        kiln_buf text = {0};
+        svc_read_log(log, &text);
+        if (text.len)
+            fputs((const char *)text.data, stderr);
+        kiln_buf_free(&text);
     }
-    unlink(log);
-    unlink(json);
-    rmdir(tmpdir);
+    svc_cleanup(test_failures != 0);
     return test_finish();
 }
