@@ -192,16 +192,8 @@ static kiln_status prepare(loop_ctx *c, kiln_err *err)
     c->t = malloc((size_t)B * sizeof(float));
     if (!c->img_ids || !c->txt_ids || !c->ids_with_refs || !c->ids_refs_first || !c->t)
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
-    int64_t *ids64 = malloc((size_t)(N > T ? N : T) * 4 * sizeof *ids64);
-    if (!ids64)
-        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
-    kiln_latents_image_ids(ids64, job->height / 16, job->width / 16);
-    for (int64_t i = 0; i < N * 4; i++)
-        c->img_ids[i] = (int32_t)ids64[i];
-    kiln_latents_text_ids(ids64, T);
-    for (int64_t i = 0; i < T * 4; i++)
-        c->txt_ids[i] = (int32_t)ids64[i];
-    free(ids64);
+    kiln_latents_image_ids(c->img_ids, job->height / 16, job->width / 16);
+    kiln_latents_text_ids(c->txt_ids, T);
     memcpy(c->ids_with_refs, c->img_ids, (size_t)N * 4 * sizeof(int32_t));
     if (R) {
         memcpy(c->ids_with_refs + N * 4, job->ref_ids, (size_t)R * 4 * sizeof(int32_t));

@@ -165,9 +165,8 @@ kiln_status kiln_encode_references(kiln_encode_stage *s, const kiln_image *refs,
     }
     float *host = malloc((size_t)(total * C) * sizeof *host);
     int32_t *id32 = malloc((size_t)total * 4 * sizeof *id32);
-    int64_t *id64 = malloc((size_t)total * 4 * sizeof *id64);
     kiln_status st = KILN_OK;
-    if (!host || !id32 || !id64) {
+    if (!host || !id32) {
         st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
         goto done;
     }
@@ -179,13 +178,11 @@ kiln_status kiln_encode_references(kiln_encode_stage *s, const kiln_image *refs,
             kiln_err_wrap(err, "image %d", k);
             break;
         }
-        kiln_latents_ref_ids(id64 + row * 4, k, h, w);
+        kiln_latents_ref_ids(id32 + row * 4, k, h, w);
         row += h * w;
     }
     if (st)
         goto done;
-    for (int64_t i = 0; i < total * 4; i++)
-        id32[i] = (int32_t)id64[i];
     if (kiln_be_from_host(s->be, tokens, 3, (int64_t[]){1, total, C}, host, KILN_F32)) {
         st = kiln_be_check(s->be, err);
         goto done;
@@ -193,6 +190,6 @@ kiln_status kiln_encode_references(kiln_encode_stage *s, const kiln_image *refs,
     *ids = id32, id32 = NULL;
     *R = total;
 done:
-    free(host), free(id32), free(id64);
+    free(host), free(id32);
     return st;
 }

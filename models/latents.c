@@ -118,33 +118,33 @@ void kiln_latents_kl_unscale(float *x, int64_t n, double scaling_factor, double 
         x[i] = to_dt(to_dt(to_dt(x[i], bf16) / scale, bf16) + shift, bf16);
 }
 
-static void grid_ids(int64_t *ids, int64_t t, int64_t h, int64_t w)
+static void grid_ids(int32_t *ids, int32_t t, int64_t h, int64_t w)
 {
     for (int64_t y = 0; y < h; y++)
         for (int64_t x = 0; x < w; x++) {
-            int64_t *row = ids + 4 * (y * w + x);
+            int32_t *row = ids + 4 * (y * w + x);
             row[0] = t;
-            row[1] = y;
-            row[2] = x;
+            row[1] = (int32_t)y;
+            row[2] = (int32_t)x;
             row[3] = 0;
         }
 }
 
-void kiln_latents_image_ids(int64_t *ids, int64_t h, int64_t w) { grid_ids(ids, 0, h, w); }
+void kiln_latents_image_ids(int32_t *ids, int64_t h, int64_t w) { grid_ids(ids, 0, h, w); }
 
-void kiln_latents_ref_ids(int64_t *ids, int k, int64_t h, int64_t w)
+void kiln_latents_ref_ids(int32_t *ids, int k, int64_t h, int64_t w)
 {
-    assert(k >= 0);
-    grid_ids(ids, 10 + 10 * (int64_t)k, h, w);
+    assert(k >= 0 && k < 200000000);
+    grid_ids(ids, 10 + 10 * k, h, w);
 }
 
-void kiln_latents_text_ids(int64_t *ids, int64_t T)
+void kiln_latents_text_ids(int32_t *ids, int64_t T)
 {
     for (int64_t i = 0; i < T; i++) {
         ids[4 * i + 0] = 0;
         ids[4 * i + 1] = 0;
         ids[4 * i + 2] = 0;
-        ids[4 * i + 3] = i;
+        ids[4 * i + 3] = (int32_t)i;
     }
 }
 

@@ -59,13 +59,14 @@ void kiln_latents_bn_denormalize(float *x, int64_t B, int64_t C, int64_t hw, con
 void kiln_latents_kl_unscale(float *x, int64_t n, double scaling_factor, double shift_factor,
                              kiln_dtype dt);
 
-/* Position ids, int64 rows of 4 (t, y, x, i) as the DiT receives them:
+/* Position ids, rows of 4 (t, y, x, i) in the int32 form the DiT takes
+ * (models/flux2_dit.h; diffusers holds them as int64, same values):
  * output-image tokens (0, y, x, 0) for an h x w grid, y-major; */
-void kiln_latents_image_ids(int64_t *ids, int64_t h, int64_t w);
+void kiln_latents_image_ids(int32_t *ids, int64_t h, int64_t w);
 /* reference image k (0-based, in request order): (10 + 10k, y, x, 0); */
-void kiln_latents_ref_ids(int64_t *ids, int k, int64_t h, int64_t w);
+void kiln_latents_ref_ids(int32_t *ids, int k, int64_t h, int64_t w);
 /* text tokens: (0, 0, 0, i) for i in 0..T-1, padding rows included. */
-void kiln_latents_text_ids(int64_t *ids, int64_t T);
+void kiln_latents_text_ids(int32_t *ids, int64_t T);
 
 /* Decoder output (B, 3, H, W) -> 8-bit RGB (B, H, W, 3) as diffusers'
  * postprocess + numpy_to_pil: clamp(x * 0.5 + 0.5, 0, 1) in `dt`, then
