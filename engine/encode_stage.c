@@ -1,5 +1,6 @@
 #include "encode_stage.h"
 
+#include <assert.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@ struct kiln_encode_stage {
     kiln_tokenizer *tok;
     kiln_qwen3 *qwen;
     kiln_vae *vae; /* encoder half, edits only */
+    kiln_prompt_cache *cache;
 };
 
 kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
@@ -25,6 +27,9 @@ kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpo
         return NULL;
     }
     s->be = be;
+    s->cache = kiln_prompt_cache_create(opts->prompt_cache_bytes, err);
+    if (!s->cache)
+        goto fail;
     char dir[PATH_MAX];
     if (kiln_checkpoint_path(ck, "tokenizer", dir, sizeof dir, err))
         goto fail;
@@ -59,10 +64,142 @@ void kiln_encode_stage_destroy(kiln_encode_stage *s)
     kiln_vae_free(s->vae);
     kiln_qwen3_destroy(s->qwen);
     kiln_tokenizer_free(s->tok);
+    kiln_prompt_cache_destroy(s->cache);
     free(s);
 }
 
 int64_t kiln_encode_stage_width(const kiln_encode_stage *s) { return kiln_qwen3_out_width(s->qwen); }
+
+/* How row b of a batch gets its embedding: copied from an earlier row with
+ * the same prompt, uploaded from the cache, or computed in row `slot` of
+ * the Qwen3 batch of the remaining prompts. */
+typedef struct row_plan {
+    size_t len;      /* the prompt's bytes */
+    int same_as;     /* an earlier row with the same prompt, or -1 */
+    int slot;        /* its row of the Qwen3 batch, or -1 */
+    const void *hit; /* its cached embedding, or NULL */
+} row_plan;
+
+/* Fills plan[B] and returns the number of rows Qwen3 must compute.  A
+ * prompt repeated in the batch is looked up once; B is at most a few
+ * hundred rows, so comparing against the earlier ones is cheap. */
+static int plan_rows(kiln_encode_stage *s, const char *const *prompts, int B, int max_seq,
+                     row_plan *plan)
+{
+    int M = 0;
+    for (int b = 0; b < B; b++) {
+        row_plan *p = &plan[b];
+        *p = (row_plan){.len = strlen(prompts[b]), .same_as = -1, .slot = -1};
+        for (int a = 0; a < b && p->same_as < 0; a++)
+            if (plan[a].same_as < 0 && plan[a].len == p->len &&
+                !memcmp(prompts[a], prompts[b], p->len))
+                p->same_as = a;
+        if (p->same_as >= 0)
+            continue;
+        /* The key holds max_seq and J and the dtype are the stage's, so a
+         * hit is always one row of out. */
+        size_t unused;
+        p->hit = kiln_prompt_cache_get(s->cache, prompts[b], p->len, max_seq, &unused);
+        if (!p->hit)
+            p->slot = M++;
+    }
+    return M;
+}
+
+/* Rows [b, b + n) of a (B, T, J) tensor, as a tensor of its own. */
+static kiln_tensor rows_of(const kiln_tensor *t, int64_t b, int64_t n)
+{
+    kiln_tensor v = *t;
+    v.shape[0] = n;
+    v.data = (char *)t->data + (size_t)b * (kiln_tensor_nbytes(t) / (size_t)t->shape[0]);
+    return v;
+}
+
+/* Puts computed row b of `out` in the cache, in the backend's activation
+ * dtype.  The download gives f32; on a bf16 backend those floats are bf16
+ * values widened, so keeping their upper halves gives back the exact bits
+ * (kiln_f32_to_bf16 would also quiet a signalling NaN).  A row the cache
+ * cannot hold for want of memory is simply not cached. */
+static kiln_status cache_row(kiln_encode_stage *s, const char *prompt, size_t len, int max_seq,
+                             const kiln_tensor *out, int b, kiln_err *err)
+{
+    kiln_backend *be = s->be;
+    kiln_tensor row = rows_of(out, b, 1);
+    size_t n = (size_t)kiln_tensor_numel(&row), bytes = kiln_tensor_nbytes(&row);
+    assert(be->act_dtype == KILN_F32 || be->act_dtype == KILN_BF16);
+    if (!kiln_prompt_cache_accepts(s->cache, len, bytes))
+        return KILN_OK;
+    unsigned char *v = malloc(n * sizeof(float));
+    if (!v)
+        return KILN_OK;
+    kiln_be_download(be, &row, (float *)v);
+    kiln_status st = kiln_be_check(be, err);
+    if (st) {
+        free(v);
+        return st;
+    }
+    if (be->act_dtype == KILN_BF16) {
+        for (size_t i = 0; i < n; i++) { /* in place: element i is read before it is written */
+            uint32_t u;
+            memcpy(&u, v + 4 * i, 4);
+            uint16_t h = (uint16_t)(u >> 16);
+            memcpy(v + 2 * i, &h, 2);
+        }
+        unsigned char *shrunk = realloc(v, bytes);
+        if (shrunk)
+            v = shrunk;
+    }
+    kiln_err ignored = {0};
+    (void)kiln_prompt_cache_put(s->cache, prompt, len, max_seq, v, bytes, &ignored);
+    return KILN_OK;
+}
+
+/* Moves the Qwen3 batch, computed in rows [0, M) of out, to its rows,
+ * uploads the cached rows and copies the repeated ones.  Slot k goes to a
+ * row b >= k, so moving from the last slot down never overwrites a slot
+ * still to move; cached rows are uploaded after the moves, since their row
+ * may have held a slot, and repeats are copied last, from finished rows. */
+static void place_rows(kiln_backend *be, const row_plan *plan, int B, kiln_tensor *out)
+{
+    for (int b = B - 1; b >= 0; b--)
+        if (plan[b].slot >= 0 && plan[b].slot != b) {
+            kiln_tensor dst = rows_of(out, b, 1), src = rows_of(out, plan[b].slot, 1);
+            kiln_be_copy(be, &dst, &src);
+        }
+    for (int b = 0; b < B; b++)
+        if (plan[b].hit) {
+            kiln_tensor dst = rows_of(out, b, 1);
+            kiln_be_upload(be, &dst, plan[b].hit, be->act_dtype);
+        }
+    for (int b = 0; b < B; b++)
+        if (plan[b].same_as >= 0) {
+            kiln_tensor dst = rows_of(out, b, 1), src = rows_of(out, plan[b].same_as, 1);
+            kiln_be_copy(be, &dst, &src);
+        }
+}
+
+/* Token ids: only the computed rows need them for Qwen3.  Cached rows are
+ * tokenized again only when the caller asks for ids: that costs far less
+ * than keeping max_seq ids beside every cached row would save, and it
+ * cannot fail where it once succeeded. */
+static kiln_status tokenize_rows(kiln_encode_stage *s, const char *const *prompts, int B,
+                                 int max_seq, const row_plan *plan, int32_t *ids, int *lens,
+                                 int32_t *ids_out, kiln_err *err)
+{
+    kiln_status st = KILN_OK;
+    for (int b = 0; b < B && !st; b++) {
+        int32_t *dst = plan[b].slot >= 0 ? ids + (size_t)plan[b].slot * max_seq
+                       : ids_out && plan[b].hit ? ids_out + (size_t)b * max_seq
+                                                : NULL;
+        int unused;
+        if (dst)
+            st = kiln_tokenizer_encode_chat(s->tok, prompts[b], plan[b].len, KILN_CHAT_KLEIN,
+                                            max_seq, dst,
+                                            plan[b].slot >= 0 ? &lens[plan[b].slot] : &unused,
+                                            NULL, err);
+    }
+    return st;
+}
 
 kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts, int B,
                                 int max_seq, kiln_tensor *out, int32_t *ids_out, kiln_err *err)
@@ -70,32 +207,53 @@ kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts
     memset(out, 0, sizeof *out);
     if (B < 1 || max_seq < 1)
         return kiln_err_set(err, KILN_ERR_INVALID, "encode: bad batch or sequence length");
-    int32_t *ids = malloc((size_t)B * (size_t)max_seq * sizeof *ids);
+    kiln_backend *be = s->be;
+    int64_t shape[] = {B, max_seq, kiln_qwen3_out_width(s->qwen)};
+    size_t T = (size_t)max_seq;
+    row_plan *plan = malloc((size_t)B * sizeof *plan);
+    int32_t *ids = malloc((size_t)B * T * sizeof *ids);
     int *lens = malloc((size_t)B * sizeof *lens);
     kiln_status st = KILN_OK;
-    if (!ids || !lens) {
+    if (!plan || !ids || !lens) {
         st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int b = 0; b < B && !st; b++)
-        st = kiln_tokenizer_encode_chat(s->tok, prompts[b], strlen(prompts[b]), KILN_CHAT_KLEIN,
-                                        max_seq, ids + (size_t)b * max_seq, &lens[b], NULL, err);
-    if (st)
+    int M = plan_rows(s, prompts, B, max_seq, plan);
+    if ((st = tokenize_rows(s, prompts, B, max_seq, plan, ids, lens, ids_out, err)))
         goto done;
-    int64_t shape[] = {B, max_seq, kiln_qwen3_out_width(s->qwen)};
-    if (kiln_be_alloc(s->be, out, s->be->act_dtype, 3, shape)) {
-        st = kiln_be_check(s->be, err);
+    if (kiln_be_alloc(be, out, be->act_dtype, 3, shape)) {
+        st = kiln_be_check(be, err);
         goto done;
     }
-    st = kiln_qwen3_encode(s->qwen, ids, lens, B, max_seq, out, err);
-    if (st)
-        kiln_be_free(s->be, out);
-    else if (ids_out)
-        memcpy(ids_out, ids, (size_t)B * (size_t)max_seq * sizeof *ids);
+    if (M) {
+        kiln_tensor batch = rows_of(out, 0, M);
+        if ((st = kiln_qwen3_encode(s->qwen, ids, lens, M, max_seq, &batch, err)))
+            goto done;
+    }
+    place_rows(be, plan, B, out);
+    if ((st = kiln_be_check(be, err)))
+        goto done;
+    for (int b = 0; b < B && !st; b++) {
+        if (plan[b].slot >= 0)
+            st = cache_row(s, prompts[b], plan[b].len, max_seq, out, b, err);
+        if (ids_out && plan[b].slot >= 0)
+            memcpy(ids_out + (size_t)b * T, ids + (size_t)plan[b].slot * T, T * sizeof *ids);
+        if (ids_out && plan[b].same_as >= 0)
+            memcpy(ids_out + (size_t)b * T, ids_out + (size_t)plan[b].same_as * T,
+                   T * sizeof *ids);
+    }
 done:
+    if (st)
+        kiln_be_free(be, out);
+    free(plan);
     free(ids);
     free(lens);
     return st;
+}
+
+void kiln_encode_stage_cache_stats(const kiln_encode_stage *s, kiln_prompt_cache_stats *out)
+{
+    kiln_prompt_cache_get_stats(s->cache, out);
 }
 
 /* One reference: prepared pixels -> VAE mean -> patchified, BN-normalised,

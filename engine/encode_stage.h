@@ -18,16 +18,23 @@
 #include "common/checkpoint.h"
 #include "common/image.h"
 #include "kernels/backend.h"
+#include "prompt_cache.h"
 #include "request.h"
 
 typedef struct kiln_encode_opts {
     int out_layers[KILN_MAX_OUT_LAYERS]; /* text_encoder_out_layers */
     int n_out_layers;
     int with_references; /* also load the VAE encoder, for edits */
+    /* Host memory for prompt embeddings already computed
+     * (engine/prompt_cache.h); 0 computes every prompt. */
+    size_t prompt_cache_bytes;
 } kiln_encode_opts;
 
-/* diffusers' Flux2KleinPipeline default text_encoder_out_layers. */
-#define KILN_ENCODE_DEFAULTS ((kiln_encode_opts){{9, 18, 27}, 3, 1})
+/* diffusers' Flux2KleinPipeline default text_encoder_out_layers.  The
+ * prompt cache stays off here: the one-process users (kiln generate,
+ * kiln-stagebench, which times encode with prompts it repeats) gain nothing
+ * from it; kiln-encoder turns it on. */
+#define KILN_ENCODE_DEFAULTS ((kiln_encode_opts){{9, 18, 27}, 3, 1, 0})
 
 typedef struct kiln_encode_stage kiln_encode_stage;
 
@@ -44,9 +51,15 @@ int64_t kiln_encode_stage_width(const kiln_encode_stage *s);
 /* Encodes B prompts with the klein chat template, truncated / padded to
  * max_seq tokens, into `out`, allocated here as (B, max_seq, J) of
  * be->act_dtype (caller frees with kiln_be_free).  ids_out, when not NULL,
- * receives the B * max_seq token ids.  Invalid UTF-8 is KILN_ERR_INVALID. */
+ * receives the B * max_seq token ids.  Invalid UTF-8 is KILN_ERR_INVALID.
+ * Rows found in the prompt cache are uploaded, a prompt repeated within the
+ * batch is computed once, the others run through Qwen3 in one batch and
+ * enter the cache; each row has the bytes it gets encoded alone. */
 kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts, int B,
                                 int max_seq, kiln_tensor *out, int32_t *ids_out, kiln_err *err);
+
+/* The prompt cache's counters (engine/prompt_cache.h). */
+void kiln_encode_stage_cache_stats(const kiln_encode_stage *s, kiln_prompt_cache_stats *out);
 
 /* Prepares (spec/pipeline.md section 8), VAE-encodes, patchifies,
  * BN-normalises and packs n reference images in order.  `tokens` is

@@ -20,17 +20,19 @@ static void usage(FILE *f)
             "usage: kiln serve --model DIR [--port P] [--bus ENDPOINT] [--device cpu|cuda]\n"
             "  [--gpus N] [--min-size PX] [--max-size PX] [--text-encoder-out-layers A,B,C]\n"
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
-            "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G]\n"
+            "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--prompt-cache-mb N]\n"
             "Starts kiln-gateway on port P (default 8000) and the stage replicas (one of\n"
             "each by default), connected over the bus (default tcp://127.0.0.1:<P+1>).\n"
             "With --gpus N, replica i of each stage runs on GPU i %% N; --<stage>-gpu G pins\n"
-            "every replica of that stage to GPU G instead.  A crashed child is\n"
+            "every replica of that stage to GPU G instead.  Each encoder keeps up to N MiB\n"
+            "(default 256, 0: off) of prompt embeddings in host memory.  A crashed child is\n"
             "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n");
 }
 
 typedef struct serve_opts {
     const char *model, *bus, *device, *layers;
     const char *min_size, *max_size;
+    const char *prompt_cache_mb; /* NULL: the encoder's default */
     int port, gpus, max_batch;
     int replicas[3]; /* encoders, denoisers, decoders */
     int stage_gpu[3]; /* -1: round robin over --gpus */
@@ -39,7 +41,7 @@ typedef struct serve_opts {
 static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
-           O_DEN_GPU, O_DEC_GPU };
+           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
@@ -51,6 +53,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"encoder-gpu", required_argument, 0, O_ENC_GPU},
         {"denoiser-gpu", required_argument, 0, O_DEN_GPU},
         {"decoder-gpu", required_argument, 0, O_DEC_GPU},
+        {"prompt-cache-mb", required_argument, 0, O_PROMPT_CACHE},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     *o = (serve_opts){.device = "cpu", .port = 8000, .gpus = 1, .max_batch = 4,
@@ -75,6 +78,9 @@ static int parse(int argc, char **argv, serve_opts *o)
         case O_ENC_GPU: bad = kiln_parse_int(optarg, 0, 63, &o->stage_gpu[0]); break;
         case O_DEN_GPU: bad = kiln_parse_int(optarg, 0, 63, &o->stage_gpu[1]); break;
         case O_DEC_GPU: bad = kiln_parse_int(optarg, 0, 63, &o->stage_gpu[2]); break;
+        case O_PROMPT_CACHE:
+            o->prompt_cache_mb = optarg, bad = kiln_parse_int(optarg, 0, 1 << 20, &unused);
+            break;
         case 'h': usage(stdout); exit(0);
         default: bad = 1;
         }
@@ -126,8 +132,11 @@ static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const c
             snprintf(batch, sizeof batch, "%d", o->max_batch);
             const char *argv[16] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
                                     "--gpu", gpu, "--max-batch", batch};
+            int k = 11;
             if (st == 0 && o->layers)
-                argv[11] = "--text-encoder-out-layers", argv[12] = o->layers;
+                argv[k++] = "--text-encoder-out-layers", argv[k++] = o->layers;
+            if (st == 0 && o->prompt_cache_mb)
+                argv[k++] = "--prompt-cache-mb", argv[k++] = o->prompt_cache_mb;
             if (kiln_supervisor_add(s, name, KILN_CHILD_BACK, argv, err))
                 return err->code;
         }

@@ -40,6 +40,9 @@ typedef struct kiln_worker_opts {
      * replica on this host).  -1 = auto: cuda_ipc on a CUDA backend when
      * every GPU of the host can map every other's memory, else shm. */
     int tensor_transport;
+    /* kiln-encoder's prompt cache in MiB of host memory (--prompt-cache-mb,
+     * engine/prompt_cache.h); 0 turns it off. */
+    int prompt_cache_mb;
 } kiln_worker_opts;
 
 typedef struct kiln_stage_ops {
@@ -65,11 +68,11 @@ typedef struct kiln_stage_ops {
 #define KILN_WORKER_EXIT_CONFIG 78
 
 /* Parses the common command line (--model --bus [--device] [--gpu]
- * [--max-batch] [--text-encoder-out-layers] [--batch-window-ms]
- * [--tensor-transport auto|shm|cuda_ipc]), loads the stage, serves until
- * SIGINT/SIGTERM, and returns the exit status (0, 2 on a usage error,
- * KILN_WORKER_EXIT_CONFIG when the checkpoint or options are unusable, 1
- * on another fatal error). */
+ * [--max-batch] [--text-encoder-out-layers] [--prompt-cache-mb]
+ * [--batch-window-ms] [--tensor-transport auto|shm|cuda_ipc]), loads the
+ * stage, serves until SIGINT/SIGTERM, and returns the exit status (0, 2 on
+ * a usage error, KILN_WORKER_EXIT_CONFIG when the checkpoint or options are
+ * unusable, 1 on another fatal error). */
 int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops);
 
 /* ---- for stage implementations ---- */

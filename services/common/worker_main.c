@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "engine/prompt_cache.h"
 #include "worker_impl.h"
 #include "common/args.h"
 
@@ -18,7 +19,10 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
             "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]%s\n"
             "Serves the %s stage of the checkpoint's pipeline to the kiln gateway at\n"
             "ENDPOINT (e.g. tcp://127.0.0.1:8001).\n",
-            ops->binary, ops->stage == KILN_STAGE_ENCODE ? " [--text-encoder-out-layers A,B,C]" : "",
+            ops->binary,
+            ops->stage == KILN_STAGE_ENCODE
+                ? "\n  [--text-encoder-out-layers A,B,C] [--prompt-cache-mb N (default 256, 0: off)]"
+                : "",
             kiln_stage_name(ops->stage));
 }
 
@@ -50,18 +54,20 @@ static int parse_transport(const char *s, int *out)
 
 static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_worker_opts *o)
 {
-    enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT };
+    enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
         {"max-batch", required_argument, 0, 'B'},  {"batch-window-ms", required_argument, 0, O_WINDOW},
         {"text-encoder-out-layers", required_argument, 0, O_LAYERS},
         {"tensor-transport", required_argument, 0, O_TRANSPORT},
+        {"prompt-cache-mb", required_argument, 0, O_PROMPT_CACHE},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     *o = (kiln_worker_opts){.device = "cpu", .max_batch = 4, .batch_window_ms = 5,
                             .out_layers = {9, 18, 27}, .n_out_layers = 3,
-                            .tensor_transport = -1};
+                            .tensor_transport = -1,
+                            .prompt_cache_mb = KILN_PROMPT_CACHE_DEFAULT_MIB};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -75,6 +81,10 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         case O_WINDOW: bad = kiln_parse_int(optarg, 0, 1000, &o->batch_window_ms); break;
         case O_LAYERS: bad = ops->stage != KILN_STAGE_ENCODE || parse_layers(optarg, o); break;
         case O_TRANSPORT: bad = parse_transport(optarg, &o->tensor_transport); break;
+        case O_PROMPT_CACHE:
+            bad = ops->stage != KILN_STAGE_ENCODE ||
+                  kiln_parse_int(optarg, 0, 1 << 20, &o->prompt_cache_mb);
+            break;
         case 'h': usage(stdout, ops); exit(0);
         default: bad = 1;
         }

@@ -4,7 +4,8 @@
  *
  * A batch joins the prompts (and negative prompts) of every job with the
  * same max_seq into one kiln_encode_prompts call; Qwen3 rows never
- * interact, so each job's rows are the bytes it gets alone.  References
+ * interact, so each job's rows are the bytes it gets alone; rows already
+ * seen come from the stage's prompt cache (--prompt-cache-mb).  References
  * are encoded per job (their sizes differ). */
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,25 @@
 typedef struct enc_state {
     kiln_backend *be;
     kiln_encode_stage *enc;
+    double cache_logged_ms; /* when the prompt cache's counters were last logged */
 } enc_state;
+
+/* The prompt cache's counters, at most once a minute while it sees
+ * traffic (and at exit), so an operator can size --prompt-cache-mb. */
+static void log_cache(enc_state *s, int force)
+{
+    kiln_prompt_cache_stats c;
+    kiln_encode_stage_cache_stats(s->enc, &c);
+    double now = kiln_now_ms();
+    if (!c.max_bytes || (!force && now - s->cache_logged_ms < 60000.0))
+        return;
+    s->cache_logged_ms = now;
+    KILN_LOG_INFO("kiln-encoder: prompt cache: %llu hits, %llu misses, %llu evictions, "
+                  "%zu rows in %.1f of %.0f MiB",
+                  (unsigned long long)c.hits, (unsigned long long)c.misses,
+                  (unsigned long long)c.evictions, c.entries, (double)c.bytes / (1 << 20),
+                  (double)c.max_bytes / (1 << 20));
+}
 
 static void *enc_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_worker_opts *o,
                       kiln_err *err)
@@ -26,9 +45,11 @@ static void *enc_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_wo
         kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
         return NULL;
     }
-    kiln_encode_opts eo = {.n_out_layers = o->n_out_layers, .with_references = 1};
+    kiln_encode_opts eo = {.n_out_layers = o->n_out_layers, .with_references = 1,
+                           .prompt_cache_bytes = (size_t)o->prompt_cache_mb << 20};
     memcpy(eo.out_layers, o->out_layers, sizeof eo.out_layers);
     s->be = be;
+    s->cache_logged_ms = kiln_now_ms();
     s->enc = kiln_encode_stage_create(be, ck, &eo, err);
     if (!s->enc) {
         free(s);
@@ -40,6 +61,7 @@ static void *enc_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_wo
 static void enc_unload(void *state)
 {
     enc_state *s = state;
+    log_cache(s, 1);
     kiln_encode_stage_destroy(s->enc);
     free(s);
 }
@@ -131,6 +153,7 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         kiln_worker_done(w, jobs[i], jst, &jerr);
     }
     kiln_be_free(s->be, &emb);
+    log_cache(s, 0);
 }
 
 static const kiln_stage_ops encoder_ops = {
