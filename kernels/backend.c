@@ -105,6 +105,7 @@ struct kiln_arena {
     int nblocks;
     size_t used; /* in the last block */
     size_t total_requested;
+    uint64_t epoch;
 };
 
 kiln_arena *kiln_arena_create(kiln_backend *be, size_t initial_bytes, kiln_err *err)
@@ -149,6 +150,7 @@ static int arena_grow(kiln_arena *a, size_t need)
     kiln_tensor *b = &a->blocks[a->nblocks];
     if (a->be->ops->alloc(a->be, b, KILN_U8, 1, (int64_t[]){(int64_t)size}))
         return -1;
+    a->epoch++;
     a->sizes[a->nblocks++] = size;
     a->used = 0;
     return 0;
@@ -192,6 +194,8 @@ void kiln_arena_reset(kiln_arena *a)
     a->used = 0;
     a->total_requested = 0;
 }
+
+uint64_t kiln_arena_epoch(const kiln_arena *a) { return a->epoch; }
 
 size_t kiln_arena_capacity(const kiln_arena *a)
 {

@@ -31,6 +31,7 @@
 #include "../common/tensor.h"
 
 typedef struct kiln_backend kiln_backend;
+typedef struct kiln_graph kiln_graph; /* a recorded op sequence, see graph_begin */
 
 typedef enum kiln_rope_mode {
     KILN_ROPE_INTERLEAVED, /* pairs (x[2i], x[2i+1]): FLUX.2 and Z-Image DiTs */
@@ -145,6 +146,24 @@ typedef struct kiln_backend_ops {
                       float eps, const kiln_tensor *cos, const kiln_tensor *sin,
                       kiln_rope_mode mode);
     void (*swiglu_cols)(kiln_backend *be, kiln_tensor *y, int64_t dst_col0, const kiln_tensor *x);
+
+    /* --- recorded op sequences (optional: NULL on backends without them,
+     * such as the CPU) -----------------------------------------------------
+     * graph_begin: the ops that follow are recorded instead of run (a CUDA
+     * stream capture) until graph_end.  Meanwhile nothing may allocate,
+     * upload, download or sync; an op that does fails the recording.
+     * graph_end: the recording as a graph the caller owns, or NULL with the
+     * sticky error set when some op could not be recorded (nothing ran).
+     * graph_launch: runs the recorded ops again, on the same memory with
+     * whatever it holds now.  Returns 0, running nothing, when memory the
+     * recording used has been released since (the backend's scratch grew):
+     * destroy the graph and record again.  1 when launched (or a launch
+     * error became the sticky error).
+     * graph_destroy: accepts NULL. */
+    void (*graph_begin)(kiln_backend *be);
+    kiln_graph *(*graph_end)(kiln_backend *be);
+    int (*graph_launch)(kiln_backend *be, kiln_graph *g);
+    void (*graph_destroy)(kiln_backend *be, kiln_graph *g);
 
     /* mem_info: bytes free and in total on the backend's device, as the
      * driver reports them for the whole device (every process's use counts);
@@ -266,5 +285,8 @@ kiln_status kiln_arena_tensor(kiln_arena *a, kiln_tensor *t, kiln_dtype dt, int 
 void kiln_arena_reset(kiln_arena *a);
 /* Bytes of backend memory the arena holds (for metrics and tests). */
 size_t kiln_arena_capacity(const kiln_arena *a);
+/* Changes whenever the arena's memory is replaced (a reset after it grew):
+ * a recorded graph that used the arena is valid while its epoch is. */
+uint64_t kiln_arena_epoch(const kiln_arena *a);
 
 #endif

@@ -57,12 +57,14 @@ int64_t kiln_flux2_kv_cache_tokens(const kiln_flux2_kv_cache *c)
 }
 
 /* Sizes the cache for (B, R); memory is kept when the size repeats. */
-static kiln_status kv_prepare(kiln_flux2_kv_cache *c, int64_t B, int64_t R, kiln_err *err)
+static kiln_status kv_prepare(kiln_flux2_dit *m, kiln_flux2_kv_cache *c, int64_t B, int64_t R,
+                              kiln_err *err)
 {
     c->tokens = 0;
     if (c->alloc_batch == B && c->alloc_tokens == R)
         return KILN_OK;
     kv_release(c);
+    c->serial = ++m->kv_serial; /* recorded CACHED forwards of the old memory go stale */
     const int64_t shape[3] = {B, R, c->hidden};
     for (int64_t l = 0; l < c->layers; l++) {
         if (kiln_be_alloc(c->be, &c->k[l], c->be->act_dtype, 3, shape) ||
@@ -230,20 +232,28 @@ static kiln_tensor blk_tensor(flux2_fwd *f, int ndim, const int64_t *shape)
     return t;
 }
 
-/* SiLU(temb) for the B times in `t`; `host_e` stages the sinusoids (B x
- * time_channels floats).  temb itself goes to the probe. */
-static kiln_tensor time_embed(flux2_fwd *f, const float *t, float *host_e, kiln_tensor *temb_out)
+/* The sinusoids of the B times in `t` (staged in `host_e`, B x
+ * time_channels floats) uploaded into a (B, time_channels) tensor: the one
+ * per-step input of the time embedding, kept outside a recorded step. */
+static kiln_tensor time_input(flux2_fwd *f, const float *t, float *host_e)
 {
-    kiln_flux2_dit *m = f->m;
-    const int64_t B = f->B, C = m->cfg.time_channels, D = m->cfg.hidden;
+    const int64_t B = f->B, C = f->m->cfg.time_channels;
     for (int64_t b = 0; b < B; b++)
         kiln_flux2_time_proj(t[b], C, host_e + b * C);
-    kiln_tensor e = blk_tensor(f, 2, (int64_t[]){B, C});
+    kiln_tensor e = fwd_tensor(f, 2, (int64_t[]){B, C});
+    kiln_be_upload(f->be, &e, host_e, KILN_F32);
+    return e;
+}
+
+/* SiLU(temb) of the sinusoids `e`; temb itself goes to the probe. */
+static kiln_tensor time_embed(flux2_fwd *f, const kiln_tensor *e, kiln_tensor *temb_out)
+{
+    kiln_flux2_dit *m = f->m;
+    const int64_t B = f->B, D = m->cfg.hidden;
     kiln_tensor h = blk_tensor(f, 2, (int64_t[]){B, D});
     kiln_tensor temb = fwd_tensor(f, 2, (int64_t[]){B, D});
     kiln_tensor s = fwd_tensor(f, 2, (int64_t[]){B, D});
-    kiln_be_upload(f->be, &e, host_e, KILN_F32);
-    kiln_be_linear(f->be, &h, &e, &m->time_lin1, NULL);
+    kiln_be_linear(f->be, &h, e, &m->time_lin1, NULL);
     kiln_be_silu(f->be, &h, &h);
     kiln_be_linear(f->be, &temb, &h, &m->time_lin2, NULL);
     kiln_be_silu(f->be, &s, &temb);
@@ -305,15 +315,15 @@ static kiln_status step_check(flux2_fwd *f, kiln_err *err, const char *what, int
                      : kiln_err_wrap(err, "flux2 dit %s %d", what, index);
 }
 
-static kiln_status embed(flux2_fwd *f, const kiln_flux2_dit_input *in, kiln_tensor *s,
-                         kiln_err *err)
+static kiln_status embed(flux2_fwd *f, const kiln_flux2_dit_input *in, const flux2_io *io,
+                         kiln_tensor *s, kiln_err *err)
 {
     kiln_flux2_dit *m = f->m;
     const int64_t B = f->B, T = f->T, N = f->N, R = f->ref_stream ? f->R : 0;
     const int64_t D = m->cfg.hidden;
     kiln_tensor temb;
     const int64_t C = m->cfg.time_channels;
-    *s = time_embed(f, in->t, m->host, &temb);
+    *s = time_embed(f, &io->e, &temb);
     probe(in, f, "time_guidance_embed", -1, &temb);
     flux2_mod img[2], txt[2], single;
     kiln_tensor all = modulate(f, s, &m->mod_img, img, 2);
@@ -329,11 +339,13 @@ static kiln_status embed(flux2_fwd *f, const kiln_flux2_dit_input *in, kiln_tens
     f->single = single;
     if (f->ref_stream) {
         /* diffusers' ref_fixed_timestep 0.0; the text modulation is not
-         * changed for the reference tokens' step. */
+         * changed for the reference tokens' step.  (EXTRACT forwards are
+         * never recorded, so this upload may stay here.) */
         float *zeros = m->host + 2 * B * C;
         for (int64_t b = 0; b < B; b++)
             zeros[b] = 0.0f;
-        kiln_tensor s_ref = time_embed(f, zeros, m->host + B * C, NULL);
+        kiln_tensor e_ref = time_input(f, zeros, m->host + B * C);
+        kiln_tensor s_ref = time_embed(f, &e_ref, NULL);
         flux2_mod ref[2];
         modulate(f, &s_ref, &m->mod_img, ref, 2);
         modulate(f, &s_ref, &m->mod_single, &f->ref_single, 1);
@@ -342,7 +354,7 @@ static kiln_status embed(flux2_fwd *f, const kiln_flux2_dit_input *in, kiln_tens
     }
 
     kiln_tensor xe = fwd_tensor(f, 3, (int64_t[]){B, R + N, D});
-    kiln_be_linear(f->be, &xe, in->x, &m->x_embedder, NULL);
+    kiln_be_linear(f->be, &xe, io->x, &m->x_embedder, NULL);
     probe(in, f, "x_embedder", -1, &xe);
     if (f->ref_stream) {
         f->r = fwd_tensor(f, 3, (int64_t[]){B, R, D});
@@ -353,7 +365,7 @@ static kiln_status embed(flux2_fwd *f, const kiln_flux2_dit_input *in, kiln_tens
         f->x = xe;
     }
     f->c = fwd_tensor(f, 3, (int64_t[]){B, T, D});
-    kiln_be_linear(f->be, &f->c, in->txt, &m->context_embedder, NULL);
+    kiln_be_linear(f->be, &f->c, io->txt, &m->context_embedder, NULL);
     probe(in, f, "context_embedder", -1, &f->c);
     return step_check(f, err, "embeddings", -1);
 }
@@ -367,7 +379,7 @@ kiln_status kiln_flux2_dit_forward(kiln_flux2_dit *m, const kiln_flux2_dit_input
     if (kiln_be_check(be, err))
         return kiln_err_wrap(err, "flux2 dit: backend error pending from an earlier call");
     const kiln_flux2_dit_config *c = &m->cfg;
-    const int64_t B = in->x->shape[0], T = in->txt->shape[1], D = c->hidden;
+    const int64_t B = in->x->shape[0], T = in->txt->shape[1];
     const int extract = in->kv_mode == KILN_FLUX2_KV_EXTRACT;
     const int64_t R_in = extract ? in->num_ref : 0;
     const int64_t N = in->x->shape[1] - R_in;
@@ -376,7 +388,7 @@ kiln_status kiln_flux2_dit_forward(kiln_flux2_dit *m, const kiln_flux2_dit_input
     if (in->kv_mode != KILN_FLUX2_KV_OFF) {
         f.kv = in->kv;
         f.R = extract ? R_in : in->kv->tokens;
-        if (extract && kv_prepare(in->kv, B, R_in, err))
+        if (extract && kv_prepare(m, in->kv, B, R_in, err))
             return err->code;
     }
     if (rope_prepare(m, in, T, N, R_in, err) ||
@@ -388,50 +400,82 @@ kiln_status kiln_flux2_dit_forward(kiln_flux2_dit *m, const kiln_flux2_dit_input
     if (extract)
         f.rope_ref = rope_rows(m, T + N, R_in);
 
+    if (flux2_replay_usable(m, in))
+        return flux2_forward_replayed(&f, in, out, err);
     kiln_arena_reset(m->fwd);
     kiln_arena_reset(m->blk);
-    kiln_tensor s;
-    if (embed(&f, in, &s, err))
-        return err->code;
-
-    char name[64];
-    for (int i = 0; i < c->num_layers; i++) {
-        flux2_double_block(&f, i);
-        snprintf(name, sizeof name, "transformer_blocks.%d", i);
-        probe(in, &f, name, 0, &f.c);
-        probe(in, &f, name, 1, &f.x);
-        if (step_check(&f, err, "double block", i))
-            return err->code;
-    }
-
-    f.y = fwd_tensor(&f, 3, (int64_t[]){B, T + N, D});
-    kiln_be_copy_rows(be, &f.y, 0, &f.c, 0, T);
-    kiln_be_copy_rows(be, &f.y, T, &f.x, 0, N);
-    for (int j = 0; j < c->num_single_layers; j++) {
-        flux2_single_block(&f, j);
-        snprintf(name, sizeof name, "single_transformer_blocks.%d", j);
-        probe(in, &f, name, -1, &f.y);
-        if (step_check(&f, err, "single block", j))
-            return err->code;
-    }
-
-    /* Output layer: image rows only; norm_out's linear is ordered scale,
-     * then shift (the opposite of the block modulations). */
-    kiln_tensor xo = blk_tensor(&f, 3, (int64_t[]){B, N, D});
-    kiln_tensor emb = blk_tensor(&f, 2, (int64_t[]){B, 2 * D});
-    kiln_tensor n = blk_tensor(&f, 3, (int64_t[]){B, N, D});
-    kiln_be_copy_rows(be, &xo, 0, &f.y, T, N);
-    kiln_be_linear(be, &emb, &s, &m->norm_out, NULL);
-    kiln_tensor scale = chunk(&f, &emb, 0), shift = chunk(&f, &emb, 1);
-    kiln_be_layer_norm_mod(be, &n, &xo, &shift, &scale, (float)c->eps);
-    probe(in, &f, "norm_out", -1, &n);
-    kiln_be_linear(be, out, &n, &m->proj_out, NULL);
-    probe(in, &f, "proj_out", -1, out);
-    if (step_check(&f, err, "output layer", -1))
+    flux2_io io = {.x = in->x, .txt = in->txt, .out = out};
+    io.e = time_input(&f, in->t, m->host);
+    if (flux2_forward_body(&f, in, &io, err))
         return err->code;
     if (extract) {
         in->kv->batch = B;
         in->kv->tokens = R_in;
     }
     return KILN_OK;
+}
+
+kiln_status flux2_forward_body(flux2_fwd *f, const kiln_flux2_dit_input *in, const flux2_io *io,
+                               kiln_err *err)
+{
+    kiln_flux2_dit *m = f->m;
+    kiln_backend *be = f->be;
+    const kiln_flux2_dit_config *c = &m->cfg;
+    const int64_t B = f->B, T = f->T, N = f->N, D = c->hidden;
+    kiln_tensor s;
+    if (embed(f, in, io, &s, err))
+        return err->code;
+
+    char name[64];
+    for (int i = 0; i < c->num_layers; i++) {
+        flux2_double_block(f, i);
+        snprintf(name, sizeof name, "transformer_blocks.%d", i);
+        probe(in, f, name, 0, &f->c);
+        probe(in, f, name, 1, &f->x);
+        if (step_check(f, err, "double block", i))
+            return err->code;
+    }
+
+    f->y = fwd_tensor(f, 3, (int64_t[]){B, T + N, D});
+    kiln_be_copy_rows(be, &f->y, 0, &f->c, 0, T);
+    kiln_be_copy_rows(be, &f->y, T, &f->x, 0, N);
+    for (int j = 0; j < c->num_single_layers; j++) {
+        flux2_single_block(f, j);
+        snprintf(name, sizeof name, "single_transformer_blocks.%d", j);
+        probe(in, f, name, -1, &f->y);
+        if (step_check(f, err, "single block", j))
+            return err->code;
+    }
+
+    /* Output layer: image rows only; norm_out's linear is ordered scale,
+     * then shift (the opposite of the block modulations). */
+    kiln_tensor xo = blk_tensor(f, 3, (int64_t[]){B, N, D});
+    kiln_tensor emb = blk_tensor(f, 2, (int64_t[]){B, 2 * D});
+    kiln_tensor n = blk_tensor(f, 3, (int64_t[]){B, N, D});
+    kiln_be_copy_rows(be, &xo, 0, &f->y, T, N);
+    kiln_be_linear(be, &emb, &s, &m->norm_out, NULL);
+    kiln_tensor scale = chunk(f, &emb, 0), shift = chunk(f, &emb, 1);
+    kiln_be_layer_norm_mod(be, &n, &xo, &shift, &scale, (float)c->eps);
+    probe(in, f, "norm_out", -1, &n);
+    kiln_be_linear(be, io->out, &n, &m->proj_out, NULL);
+    probe(in, f, "proj_out", -1, io->out);
+    return step_check(f, err, "output layer", -1);
+}
+
+kiln_status flux2_stage_inputs(flux2_fwd *f, const kiln_flux2_dit_input *in, flux2_io *io,
+                               kiln_tensor *out)
+{
+    kiln_flux2_dit *m = f->m;
+    kiln_arena_reset(m->fwd);
+    kiln_arena_reset(m->blk);
+    io->e = time_input(f, in->t, m->host);
+    io->x_buf = fwd_tensor(f, in->x->ndim, in->x->shape);
+    io->txt_buf = fwd_tensor(f, in->txt->ndim, in->txt->shape);
+    io->out_buf = fwd_tensor(f, out->ndim, out->shape);
+    kiln_be_copy(f->be, &io->x_buf, in->x);
+    kiln_be_copy(f->be, &io->txt_buf, in->txt);
+    io->x = &io->x_buf;
+    io->txt = &io->txt_buf;
+    io->out = &io->out_buf;
+    return f->be->error.code;
 }

@@ -20,6 +20,26 @@ typedef struct flux2_single_w {
     kiln_tensor norm_q, norm_k;
 } flux2_single_w;
 
+/* One recorded forward (flux2_dit_replay.c): the shape and the memory it
+ * was recorded on, and its graph. */
+typedef struct flux2_replay_key {
+    int64_t B, T, N, R;
+    int kv_mode;
+    uint64_t kv_serial;      /* which sizing of which K/V cache (CACHED) */
+    const void *rope;        /* the RoPE tables' memory */
+    uint64_t fwd_epoch, blk_epoch;
+} flux2_replay_key;
+
+typedef struct flux2_replay {
+    flux2_replay_key key;
+    kiln_graph *graph;
+    int runs;         /* forwards of this key so far */
+    int failed;       /* recording failed once: op by op from then on */
+    uint64_t last_use;
+} flux2_replay;
+
+#define FLUX2_REPLAY_SLOTS 4
+
 struct kiln_flux2_dit {
     kiln_backend *be;
     kiln_flux2_dit_config cfg;
@@ -45,6 +65,13 @@ struct kiln_flux2_dit {
 
     float *host;       /* host scratch: sinusoid inputs, table staging */
     size_t host_cap;   /* floats */
+
+    /* Recorded forwards, least recently used replaced; off without backend
+     * support or with KILN_GRAPHS=0 in the environment at load. */
+    int replay_enabled;
+    flux2_replay replays[FLUX2_REPLAY_SLOTS];
+    uint64_t replay_clock;
+    uint64_t kv_serial; /* last serial handed to a K/V cache sizing */
 };
 
 struct kiln_flux2_kv_cache {
@@ -54,6 +81,7 @@ struct kiln_flux2_kv_cache {
     int64_t hidden;
     int64_t batch, tokens; /* B and R of the stored tensors; tokens 0 = empty */
     int64_t alloc_batch, alloc_tokens;
+    uint64_t serial;   /* from the owner's kv_serial at each sizing */
     kiln_tensor *k, *v; /* [layers] each (B, R, D), post-norm post-RoPE */
 };
 
@@ -82,6 +110,33 @@ typedef struct flux2_fwd {
     flux2_mod ref_msa, ref_mlp, ref_single; /* t = 0 modulation, EXTRACT */
     flux2_rope rope_txt, rope_img, rope_ref, rope_main; /* main = [txt ; img] */
 } flux2_fwd;
+
+/* Where a forward's body reads its inputs and writes its output: the
+ * caller's tensors, or (recorded forwards) staging copies in the fwd arena
+ * that sit at the same addresses every time. */
+typedef struct flux2_io {
+    const kiln_tensor *x, *txt;
+    kiln_tensor *out;
+    kiln_tensor e;                      /* (B, time_channels) sinusoids */
+    kiln_tensor x_buf, txt_buf, out_buf; /* staging, flux2_stage_inputs */
+} flux2_io;
+
+/* flux2_dit.c: embeddings, blocks and output layer from io's inputs (the
+ * only device work of a forward, so the part that is recorded). */
+kiln_status flux2_forward_body(flux2_fwd *f, const kiln_flux2_dit_input *in, const flux2_io *io,
+                               kiln_err *err);
+/* Resets the arenas, uploads the sinusoids of in->t and copies x and txt
+ * into staging tensors (io->x etc. point at them).  Returns the sticky
+ * error code, if any. */
+kiln_status flux2_stage_inputs(flux2_fwd *f, const kiln_flux2_dit_input *in, flux2_io *io,
+                               kiln_tensor *out);
+
+/* flux2_dit_replay.c: whether this forward may be recorded (backend
+ * support, no probe, not EXTRACT), and the forward through the replays. */
+int flux2_replay_usable(const kiln_flux2_dit *m, const kiln_flux2_dit_input *in);
+kiln_status flux2_forward_replayed(flux2_fwd *f, const kiln_flux2_dit_input *in, kiln_tensor *out,
+                                   kiln_err *err);
+void flux2_replay_release(kiln_flux2_dit *m);
 
 /* The blocks, flux2_dit_blocks.c: temporaries come from m->blk, which the
  * caller resets after each block; errors stay sticky in the backend. */

@@ -249,6 +249,10 @@ kiln_flux2_dit *kiln_flux2_dit_load(kiln_backend *be, const kiln_checkpoint *ck,
     m->blk = kiln_arena_create(be, 0, err);
     if (!m->blk)
         goto fail;
+    /* KILN_GRAPHS=0 runs every step op by op: for profiling and for
+     * telling a recording problem from a kernel problem. */
+    const char *graphs = getenv("KILN_GRAPHS");
+    m->replay_enabled = be->ops->graph_begin && !(graphs && !strcmp(graphs, "0"));
     kiln_st *st = kiln_checkpoint_weights(ck, "transformer", err);
     if (!st)
         goto fail;
@@ -273,6 +277,7 @@ void kiln_flux2_dit_destroy(kiln_flux2_dit *m)
     if (!m)
         return;
     kiln_backend *be = m->be;
+    flux2_replay_release(m);
     kiln_tensor *top[] = {&m->x_embedder, &m->context_embedder, &m->time_lin1, &m->time_lin2,
                           &m->mod_img,    &m->mod_txt,          &m->mod_single, &m->norm_out,
                           &m->proj_out,   &m->rope_cos,         &m->rope_sin};

@@ -38,6 +38,7 @@ void *cuda_scratch(kiln_backend *be, size_t bytes)
         return NULL;
     c->scratch = NULL;
     c->scratch_bytes = 0;
+    c->scratch_epoch++;
     size_t want = bytes < (1u << 16) ? (1u << 16) : bytes;
     if (!cuda_ok(be, cudaMalloc(&c->scratch, want), "cudaMalloc(scratch)"))
         return NULL;
@@ -92,6 +93,10 @@ static const kiln_backend_ops cuda_ops = {
     .upsample_nearest2x = cuda_upsample_nearest2x,
     .qkv_split = cuda_qkv_split,
     .swiglu_cols = cuda_swiglu_cols,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
     .mem_info = cuda_mem_info,
     .destroy = cuda_destroy,
 };

@@ -39,6 +39,7 @@ typedef struct cuda_impl {
     struct cuda_linear_cache *linear_cache;
     void *scratch; /* small per-op scratch (group-norm partials), grows on demand */
     size_t scratch_bytes;
+    uint64_t scratch_epoch; /* bumped when scratch moves: recorded graphs go stale */
     struct cuda_cudnn *cudnn; /* NULL: cuDNN absent or disabled */
 } cuda_impl;
 
@@ -197,6 +198,11 @@ void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tenso
                     kiln_rope_mode mode);
 void cuda_swiglu_cols(kiln_backend *be, kiln_tensor *y, int64_t dst_col0, const kiln_tensor *x);
 kiln_status cuda_mem_info(kiln_backend *be, size_t *free_bytes, size_t *total_bytes);
+
+void cuda_graph_begin(kiln_backend *be);
+kiln_graph *cuda_graph_end(kiln_backend *be);
+int cuda_graph_launch(kiln_backend *be, kiln_graph *g);
+void cuda_graph_destroy(kiln_backend *be, kiln_graph *g);
 
 int cuda_conv_init(kiln_backend *be);
 void cuda_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,

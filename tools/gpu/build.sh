@@ -16,12 +16,23 @@ cd "$root"
 build=.devbuild
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline
+                                     tests/cuda/test_cuda_replay
                                      tests/cuda/test_cuda_ipc tests/cuda/compare_outputs tools/kiln
                                      services/gateway/kiln-gateway services/kiln-encoder
                                      services/kiln-denoiser services/kiln-decoder)
 
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" -Dcuda=enabled --buildtype=release >/dev/null
+fi
+# meson 1.0 (Debian 12) writes no dependency files for nvcc, so ninja does
+# not rebuild a .cu object when a header it includes changes (a struct that
+# grew a field then crashes at run time): rebuild them all when a header is
+# newer than the oldest CUDA object.
+cu_objs=$build/kernels/libkiln_kernels.a.p
+oldest=$(ls -tr "$cu_objs"/*.cu.o 2>/dev/null | head -1)
+if [ -n "$oldest" ] && [ -n "$(find kernels common \( -name '*.h' -o -name '*.cuh' \) \
+                                  -newer "$oldest" | head -1)" ]; then
+  rm -f "$cu_objs"/*.cu.o
 fi
 ninja -C "$build" -j2 "${targets[@]}"
 

@@ -11,6 +11,8 @@
 #   ops    tests/cuda/test_cuda_ops: every backend op against the CPU reference
 #   pipeline  tests/cuda/test_cuda_pipeline: every klein oracle case on the GPU,
 #          fp32 and bf16 noise draws (oracle from .devdata/, else ../shared)
+#   replay tests/cuda/test_cuda_replay: recorded DiT steps (CUDA graphs)
+#          bit-identical to the same steps run op by op
 #   ipc    tests/cuda/test_cuda_ipc: the cuda_ipc transport between two processes
 #   serve  kiln serve --device cuda on the tiny checkpoint (stages passing
 #          cuda_ipc references), one HTTP request, its image compared with
@@ -37,9 +39,10 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline ipc serve)
+SECTIONS=(env build ops pipeline replay ipc serve)
 OPTIONAL=(memcheck racecheck fullsize fullcpu)
-BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_ipc
+BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
+          tests/cuda/test_cuda_ipc
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
           services/kiln-encoder services/kiln-denoiser services/kiln-decoder)
 
@@ -103,6 +106,11 @@ sec_pipeline() {
   local rc=${PIPESTATUS[0]}
   grep -E "checks, .* failed|CHECK failed" "$logs/pipeline.err"
   return "$rc"
+}
+
+sec_replay() {
+  KILN_SHARED=$(oracle_root) "$build/tests/cuda/test_cuda_replay" 2>&1 | tee "$logs/replay.log"
+  return "${PIPESTATUS[0]}"
 }
 
 sec_ipc() {
