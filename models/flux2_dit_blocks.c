@@ -39,19 +39,39 @@ typedef struct flux2_qkv {
     kiln_tensor q, k, v; /* (B, S, D) each */
 } flux2_qkv;
 
-/* The fused projection P (B, S, 3D) split into q, k, v, with the per-head
- * RMSNorm and RoPE of q and k in the same pass (backend qkv_split). */
+/* The fused projection P (B, S, 3D) split into r's q, k, v (B, S, D), with
+ * the per-head RMSNorm and RoPE of q and k in the same pass (backend
+ * qkv_split). */
+static void project_into(flux2_fwd *f, const kiln_tensor *n, const kiln_tensor *w,
+                         const kiln_tensor *norm_q, const kiln_tensor *norm_k,
+                         const flux2_rope *rope, flux2_qkv *r)
+{
+    const int64_t S = n->shape[1], D = f->m->cfg.hidden;
+    kiln_tensor P = tmp(f, S, 3 * D);
+    kiln_be_linear(f->be, &P, n, w, NULL);
+    kiln_be_qkv_split(f->be, &r->q, &r->k, &r->v, &P, norm_q, norm_k, (float)f->m->cfg.eps,
+                      &rope->cos, &rope->sin, KILN_ROPE_INTERLEAVED);
+}
+
 static flux2_qkv project(flux2_fwd *f, const kiln_tensor *n, const kiln_tensor *w,
                          const kiln_tensor *norm_q, const kiln_tensor *norm_k,
                          const flux2_rope *rope)
 {
     const int64_t S = n->shape[1], D = f->m->cfg.hidden;
-    kiln_tensor P = tmp(f, S, 3 * D);
-    kiln_be_linear(f->be, &P, n, w, NULL);
     flux2_qkv r = {tmp(f, S, D), tmp(f, S, D), tmp(f, S, D)};
-    kiln_be_qkv_split(f->be, &r.q, &r.k, &r.v, &P, norm_q, norm_k, (float)f->m->cfg.eps,
-                      &rope->cos, &rope->sin, KILN_ROPE_INTERLEAVED);
+    project_into(f, n, w, norm_q, norm_k, rope, &r);
     return r;
+}
+
+/* Rows [row0, row0 + n) of a (1, S, C) tensor as a (1, n, C) tensor.  With
+ * one batch row those rows are contiguous, so a stream can be produced in
+ * place inside a concatenation (and read back out of one) without copies. */
+static kiln_tensor rows_view(const kiln_tensor *t, int64_t row0, int64_t n)
+{
+    kiln_tensor v = *t;
+    v.shape[1] = n;
+    v.data = (char *)t->data + (size_t)(row0 * t->shape[2]) * kiln_dtype_size(t->dtype);
+    return v;
 }
 
 /* Rows [row0, row0 + n) of a (B, S, C) tensor; t NULL or n 0 adds nothing. */
@@ -111,20 +131,60 @@ static void stream_finish(flux2_fwd *f, kiln_tensor *x, const kiln_tensor *o,
     kiln_be_gated_add(f->be, x, &mlp->gate, &a);
 }
 
-void flux2_double_block(flux2_fwd *f, int i)
-{
-    const flux2_double_w *W = &f->m->dbl[i];
-    const int64_t T = f->T, N = f->N, R = f->R;
+/* Text first, as diffusers concatenates the streams: Q = [txt ; img] and
+ * K, V = [txt ; ref ; img]. */
+typedef struct flux2_joint {
+    kiln_tensor Q, K, V;
+} flux2_joint;
 
+/* One batch row: both streams are projected straight into the joint Q, K,
+ * V (and the reference rows copied there). */
+static flux2_joint joint_in_place(flux2_fwd *f, const flux2_double_w *W, const kiln_tensor *kr,
+                                  const kiln_tensor *vr)
+{
+    const int64_t T = f->T, N = f->N, R = f->R, D = f->m->cfg.hidden;
+    flux2_joint j = {tmp(f, T + N, D), tmp(f, T + R + N, D), tmp(f, T + R + N, D)};
+    flux2_qkv txt = {rows_view(&j.Q, 0, T), rows_view(&j.K, 0, T), rows_view(&j.V, 0, T)};
+    flux2_qkv img = {rows_view(&j.Q, T, N), rows_view(&j.K, T + R, N),
+                     rows_view(&j.V, T + R, N)};
+    kiln_tensor n = ln_mod(f, &f->c, &f->txt_msa);
+    project_into(f, &n, &W->add_qkv, &W->norm_add_q, &W->norm_add_k, &f->rope_txt, &txt);
+    n = ln_mod(f, &f->x, &f->img_msa);
+    project_into(f, &n, &W->qkv, &W->norm_q, &W->norm_k, &f->rope_img, &img);
+    if (kr) {
+        kiln_be_copy_rows(f->be, &j.K, T, kr, 0, R);
+        kiln_be_copy_rows(f->be, &j.V, T, vr, 0, R);
+    }
+    return j;
+}
+
+/* Several batch rows: each stream's rows are strided in the joint tensors,
+ * so the streams are projected on their own and concatenated. */
+static flux2_joint joint_by_copy(flux2_fwd *f, const flux2_double_w *W, const kiln_tensor *kr,
+                                 const kiln_tensor *vr)
+{
+    const int64_t T = f->T, N = f->N, R = f->R;
     kiln_tensor n = ln_mod(f, &f->c, &f->txt_msa);
     flux2_qkv txt = project(f, &n, &W->add_qkv, &W->norm_add_q, &W->norm_add_k, &f->rope_txt);
     n = ln_mod(f, &f->x, &f->img_msa);
     flux2_qkv img = project(f, &n, &W->qkv, &W->norm_q, &W->norm_k, &f->rope_img);
+    return (flux2_joint){
+        cat_rows(f, (seg[]){{&txt.q, 0, T}, {&img.q, 0, N}}, 2),
+        cat_rows(f, (seg[]){{&txt.k, 0, T}, {kr, 0, R}, {&img.k, 0, N}}, 3),
+        cat_rows(f, (seg[]){{&txt.v, 0, T}, {vr, 0, R}, {&img.v, 0, N}}, 3),
+    };
+}
 
+void flux2_double_block(flux2_fwd *f, int i)
+{
+    const flux2_double_w *W = &f->m->dbl[i];
+    const int64_t T = f->T, N = f->N;
+
+    /* The reference stream first: its K/V join the image's attention. */
     flux2_qkv ref = {0};
     const kiln_tensor *kr = NULL, *vr = NULL;
     if (f->ref_stream) {
-        n = ln_mod(f, &f->r, &f->ref_msa);
+        kiln_tensor n = ln_mod(f, &f->r, &f->ref_msa);
         ref = project(f, &n, &W->qkv, &W->norm_q, &W->norm_k, &f->rope_ref);
         kv_store(f, i, &ref);
         kr = &ref.k;
@@ -134,13 +194,16 @@ void flux2_double_block(flux2_fwd *f, int i)
         vr = &f->kv->v[i];
     }
 
-    /* Text first, as diffusers concatenates the streams. */
-    kiln_tensor Q = cat_rows(f, (seg[]){{&txt.q, 0, T}, {&img.q, 0, N}}, 2);
-    kiln_tensor K = cat_rows(f, (seg[]){{&txt.k, 0, T}, {kr, 0, R}, {&img.k, 0, N}}, 3);
-    kiln_tensor V = cat_rows(f, (seg[]){{&txt.v, 0, T}, {vr, 0, R}, {&img.v, 0, N}}, 3);
-    kiln_tensor O = attend(f, &Q, &K, &V);
-    kiln_tensor o_txt = cat_rows(f, (seg[]){{&O, 0, T}}, 1);
-    kiln_tensor o_img = cat_rows(f, (seg[]){{&O, T, N}}, 1);
+    flux2_joint j = f->B == 1 ? joint_in_place(f, W, kr, vr) : joint_by_copy(f, W, kr, vr);
+    kiln_tensor O = attend(f, &j.Q, &j.K, &j.V);
+    kiln_tensor o_txt, o_img;
+    if (f->B == 1) {
+        o_txt = rows_view(&O, 0, T);
+        o_img = rows_view(&O, T, N);
+    } else {
+        o_txt = cat_rows(f, (seg[]){{&O, 0, T}}, 1);
+        o_img = cat_rows(f, (seg[]){{&O, T, N}}, 1);
+    }
 
     stream_finish(f, &f->c, &o_txt, &W->add_out, &f->txt_msa, &f->txt_mlp, &W->ffc_in,
                   &W->ffc_out);
