@@ -524,6 +524,16 @@ static void test_add(void)
     dual_free(&a);
     dual_free(&b);
     dual_free(&y);
+    /* A multiple of 8 bf16 values takes the 16-byte path. */
+    dual_in(&a, KILN_BF16, 2, (int64_t[]){16, 96}, 1.0f);
+    dual_in(&b, KILN_BF16, 2, (int64_t[]){16, 96}, 1.0f);
+    dual_out(&y, KILN_BF16, 2, (int64_t[]){16, 96});
+    kiln_be_add(cpu, &y.c, &a.c, &b.c);
+    kiln_be_add(gpu, &y.g, &a.g, &b.g);
+    finish("add", "16x96 (16-byte vectors)", &y, TOL_BF16);
+    dual_free(&a);
+    dual_free(&b);
+    dual_free(&y);
     /* F32 tensors on the GPU take the fp32 path: near-exact. */
     dual_in(&a, KILN_F32, 1, (int64_t[]){999}, 1.0f);
     dual_in(&b, KILN_F32, 1, (int64_t[]){999}, 1.0f);
@@ -634,6 +644,14 @@ static void test_copies(void)
     kiln_be_copy_cols(cpu, &dst.c, 11, &src.c, 3, 9);
     kiln_be_copy_cols(gpu, &dst.g, 11, &src.g, 3, 9);
     finish("copy_cols", "5x17 [3,12) -> 5x30 @11", &dst, TOL_EXACT);
+    dual_free(&dst);
+    dual_free(&src);
+    /* 16-byte aligned slices take the vector kernel. */
+    dual_in(&dst, KILN_BF16, 2, (int64_t[]){6, 48}, 1.0f);
+    dual_in(&src, KILN_BF16, 2, (int64_t[]){6, 32}, 1.0f);
+    kiln_be_copy_cols(cpu, &dst.c, 24, &src.c, 8, 16);
+    kiln_be_copy_cols(gpu, &dst.g, 24, &src.g, 8, 16);
+    finish("copy_cols", "6x32 [8,24) -> 6x48 @24 (16-byte vectors)", &dst, TOL_EXACT);
     dual_free(&dst);
     dual_free(&src);
 
