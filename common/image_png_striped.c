@@ -23,7 +23,7 @@
 #include "image_impl.h"
 
 #define KILN_PNG_STRIPE_ROWS 64
-#define MAX_THREADS 8
+#define MAX_THREADS 16
 
 typedef struct stripe {
     uint8_t *z;     /* deflated bytes */
