@@ -116,10 +116,13 @@ static kiln_tensor rows_of(const kiln_tensor *t, int64_t b, int64_t n)
 }
 
 /* Puts computed row b of `out` in the cache, in the backend's activation
- * dtype.  The download gives f32; on a bf16 backend those floats are bf16
- * values widened, so keeping their upper halves gives back the exact bits
- * (kiln_f32_to_bf16 would also quiet a signalling NaN).  A row the cache
- * cannot hold for want of memory is simply not cached. */
+ * dtype, when the cache admits its prompt: a prompt seen for the first time
+ * is not downloaded at all, since the download and conversion (about 8 ms
+ * for a klein-4B row on an H200 host) would delay its job for a row most
+ * likely never asked for again.  The download gives f32; on a bf16 backend
+ * those floats are bf16 values widened, so keeping their upper halves gives
+ * back the exact bits (kiln_f32_to_bf16 would also quiet a signalling NaN).
+ * A row the cache cannot hold for want of memory is simply not cached. */
 static kiln_status cache_row(kiln_encode_stage *s, const char *prompt, size_t len, int max_seq,
                              const kiln_tensor *out, int b, kiln_err *err)
 {
@@ -127,7 +130,7 @@ static kiln_status cache_row(kiln_encode_stage *s, const char *prompt, size_t le
     kiln_tensor row = rows_of(out, b, 1);
     size_t n = (size_t)kiln_tensor_numel(&row), bytes = kiln_tensor_nbytes(&row);
     assert(be->act_dtype == KILN_F32 || be->act_dtype == KILN_BF16);
-    if (!kiln_prompt_cache_accepts(s->cache, len, bytes))
+    if (!kiln_prompt_cache_accepts(s->cache, prompt, len, max_seq, bytes))
         return KILN_OK;
     unsigned char *v = malloc(n * sizeof(float));
     if (!v)

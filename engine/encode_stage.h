@@ -54,7 +54,8 @@ int64_t kiln_encode_stage_width(const kiln_encode_stage *s);
  * receives the B * max_seq token ids.  Invalid UTF-8 is KILN_ERR_INVALID.
  * Rows found in the prompt cache are uploaded, a prompt repeated within the
  * batch is computed once, the others run through Qwen3 in one batch and
- * enter the cache; each row has the bytes it gets encoded alone. */
+ * enter the cache when it admits them (from a prompt's second miss on);
+ * each row has the bytes it gets encoded alone. */
 kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts, int B,
                                 int max_seq, kiln_tensor *out, int32_t *ids_out, kiln_err *err);
 

@@ -13,11 +13,26 @@ typedef struct entry {
     char key[]; /* the prompt's bytes */
 } entry;
 
+/* The admission filter ("doorkeeper"): hashes of recently missed keys in
+ * SEEN_SETS sets of SEEN_WAYS, each set ordered by last miss, so it
+ * remembers roughly the last SEEN_SETS * SEEN_WAYS distinct keys missed in
+ * a constant 40 KiB, however many prompts a service sees.  Only 64-bit
+ * hashes are kept: keys sharing one (or hashing to 0 and 1, merged below)
+ * let a key in on its first miss, which costs an unneeded copy and never a
+ * wrong value, since the cache itself compares whole keys. */
+enum { SEEN_SET_BITS = 10, SEEN_SETS = 1 << SEEN_SET_BITS, SEEN_WAYS = 4 };
+
+typedef struct seen_set {
+    uint64_t hash[SEEN_WAYS]; /* 0: empty way */
+    uint8_t again[SEEN_WAYS]; /* missed again since it was recorded: admitted */
+} seen_set;
+
 struct kiln_prompt_cache {
     entry **buckets;
     size_t n_buckets; /* a power of two */
     entry *head, *tail;
     kiln_prompt_cache_stats stats;
+    seen_set seen[SEEN_SETS];
 };
 
 enum { INITIAL_BUCKETS = 64 };
@@ -62,6 +77,42 @@ void kiln_prompt_cache_destroy(kiln_prompt_cache *c)
     }
     free(c->buckets);
     free(c);
+}
+
+/* 0 marks an empty way, so a hash of 0 is taken as 1. */
+static uint64_t seen_tag(uint64_t h) { return h ? h : 1; }
+
+/* FNV-1a's low bits depend only on the low bits of the input bytes, its
+ * top bits on all of them, so sets are picked by the top bits. */
+static size_t seen_index(uint64_t tag) { return (size_t)(tag >> (64 - SEEN_SET_BITS)); }
+
+/* Records a miss of the key hashing to h as its set's latest, dropping the
+ * set's oldest when the key is new to it; returns 1 when it was there. */
+static int seen_record(kiln_prompt_cache *c, uint64_t h)
+{
+    uint64_t t = seen_tag(h);
+    seen_set *s = &c->seen[seen_index(t)];
+    int i = 0;
+    while (i < SEEN_WAYS - 1 && s->hash[i] != t)
+        i++;
+    int found = s->hash[i] == t;
+    for (; i > 0; i--) {
+        s->hash[i] = s->hash[i - 1];
+        s->again[i] = s->again[i - 1];
+    }
+    s->hash[0] = t;
+    s->again[0] = (uint8_t)found;
+    return found;
+}
+
+static int seen_admitted(const kiln_prompt_cache *c, uint64_t h)
+{
+    uint64_t t = seen_tag(h);
+    const seen_set *s = &c->seen[seen_index(t)];
+    for (int i = 0; i < SEEN_WAYS; i++)
+        if (s->hash[i] == t)
+            return s->again[i];
+    return 0;
 }
 
 static entry **find_slot(kiln_prompt_cache *c, uint64_t h, const char *prompt, size_t len,
@@ -135,9 +186,13 @@ static void maybe_grow(kiln_prompt_cache *c)
 const void *kiln_prompt_cache_get(kiln_prompt_cache *c, const char *prompt, size_t len,
                                   int max_seq, size_t *value_len)
 {
-    entry *e = *find_slot(c, key_hash(prompt, len, max_seq), prompt, len, max_seq);
+    uint64_t h = key_hash(prompt, len, max_seq);
+    entry *e = *find_slot(c, h, prompt, len, max_seq);
     if (!e) {
         c->stats.misses++;
+        /* A cache that stores nothing has nothing to admit. */
+        if (c->stats.max_bytes && !seen_record(c, h))
+            c->stats.deferred++;
         return NULL;
     }
     c->stats.hits++;
@@ -147,17 +202,19 @@ const void *kiln_prompt_cache_get(kiln_prompt_cache *c, const char *prompt, size
     return e->value;
 }
 
-int kiln_prompt_cache_accepts(const kiln_prompt_cache *c, size_t len, size_t value_len)
+int kiln_prompt_cache_accepts(const kiln_prompt_cache *c, const char *prompt, size_t len,
+                              int max_seq, size_t value_len)
 {
     size_t fixed = sizeof(entry);
     return len <= c->stats.max_bytes && value_len <= c->stats.max_bytes - len &&
-           fixed <= c->stats.max_bytes - len - value_len;
+           fixed <= c->stats.max_bytes - len - value_len &&
+           seen_admitted(c, key_hash(prompt, len, max_seq));
 }
 
 kiln_status kiln_prompt_cache_put(kiln_prompt_cache *c, const char *prompt, size_t len,
                                   int max_seq, void *value, size_t value_len, kiln_err *err)
 {
-    if (!kiln_prompt_cache_accepts(c, len, value_len)) {
+    if (!kiln_prompt_cache_accepts(c, prompt, len, max_seq, value_len)) {
         free(value);
         c->stats.rejected++;
         return KILN_OK;

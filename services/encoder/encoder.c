@@ -30,10 +30,11 @@ static void log_cache(enc_state *s, int force)
     if (!c.max_bytes || (!force && now - s->cache_logged_ms < 60000.0))
         return;
     s->cache_logged_ms = now;
-    KILN_LOG_INFO("kiln-encoder: prompt cache: %llu hits, %llu misses, %llu evictions, "
-                  "%zu rows in %.1f of %.0f MiB",
+    KILN_LOG_INFO("kiln-encoder: prompt cache: %llu hits, %llu misses (%llu first seen, not "
+                  "cached), %llu evictions, %zu rows in %.1f of %.0f MiB",
                   (unsigned long long)c.hits, (unsigned long long)c.misses,
-                  (unsigned long long)c.evictions, c.entries, (double)c.bytes / (1 << 20),
+                  (unsigned long long)c.deferred, (unsigned long long)c.evictions, c.entries,
+                  (double)c.bytes / (1 << 20),
                   (double)c.max_bytes / (1 << 20));
 }
 

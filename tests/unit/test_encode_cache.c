@@ -1,9 +1,10 @@
 /* kiln_encode_prompts with the prompt cache (engine/encode_stage.h) on the
  * tiny klein checkpoint and the CPU backend: every row of every batch
- * (misses, hits, a mix of both, a prompt repeated in one batch, another
- * max_seq, a cache too small for a row) has the bytes and token ids the
- * prompt gets encoded alone by a stage without a cache, and the cache's
- * counters say which rows it served. */
+ * (first and second misses, hits, a mix of them, a prompt repeated in one
+ * batch, another max_seq, a cache too small for a row) has the bytes and
+ * token ids the prompt gets encoded alone by a stage without a cache, and
+ * the cache's counters say which rows it served and which it admitted: a
+ * prompt enters the cache on its second miss, never on its first. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,39 +80,54 @@ static kiln_prompt_cache_stats stats(const kiln_encode_stage *s)
     return st;
 }
 
-#define CHECK_STATS(s, h, m, n)                                                                 \
+#define CHECK_STATS(s, h, m, d, n)                                                              \
     do {                                                                                        \
         kiln_prompt_cache_stats st_ = stats(s);                                                 \
-        CHECKF(st_.hits == (h) && st_.misses == (m) && st_.entries == (n),                      \
-               "hits %llu misses %llu entries %zu", (unsigned long long)st_.hits,               \
-               (unsigned long long)st_.misses, st_.entries);                                    \
+        CHECKF(st_.hits == (h) && st_.misses == (m) && st_.deferred == (d) &&                   \
+                   st_.entries == (n),                                                          \
+               "hits %llu misses %llu deferred %llu entries %zu",                              \
+               (unsigned long long)st_.hits, (unsigned long long)st_.misses,                    \
+               (unsigned long long)st_.deferred, st_.entries);                                  \
     } while (0)
 
 static void test_hits_and_misses(void)
 {
     kiln_encode_stage *s = stage(1 << 20);
     const char *first[] = {P[0], P[1]};
-    check_batch(s, first, 2, 64); /* both computed */
-    CHECK_STATS(s, 0, 2, 2);
-    /* A hit ahead of two misses: each computed row moves up by one. */
-    const char *shifted[] = {P[1], P[4], P[5]};
+    check_batch(s, first, 2, 64); /* both computed, neither cached: first sight */
+    CHECK_STATS(s, 0, 2, 2, 0);
+    /* P[1] again: computed again and cached; P[4], P[5] seen once. */
+    const char *again[] = {P[1], P[4], P[5]};
+    check_batch(s, again, 3, 64);
+    CHECK_STATS(s, 0, 5, 4, 1);
+    /* A hit ahead of two second misses: each computed row moves up by one,
+     * and both enter the cache. */
+    const char *shifted[] = {P[1], P[4], P[0]};
     check_batch(s, shifted, 3, 64);
-    CHECK_STATS(s, 1, 4, 4);
-    /* Hits (P[0], P[1]) among misses, one of them (P[2]) twice. */
+    CHECK_STATS(s, 1, 7, 4, 3);
+    /* Hits (P[0], P[1]) among first misses, one of them (P[2]) twice in the
+     * batch: one miss, still not cached. */
     const char *mixed[] = {P[2], P[0], P[2], P[1], P[3]};
     check_batch(s, mixed, 5, 64);
-    CHECK_STATS(s, 3, 6, 6);
+    CHECK_STATS(s, 3, 9, 6, 3);
+    const char *seconds[] = {P[2], P[5], P[2], P[3]};
+    check_batch(s, seconds, 4, 64);
+    CHECK_STATS(s, 3, 12, 6, 6);
     /* Only hits: nothing runs through Qwen3. */
     const char *hits[] = {P[3], P[2], P[3]};
     check_batch(s, hits, 3, 64);
-    CHECK_STATS(s, 5, 6, 6);
-    /* max_seq is part of the key. */
+    CHECK_STATS(s, 5, 12, 6, 6);
+    /* max_seq is part of the key: P[0] at 32 is a first sight. */
     check_batch(s, &P[0], 1, 32);
-    CHECK_STATS(s, 5, 7, 7);
+    CHECK_STATS(s, 5, 13, 7, 6);
     check_batch(s, (const char *[]){P[3], P[0]}, 2, 32);
-    CHECK_STATS(s, 6, 8, 8);
+    CHECK_STATS(s, 5, 15, 8, 7);
+    check_batch(s, (const char *[]){P[3], P[0]}, 2, 32);
+    CHECK_STATS(s, 6, 16, 8, 8);
+    /* cache_row asks before downloading, so no row is produced only to be
+     * refused by put. */
     kiln_prompt_cache_stats st = stats(s);
-    CHECK(st.evictions == 0 && st.bytes <= st.max_bytes);
+    CHECK(st.evictions == 0 && st.rejected == 0 && st.bytes <= st.max_bytes);
     kiln_encode_stage_destroy(s);
 }
 
@@ -119,6 +135,7 @@ static void test_hits_and_misses(void)
 static void test_bad_prompt(void)
 {
     kiln_encode_stage *s = stage(1 << 20);
+    check_batch(s, &P[0], 1, 32);
     check_batch(s, &P[0], 1, 32);
     kiln_err err = {0};
     kiln_tensor out = {0};
@@ -129,8 +146,9 @@ static void test_bad_prompt(void)
     kiln_encode_stage_destroy(s);
 }
 
-/* A bound below one row caches nothing, and a stage without a cache still
- * computes a repeated prompt once; the rows are the same either way. */
+/* A bound below one row caches nothing, even a prompt it admits (its
+ * second miss), and a stage without a cache still computes a repeated
+ * prompt once; the rows are the same either way. */
 static void test_no_room(void)
 {
     kiln_encode_stage *s = stage(1000);
@@ -138,7 +156,8 @@ static void test_no_room(void)
     check_batch(s, rows, 3, 64);
     check_batch(s, rows, 3, 64);
     kiln_prompt_cache_stats st = stats(s);
-    CHECK(st.hits == 0 && st.misses == 4 && st.entries == 0 && st.bytes == 0);
+    CHECK(st.hits == 0 && st.misses == 4 && st.deferred == 2 && st.entries == 0 &&
+          st.bytes == 0 && st.rejected == 0);
     kiln_encode_stage_destroy(s);
     check_batch(plain, rows, 3, 64);
     CHECK(stats(plain).max_bytes == 0 && stats(plain).entries == 0);
