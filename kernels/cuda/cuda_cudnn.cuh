@@ -19,7 +19,10 @@
 
 #include "cuda_internal.cuh"
 
-#define CUDNN_MAX_PLANS 64
+/* Plans are built once per op shape and kept: a klein size needs ~20 (VAE
+ * convolutions, attention), so 256 covers a dozen image sizes per process;
+ * shapes past that run on kiln's own kernels. */
+#define CUDNN_MAX_PLANS 256
 #define CUDNN_MAX_OWNED 24 /* descriptors in one plan's graph */
 #define CUDNN_MAX_KEY 16
 
