@@ -55,6 +55,15 @@ void kiln_tensor_set_shape(kiln_tensor *t, kiln_dtype dt, int ndim, const int64_
         t->shape[i] = i < ndim ? shape[i] : 1;
 }
 
+kiln_tensor kiln_tensor_batch_view(const kiln_tensor *t, int64_t b0, int64_t n)
+{
+    kiln_tensor v = *t;
+    size_t row = t->shape[0] ? kiln_tensor_nbytes(t) / (size_t)t->shape[0] : 0;
+    v.shape[0] = n;
+    v.data = (char *)t->data + (size_t)b0 * row;
+    return v;
+}
+
 int64_t kiln_tensor_cols(const kiln_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
 
 int64_t kiln_tensor_rows(const kiln_tensor *t)

@@ -56,6 +56,9 @@ void kiln_tensor_set_shape(kiln_tensor *t, kiln_dtype dt, int ndim, const int64_
 /* Rows = product of all dims but the last; cols = the last dim. */
 int64_t kiln_tensor_rows(const kiln_tensor *t);
 int64_t kiln_tensor_cols(const kiln_tensor *t);
+/* Entries [b0, b0 + n) of the first dimension (batch rows) as a tensor that
+ * shares t's memory; the caller keeps 0 <= b0, b0 + n <= shape[0]. */
+kiln_tensor kiln_tensor_batch_view(const kiln_tensor *t, int64_t b0, int64_t n);
 /* Formats the shape as "[2, 512, 48]" into buf. */
 const char *kiln_tensor_shape_str(const kiln_tensor *t, char *buf, size_t len);
 

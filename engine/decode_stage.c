@@ -54,16 +54,6 @@ void kiln_decode_stage_destroy(kiln_decode_stage *s)
  * ones still together); the VAE treats rows independently. */
 #define DECODE_PASS_PIXELS ((int64_t)1 << 20)
 
-/* Rows [b0, b0 + n) of a (B, ...) backend tensor. */
-static kiln_tensor rows_of(const kiln_tensor *t, int64_t b0, int64_t n)
-{
-    kiln_tensor v = *t;
-    size_t row = kiln_tensor_nbytes(t) / (size_t)t->shape[0];
-    v.shape[0] = n;
-    v.data = (char *)t->data + (size_t)b0 * row;
-    return v;
-}
-
 kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, int width,
                             int height, kiln_image *images, float *raw_out, kiln_err *err)
 {
@@ -101,7 +91,8 @@ kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, in
     int64_t per_pass = DECODE_PASS_PIXELS / (H * W) > 1 ? DECODE_PASS_PIXELS / (H * W) : 1;
     for (int64_t b0 = 0; b0 < B; b0 += per_pass) {
         int64_t n = B - b0 < per_pass ? B - b0 : per_pass;
-        kiln_tensor zv = rows_of(&zt, b0, n), iv = rows_of(&img, b0, n);
+        kiln_tensor zv = kiln_tensor_batch_view(&zt, b0, n);
+        kiln_tensor iv = kiln_tensor_batch_view(&img, b0, n);
         if ((st = kiln_vae_decode(s->vae, &zv, &iv, NULL, err)))
             goto done;
     }

@@ -109,15 +109,6 @@ static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job
     return KILN_OK;
 }
 
-/* A view of rows [b, b + n) of a (B, S, C) backend tensor. */
-static kiln_tensor batch_rows(const kiln_tensor *t, int64_t b, int64_t n)
-{
-    kiln_tensor v = *t;
-    v.shape[0] = n;
-    v.data = (char *)t->data + (size_t)b * (kiln_tensor_nbytes(t) / (size_t)t->shape[0]);
-    return v;
-}
-
 /* Tokens per DiT forward.  The DiT's activations grow with rows x tokens
  * (about 140 KB a token for klein-4B, 640 MB for a 1024x1024 row), and a
  * 1024x1024 row (4608 tokens) already fills the GPU, so a batch of large
@@ -168,8 +159,9 @@ static kiln_status forward(loop_ctx *c, const kiln_tensor *txt, int step, kiln_t
     in.img_ids = job->R ? c->ids_with_refs : c->img_ids;
     for (int64_t b0 = 0; b0 < B; b0 += per) {
         int64_t n = B - b0 < per ? B - b0 : per;
-        kiln_tensor xv = batch_rows(xs, b0, n), tv = batch_rows(txt, b0, n);
-        kiln_tensor vv = batch_rows(vs, b0, n);
+        kiln_tensor xv = kiln_tensor_batch_view(xs, b0, n);
+        kiln_tensor tv = kiln_tensor_batch_view(txt, b0, n);
+        kiln_tensor vv = kiln_tensor_batch_view(vs, b0, n);
         in.x = &xv, in.txt = &tv, in.t = c->t + b0;
         if (kiln_flux2_dit_forward(s->dit, &in, &vv, err))
             return err ? err->code : KILN_ERR_INTERNAL;
@@ -206,7 +198,7 @@ static kiln_status prepare(loop_ctx *c, kiln_err *err)
         /* The reference rows never change during the loop: place them once. */
         int64_t ref_row = s->traits.kv_cache ? 0 : N;
         for (int64_t b = 0; b < B; b++) {
-            kiln_tensor row = batch_rows(&c->x_in, b, 1);
+            kiln_tensor row = kiln_tensor_batch_view(&c->x_in, b, 1);
             kiln_be_copy_rows(be, &row, ref_row, job->ref_tokens, 0, R);
         }
     }

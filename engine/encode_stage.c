@@ -106,15 +106,6 @@ static int plan_rows(kiln_encode_stage *s, const char *const *prompts, int B, in
     return M;
 }
 
-/* Rows [b, b + n) of a (B, T, J) tensor, as a tensor of its own. */
-static kiln_tensor rows_of(const kiln_tensor *t, int64_t b, int64_t n)
-{
-    kiln_tensor v = *t;
-    v.shape[0] = n;
-    v.data = (char *)t->data + (size_t)b * (kiln_tensor_nbytes(t) / (size_t)t->shape[0]);
-    return v;
-}
-
 /* Puts computed row b of `out` in the cache, in the backend's activation
  * dtype, when the cache admits its prompt: a prompt seen for the first time
  * is not downloaded at all, since the download and conversion (about 8 ms
@@ -127,7 +118,7 @@ static kiln_status cache_row(kiln_encode_stage *s, const char *prompt, size_t le
                              const kiln_tensor *out, int b, kiln_err *err)
 {
     kiln_backend *be = s->be;
-    kiln_tensor row = rows_of(out, b, 1);
+    kiln_tensor row = kiln_tensor_batch_view(out, b, 1);
     size_t n = (size_t)kiln_tensor_numel(&row), bytes = kiln_tensor_nbytes(&row);
     assert(be->act_dtype == KILN_F32 || be->act_dtype == KILN_BF16);
     if (!kiln_prompt_cache_accepts(s->cache, prompt, len, max_seq, bytes))
@@ -166,17 +157,19 @@ static void place_rows(kiln_backend *be, const row_plan *plan, int B, kiln_tenso
 {
     for (int b = B - 1; b >= 0; b--)
         if (plan[b].slot >= 0 && plan[b].slot != b) {
-            kiln_tensor dst = rows_of(out, b, 1), src = rows_of(out, plan[b].slot, 1);
+            kiln_tensor dst = kiln_tensor_batch_view(out, b, 1);
+            kiln_tensor src = kiln_tensor_batch_view(out, plan[b].slot, 1);
             kiln_be_copy(be, &dst, &src);
         }
     for (int b = 0; b < B; b++)
         if (plan[b].hit) {
-            kiln_tensor dst = rows_of(out, b, 1);
+            kiln_tensor dst = kiln_tensor_batch_view(out, b, 1);
             kiln_be_upload(be, &dst, plan[b].hit, be->act_dtype);
         }
     for (int b = 0; b < B; b++)
         if (plan[b].same_as >= 0) {
-            kiln_tensor dst = rows_of(out, b, 1), src = rows_of(out, plan[b].same_as, 1);
+            kiln_tensor dst = kiln_tensor_batch_view(out, b, 1);
+            kiln_tensor src = kiln_tensor_batch_view(out, plan[b].same_as, 1);
             kiln_be_copy(be, &dst, &src);
         }
 }
@@ -229,7 +222,7 @@ kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts
         goto done;
     }
     if (M) {
-        kiln_tensor batch = rows_of(out, 0, M);
+        kiln_tensor batch = kiln_tensor_batch_view(out, 0, M);
         if ((st = kiln_qwen3_encode(s->qwen, ids, lens, M, max_seq, &batch, err)))
             goto done;
     }
