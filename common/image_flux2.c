@@ -36,7 +36,7 @@ static kiln_status scaled_size(int w, int h, int *sw, int *sh, kiln_err *err)
 kiln_status kiln_image_flux2_ref_size(int width, int height, int *out_width, int *out_height,
                                       kiln_err *err)
 {
-    int sw, sh;
+    int sw = 0, sh = 0; /* gcc -O3 cannot see that scaled_size sets both */
     kiln_status st = scaled_size(width, height, &sw, &sh, err);
     if (st)
         return st;
@@ -49,7 +49,7 @@ kiln_status kiln_image_flux2_ref_prepare(const kiln_image *img, kiln_tensor *out
 {
     if (!img || !img->pixels)
         return kiln_err_set(err, KILN_ERR_INVALID, "missing reference image");
-    int sw, sh;
+    int sw = 0, sh = 0; /* gcc -O3 cannot see that scaled_size sets both */
     kiln_status st = scaled_size(img->width, img->height, &sw, &sh, err);
     if (st)
         return st;

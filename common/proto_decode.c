@@ -272,7 +272,7 @@ static kiln_status tensor_ref(dec *d, const msgpack_object *o, kiln_tensor_ref *
     if (get_u64(d, o, "len", &r->len))
         return KILN_ERR_INVALID;
     if (r->kind == KILN_REF_INLINE) {
-        kiln_bytes b;
+        kiln_bytes b = {0};
         const msgpack_object *data = get(o, "data");
         if (!data || bin_of(d, data, "data", &b))
             return bad(d, "data", "missing or not bytes");
