@@ -21,6 +21,7 @@
 #include "common/proto.h"
 #include "common/transport.h"
 #include "kernels/backend.h"
+#include "tests/cuda/gpu_skip.h"
 #include "tests/test.h"
 
 #define MAX_REFS 8
@@ -352,10 +353,7 @@ int main(void)
             : NULL;
     int skip = 0;
     if (!tx) {
-        const char *req = getenv("KILN_REQUIRE_GPU");
-        int must = req && !strcmp(req, "1");
-        fprintf(stderr, "cuda: %s%s\n", err.msg, must ? "" : " (skipping)");
-        skip = !must && (err.code == KILN_ERR_UNAVAILABLE || err.code == KILN_ERR_UNSUPPORTED);
+        skip = gpu_test_unavailable("cuda", &err) == 77;
         CHECK(skip);
     } else {
         RUN(test_two_processes);

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "kernels/backend.h"
+#include "tests/cuda/gpu_skip.h"
 #include "tests/test.h"
 
 #define TOL_BF16 1e-2
@@ -838,13 +839,8 @@ int main(void)
     }
     gpu = kiln_backend_create("cuda", 0, &err);
     if (!gpu) {
-        const char *req = getenv("KILN_REQUIRE_GPU");
-        int must = req && !strcmp(req, "1");
-        fprintf(stderr, "cuda backend: %s%s\n", err.msg, must ? "" : " (skipping)");
         kiln_backend_destroy(cpu);
-        return !must && (err.code == KILN_ERR_UNAVAILABLE || err.code == KILN_ERR_UNSUPPORTED)
-                   ? 77
-                   : 1;
+        return gpu_test_unavailable("cuda backend", &err);
     }
     printf("%-18s | %-34s | %9s | %s\n", "op", "shape", "rel err", "pass");
     printf("-------------------+------------------------------------+-----------+-----\n");

@@ -25,6 +25,7 @@
 #include "engine/denoise_stage.h"
 #include "engine/encode_stage.h"
 #include "tests/oracle/oracle_util.h"
+#include "tests/cuda/gpu_skip.h"
 #include "tests/test.h"
 
 #define MIN_PSNR 40.0
@@ -290,14 +291,8 @@ int main(int argc, char **argv)
 {
     kiln_err err = {0};
     be = kiln_backend_create("cuda", 0, &err);
-    if (!be) {
-        const char *req = getenv("KILN_REQUIRE_GPU");
-        int must = req && !strcmp(req, "1");
-        fprintf(stderr, "cuda backend: %s%s\n", err.msg, must ? "" : " (skipping)");
-        return !must && (err.code == KILN_ERR_UNAVAILABLE || err.code == KILN_ERR_UNSUPPORTED)
-                   ? 77
-                   : 1;
-    }
+    if (!be)
+        return gpu_test_unavailable("cuda backend", &err);
     printf("%-19s | %-5s | %-22s | %-10s | %-9s | %8s | %-14s | %s\n", "case", "noise",
            "image compared with", "noise bits", "lat. err", "PSNR dB", "diffusers' own", "pass");
     printf("--------------------+-------+------------------------+------------+-----------+"

@@ -17,6 +17,7 @@
 #include "models/latents.h"
 #include "models/rng.h"
 #include "tests/oracle/oracle_util.h"
+#include "tests/cuda/gpu_skip.h"
 #include "tests/test.h"
 
 typedef struct shape {
@@ -81,14 +82,8 @@ int main(void)
 {
     kiln_err err = {0};
     kiln_backend *be = kiln_backend_create("cuda", 0, &err);
-    if (!be) {
-        const char *req = getenv("KILN_REQUIRE_GPU");
-        int must = req && !strcmp(req, "1");
-        fprintf(stderr, "cuda backend: %s%s\n", err.msg, must ? "" : " (skipping)");
-        return !must && (err.code == KILN_ERR_UNAVAILABLE || err.code == KILN_ERR_UNSUPPORTED)
-                   ? 77
-                   : 1;
-    }
+    if (!be)
+        return gpu_test_unavailable("cuda backend", &err);
     kiln_checkpoint *ck = kiln_checkpoint_open(oracle_path("ckpt/klein-tiny"), &err);
     CHECKF(ck != NULL, "checkpoint: %s", err.msg);
     if (!ck)

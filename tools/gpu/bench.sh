@@ -63,20 +63,7 @@ log=$out/steps.log # the long outputs; stdout keeps the summaries
 mem=$(mktemp -d)    # memory samples (not returned: a device run returns 8 files)
 trap 'rm -rf "$mem"' EXIT
 
-# CUDA libraries: the toolkit's folders, then the pip wheels next to PyTorch
-# (cuBLASLt, and the cuDNN that kiln dlopens).
-libpath=$root/$libs
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
-  [ -d "$d" ] && libpath=$libpath:$d
-done
-while read -r d; do libpath=$libpath:$d; done < <(python3 - 2>/dev/null <<'PY' || true
-import glob, os, site
-for sp in site.getsitepackages():
-    for lib in glob.glob(os.path.join(sp, "nvidia", "**", "lib"), recursive=True):
-        print(lib)
-PY
-)
-export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. "$root/tools/gpu/libpath.sh" "$root/$libs"
 
 # Samples the GPU's used memory every 100 ms into $1 until killed.
 mem_sampler() {

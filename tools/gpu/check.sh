@@ -46,22 +46,7 @@ BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
           services/kiln-encoder services/kiln-denoiser services/kiln-decoder)
 
-# CUDA libraries: the toolkit's folders, then the pip wheels next to PyTorch.
-cuda_lib_dirs() {
-  local d
-  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
-    [ -d "$d" ] && echo "$d"
-  done
-  python3 - 2>/dev/null <<'PY' || true
-import glob, os, site
-for sp in site.getsitepackages():
-    for lib in glob.glob(os.path.join(sp, "nvidia", "**", "lib"), recursive=True):
-        print(lib)
-PY
-}
-libpath=$root/.devlibs
-while read -r d; do libpath=$libpath:$d; done < <(cuda_lib_dirs)
-export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. "$root/tools/gpu/libpath.sh" "$root/.devlibs"
 export KILN_REQUIRE_GPU=1
 
 sec_env() {

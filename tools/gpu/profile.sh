@@ -19,18 +19,7 @@ steps=${3:-1}
 build=${KILN_BUILD:-.devbuild}
 out=${OUT:-$root/$build/profile}
 mkdir -p "$out"
-libpath=$root/${KILN_LIBS:-.devlibs}
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -d "$d" ] && libpath=$libpath:$d
-done
-while read -r d; do libpath=$libpath:$d; done < <(python3 - 2>/dev/null <<'PY' || true
-import glob, os, site
-for sp in site.getsitepackages():
-    for lib in glob.glob(os.path.join(sp, "nvidia", "**", "lib"), recursive=True):
-        print(lib)
-PY
-)
-export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. "$root/tools/gpu/libpath.sh" "$root/${KILN_LIBS:-.devlibs}"
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
 [ -n "$ncu" ] || { echo "ncu not found"; exit 1; }
 
