@@ -255,6 +255,8 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
             st = kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
             break;
         }
+        if (job->on_step)
+            job->on_step(job->user, i);
         float t = kiln_sched_flux2_dit_time(timesteps[i], be->act_dtype);
         for (int64_t b = 0; b < B; b++)
             c.t[b] = t;

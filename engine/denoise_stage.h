@@ -45,6 +45,9 @@ typedef struct kiln_denoise_job {
     /* Polled before each step; a non-zero return stops the run with
      * KILN_ERR_CANCELLED. */
     int (*cancelled)(void *user);
+    /* Optional: told when step `step` (0 .. steps-1) is about to be queued,
+     * for timing (the service reports setup and per-step time). */
+    void (*on_step)(void *user, int step);
     void *user;
 } kiln_denoise_job;
 

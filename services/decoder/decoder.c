@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "engine/decode_stage.h"
 #include "services/common/pool.h"
 #include "services/common/worker.h"
@@ -69,6 +70,7 @@ typedef struct job_images {
     atomic_int remaining;
     pthread_mutex_t mu; /* first error */
     kiln_err err;
+    double t_submit; /* for the job's image_encode timing */
 } job_images;
 
 typedef struct image_task {
@@ -79,6 +81,9 @@ typedef struct image_task {
 
 static void finish_images(job_images *ji)
 {
+    /* The last task of the job runs this, so nothing else touches its
+     * timings now. */
+    kiln_worker_timing(ji->job, "image_encode", kiln_now_ms() - ji->t_submit);
     kiln_worker_done(ji->w, ji->job, ji->err.code, &ji->err);
     pthread_mutex_destroy(&ji->mu);
     free(ji);
@@ -123,7 +128,7 @@ static void submit_images(dec_state *s, kiln_worker *w, kiln_worker_job *job, ki
         kiln_worker_done(w, job, err.code, &err);
         return;
     }
-    ji->w = w, ji->job = job;
+    ji->w = w, ji->job = job, ji->t_submit = kiln_now_ms();
     /* One extra count held while submitting, so the job cannot finish
      * before every row is queued. */
     atomic_store(&ji->remaining, rows + 1);
@@ -192,9 +197,7 @@ static void dec_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         if (kiln_be_alloc(be, &lat, in[0].dtype, 3, shape) == KILN_OK) {
             int64_t row = 0;
             for (int i = 0; i < m; i++) {
-                kiln_tensor dv = lat;
-                dv.shape[0] = in[i].shape[0];
-                dv.data = (char *)lat.data + (size_t)row * (kiln_tensor_nbytes(&lat) / (size_t)B);
+                kiln_tensor dv = kiln_tensor_batch_view(&lat, row, in[i].shape[0]);
                 kiln_be_copy(be, &dv, &in[i]);
                 row += in[i].shape[0];
             }
@@ -204,17 +207,21 @@ static void dec_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     }
     int width = kiln_worker_job_msg(live[0])->decode.width;
     int height = kiln_worker_job_msg(live[0])->decode.height;
+    double t_vae = kiln_now_ms();
     if (!st)
         st = kiln_decode_run(s->dec, x, width, height, imgs, NULL, &err);
+    t_vae = kiln_now_ms() - t_vae;
     kiln_be_free(be, &lat);
     int64_t row = 0;
     for (int i = 0; i < m; i++) {
         int rows = (int)in[i].shape[0];
         kiln_worker_release_inputs(w, live[i]); /* on this thread: it frees backend memory */
-        if (st)
+        if (st) {
             kiln_worker_done(w, live[i], st, &err);
-        else
+        } else {
+            kiln_worker_timing(live[i], "vae", t_vae);
             submit_images(s, w, live[i], imgs + row, rows);
+        }
         row += rows;
     }
     free(imgs);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "engine/denoise_stage.h"
 #include "services/common/worker.h"
 
@@ -130,7 +131,15 @@ static kiln_status gather(kiln_backend *be, prep *ps, int n, int neg, int64_t B,
 typedef struct batch_ctx {
     prep *ps;
     int n;
+    double t_first_step; /* when step 0 was queued: the end of the setup */
 } batch_ctx;
+
+static void batch_step(void *user, int step)
+{
+    batch_ctx *c = user;
+    if (step == 0)
+        c->t_first_step = kiln_now_ms();
+}
 
 /* The loop stops only when every job of the batch is cancelled; a
  * cancelled job in a live batch is answered `cancelled` at the end. */
@@ -188,17 +197,23 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         st = gather(be, ps, live, 0, B, &emb, &err);
     if (!st && cfg && B > 1)
         st = gather(be, ps, live, 1, B, &neg, &err);
-    batch_ctx ctx = {ps, live};
+    batch_ctx ctx = {ps, live, 0};
     kiln_denoise_job job = {
         .B = B, .embeds = own_emb ? &emb : &ps[0].emb,
         .neg_embeds = cfg ? (B > 1 ? &neg : &ps[0].neg) : NULL,
         .width = d->width, .height = d->height, .steps = d->steps, .guidance = d->guidance,
         .seeds = seeds, .batch_noise = d->batch_noise,
         .ref_tokens = ps[0].R ? &ps[0].ref_tokens : NULL, .ref_ids = ps[0].ref_ids, .R = ps[0].R,
-        .cancelled = batch_cancelled, .user = &ctx,
+        .cancelled = batch_cancelled, .on_step = batch_step, .user = &ctx,
     };
-    if (!st)
-        st = kiln_denoise_run(s->den, &job, &lat, &err);
+    double t_run = kiln_now_ms();
+    if (!st && !(st = kiln_denoise_run(s->den, &job, &lat, &err))) {
+        /* The outputs below wait for the GPU anyway; waiting here first
+         * makes the step time the GPU's. */
+        kiln_be_sync(be);
+        st = kiln_be_check(be, &err);
+    }
+    double t_end = kiln_now_ms();
     kiln_be_free(be, &emb), kiln_be_free(be, &neg);
     int64_t row = 0;
     for (int i = 0; i < live; i++) {
@@ -209,6 +224,10 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         if (!jst)
             jst = kiln_worker_output(w, ps[i].job, "latents", &lat, row, rows, 0, &jerr);
         row += rows;
+        if (!jst && ctx.t_first_step > 0) {
+            kiln_worker_timing(ps[i].job, "setup", ctx.t_first_step - t_run);
+            kiln_worker_timing(ps[i].job, "step", (t_end - ctx.t_first_step) / d->steps);
+        }
         kiln_worker_done(w, ps[i].job, jst, &jerr);
     }
     kiln_be_free(be, &lat);

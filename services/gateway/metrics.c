@@ -28,6 +28,7 @@ struct kiln_metrics {
     } requests[MAX_ROUTE_STATUS];
     int n_requests;
     hist latency[KILN_PHASE_COUNT];
+    hist part[KILN_PART_COUNT];
     hist batch[KILN_STAGE_COUNT];
     uint64_t images;
     uint64_t events[KILN_EVENT_COUNT];
@@ -35,6 +36,9 @@ struct kiln_metrics {
 
 static const char *phase_names[KILN_PHASE_COUNT] = {"queue", "encode", "denoise", "decode",
                                                     "total"};
+static const char *part_names[KILN_PART_COUNT] = {"encode_run",    "denoise_setup",
+                                                  "denoise_step",  "decode_vae",
+                                                  "image_encode",  "handoff"};
 static const char *event_names[KILN_EVENT_COUNT] = {"replica_lost", "redispatch", "timeout",
                                                     "cancel"};
 
@@ -79,6 +83,11 @@ static void observe(hist *h, const double *bounds, int n, double v)
 void kiln_metrics_latency(kiln_metrics *m, kiln_phase phase, double seconds)
 {
     observe(&m->latency[phase], latency_bounds, N_LAT, seconds < 0 ? 0 : seconds);
+}
+
+void kiln_metrics_part(kiln_metrics *m, kiln_part part, double seconds)
+{
+    observe(&m->part[part], latency_bounds, N_LAT, seconds < 0 ? 0 : seconds);
 }
 
 void kiln_metrics_batch(kiln_metrics *m, kiln_stage stage, int rows)
@@ -165,6 +174,11 @@ kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges
     for (int p = 0; p < KILN_PHASE_COUNT; p++)
         put_hist(&w, "kiln_latency_seconds", "phase", phase_names[p], &m->latency[p],
                  latency_bounds, N_LAT);
+    put(&w, "# HELP kiln_stage_seconds Parts of the stages, from the replicas' timings.\n"
+            "# TYPE kiln_stage_seconds histogram\n");
+    for (int p = 0; p < KILN_PART_COUNT; p++)
+        put_hist(&w, "kiln_stage_seconds", "part", part_names[p], &m->part[p], latency_bounds,
+                 N_LAT);
     put(&w, "# HELP kiln_batch_rows Rows in the replica batch a job ran in.\n"
             "# TYPE kiln_batch_rows histogram\n");
     for (int s = 0; s < KILN_STAGE_COUNT; s++)

@@ -35,6 +35,20 @@ typedef enum kiln_phase {
     KILN_PHASE_COUNT
 } kiln_phase;
 
+/* Parts of the stages, from the timings replicas report with each done
+ * (kiln_worker_timing) and the gateway's own clock: what kiln-bench breaks
+ * a request's time into. */
+typedef enum kiln_part {
+    KILN_PART_ENCODE_RUN = 0,  /* tokenizer + Qwen3 (+ VAE encoder), the whole batch */
+    KILN_PART_DENOISE_SETUP,   /* noise, schedule, inputs before the first step */
+    KILN_PART_DENOISE_STEP,    /* one denoising step (mean over the job's steps) */
+    KILN_PART_DECODE_VAE,      /* VAE decode, 8-bit conversion, download */
+    KILN_PART_IMAGE_ENCODE,    /* PNG / JPEG / WebP of the job's images */
+    KILN_PART_HANDOFF,         /* a stage's time at the gateway minus the replica's
+                                * queue and run: bus messages, tensor handoff */
+    KILN_PART_COUNT
+} kiln_part;
+
 typedef enum kiln_event {
     KILN_EVENT_REPLICA_LOST = 0,
     KILN_EVENT_REDISPATCH,
@@ -62,6 +76,7 @@ void kiln_metrics_destroy(kiln_metrics *m);
  * silently stops for new (route, status) pairs past an internal bound. */
 void kiln_metrics_request(kiln_metrics *m, const char *route, int status);
 void kiln_metrics_latency(kiln_metrics *m, kiln_phase phase, double seconds);
+void kiln_metrics_part(kiln_metrics *m, kiln_part part, double seconds);
 void kiln_metrics_batch(kiln_metrics *m, kiln_stage stage, int rows);
 void kiln_metrics_images(kiln_metrics *m, int n);
 void kiln_metrics_event(kiln_metrics *m, kiln_event ev);

@@ -97,17 +97,45 @@ static const char *timing_phase_name(kiln_stage st)
     return st == KILN_STAGE_ENCODE ? "encode" : st == KILN_STAGE_DENOISE ? "denoise" : "decode";
 }
 
+/* A timing of the done message, in milliseconds, or -1 when absent. */
+static double timing(const kiln_msg_done *d, const char *name)
+{
+    for (int i = 0; i < d->n_ms; i++)
+        if (strcmp(d->ms[i].name, name) == 0)
+            return d->ms[i].ms;
+    return -1;
+}
+
+static void part(kiln_sched *s, kiln_part p, double ms)
+{
+    if (ms >= 0)
+        kiln_metrics_part(s->metrics, p, ms / 1000.0);
+}
+
 static void record(kiln_sched *s, const sched_job *j, const kiln_msg_done *d, double now)
 {
+    double at_gateway = now - j->t_dispatch;
     kiln_metrics_latency(s->metrics, (kiln_phase)(KILN_PHASE_ENCODE + j->stage),
-                         (now - j->t_dispatch) / 1000.0);
+                         at_gateway / 1000.0);
     /* The replica reports the rows of the batch the job ran in as the
      * timing "batch_rows"; without it the job's own rows count. */
-    int rows = j->stage == KILN_STAGE_ENCODE ? 1 : j->req.req.n;
-    for (int i = 0; i < d->n_ms; i++)
-        if (strcmp(d->ms[i].name, "batch_rows") == 0 && d->ms[i].ms >= 1)
-            rows = (int)d->ms[i].ms;
-    kiln_metrics_batch(s->metrics, j->stage, rows);
+    double rows = timing(d, "batch_rows");
+    kiln_metrics_batch(s->metrics, j->stage,
+                       rows >= 1 ? (int)rows : j->stage == KILN_STAGE_ENCODE ? 1 : j->req.req.n);
+    double queue = timing(d, "queue"), run = timing(d, "run");
+    if (queue >= 0 && run >= 0)
+        part(s, KILN_PART_HANDOFF, at_gateway - queue - run);
+    switch (j->stage) {
+    case KILN_STAGE_ENCODE: part(s, KILN_PART_ENCODE_RUN, run); break;
+    case KILN_STAGE_DENOISE:
+        part(s, KILN_PART_DENOISE_SETUP, timing(d, "setup"));
+        part(s, KILN_PART_DENOISE_STEP, timing(d, "step"));
+        break;
+    default:
+        part(s, KILN_PART_DECODE_VAE, timing(d, "vae"));
+        part(s, KILN_PART_IMAGE_ENCODE, timing(d, "image_encode"));
+        break;
+    }
 }
 
 static void complete(kiln_sched *s, sched_job *j, kiln_msg *m, double now)

@@ -23,20 +23,26 @@ static double num(const cJSON *o, const char *path)
     return cJSON_IsNumber(o) ? o->valuedouble : -1;
 }
 
-/* The count of the stage series kiln_latency_seconds{phase="<phase>"}. */
-static double stage_count(const cJSON *phase, const char *name)
+/* A field ("count" or "mean_ms") of the series metric{label="<name>"}. */
+static double series(const cJSON *phase, const char *metric, const char *label, const char *name,
+                     const char *field)
 {
     char labels[64];
-    snprintf(labels, sizeof labels, "phase=\"%s\"", name);
+    snprintf(labels, sizeof labels, "%s=\"%s\"", label, name);
     const cJSON *s;
     cJSON_ArrayForEach(s, cJSON_GetObjectItem(phase, "stages"))
     {
         const cJSON *m = cJSON_GetObjectItem(s, "metric"), *l = cJSON_GetObjectItem(s, "labels");
-        if (cJSON_IsString(m) && !strcmp(m->valuestring, "kiln_latency_seconds") &&
-            cJSON_IsString(l) && !strcmp(l->valuestring, labels))
-            return num(s, "count");
+        if (cJSON_IsString(m) && !strcmp(m->valuestring, metric) && cJSON_IsString(l) &&
+            !strcmp(l->valuestring, labels))
+            return num(s, field);
     }
     return 0;
+}
+
+static double stage_count(const cJSON *phase, const char *name)
+{
+    return series(phase, "kiln_latency_seconds", "phase", name, "count");
 }
 
 static void check_report(const char *path)
@@ -58,6 +64,22 @@ static void check_report(const char *path)
     for (const char *const *p = (const char *const[]){"encode", "denoise", "decode", "total", 0};
          *p; p++)
         CHECKF(stage_count(lat, *p) == 2, "latency phase %s", *p);
+    /* The parts of the stages the replicas time: one observation per
+     * request each (handoff once per stage); steps and image encoding take
+     * time, and no part is longer than its stage. */
+    for (const char *const *p = (const char *const[]){"encode_run", "denoise_setup", "denoise_step",
+                                                      "decode_vae", "image_encode", 0};
+         *p; p++)
+        CHECKF(series(lat, "kiln_stage_seconds", "part", *p, "count") == 2, "part %s", *p);
+    CHECK(series(lat, "kiln_stage_seconds", "part", "handoff", "count") == 6);
+    double step = series(lat, "kiln_stage_seconds", "part", "denoise_step", "mean_ms");
+    double denoise = series(lat, "kiln_latency_seconds", "phase", "denoise", "mean_ms");
+    CHECKF(step > 0 && step <= denoise, "step %.3f ms, denoise %.3f ms", step, denoise);
+    double vae = series(lat, "kiln_stage_seconds", "part", "decode_vae", "mean_ms");
+    double png = series(lat, "kiln_stage_seconds", "part", "image_encode", "mean_ms");
+    double decode = series(lat, "kiln_latency_seconds", "phase", "decode", "mean_ms");
+    CHECKF(vae > 0 && png > 0 && vae + png <= decode, "vae %.3f + image %.3f > decode %.3f", vae,
+           png, decode);
     const cJSON *tp = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "throughput"), 0);
     CHECK(num(tp, "concurrency") == 2 && num(tp, "requests") == 4 && num(tp, "errors") == 0);
     CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(tp, "images_per_s_repeats")) == 2);
