@@ -63,7 +63,8 @@ log=$out/steps.log # the long outputs; stdout keeps the summaries
 mem=$(mktemp -d)    # memory samples (not returned: a device run returns 8 files)
 trap 'rm -rf "$mem"' EXIT
 
-. "$root/tools/gpu/libpath.sh" "$root/$libs"
+. "$root/tools/gpu/common.sh"
+kiln_gpu_libpath "$root/$libs"
 
 # Samples the GPU's used memory every 100 ms into $1 until killed.
 mem_sampler() {
@@ -209,21 +210,5 @@ step_diffusers() {
 
 want=("$@")
 [ ${#want[@]} -gt 0 ] || want=("${STEPS[@]}")
-summary=()
-status=0
-for s in "${want[@]}"; do
-  if ! declare -F "step_$s" >/dev/null; then
-    echo "unknown step '$s' (have: ${STEPS[*]})"
-    exit 2
-  fi
-  echo
-  echo "=== $s"
-  t0=$(date +%s%N)
-  if "step_$s"; then r=ok; else r=FAILED; status=1; fi
-  ms=$((($(date +%s%N) - t0) / 1000000))
-  summary+=("$(printf '%-9s | %-6s | %5d.%d s' "$s" "$r" $((ms / 1000)) $((ms % 1000 / 100)))")
-done
-echo
-echo "=== summary"
-printf '%s\n' "${summary[@]}"
-exit $status
+kiln_gpu_run step "${want[@]}"
+exit $?

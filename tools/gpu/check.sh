@@ -46,7 +46,8 @@ BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
           services/kiln-encoder services/kiln-denoiser services/kiln-decoder)
 
-. "$root/tools/gpu/libpath.sh" "$root/.devlibs"
+. "$root/tools/gpu/common.sh"
+kiln_gpu_libpath "$root/.devlibs"
 export KILN_REQUIRE_GPU=1
 
 sec_env() {
@@ -226,21 +227,5 @@ sec_racecheck() { sanitize racecheck; }
 
 want=("$@")
 [ ${#want[@]} -gt 0 ] || want=("${SECTIONS[@]}")
-summary=()
-status=0
-for s in "${want[@]}"; do
-  if ! declare -F "sec_$s" >/dev/null; then
-    echo "unknown section '$s' (have: ${SECTIONS[*]} ${OPTIONAL[*]})"
-    exit 2
-  fi
-  echo
-  echo "=== $s"
-  t0=$(date +%s%N)
-  if "sec_$s"; then r=ok; else r=FAILED; status=1; fi
-  ms=$((($(date +%s%N) - t0) / 1000000))
-  summary+=("$(printf '%-8s | %-6s | %5d.%d s' "$s" "$r" $((ms / 1000)) $((ms % 1000 / 100)))")
-done
-echo
-echo "=== summary"
-printf '%s\n' "${summary[@]}"
-exit $status
+kiln_gpu_run sec "${want[@]}"
+exit $?

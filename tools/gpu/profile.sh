@@ -19,7 +19,8 @@ steps=${3:-1}
 build=${KILN_BUILD:-.devbuild}
 out=${OUT:-$root/$build/profile}
 mkdir -p "$out"
-. "$root/tools/gpu/libpath.sh" "$root/${KILN_LIBS:-.devlibs}"
+. "$root/tools/gpu/common.sh"
+kiln_gpu_libpath "$root/${KILN_LIBS:-.devlibs}"
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
 [ -n "$ncu" ] || { echo "ncu not found"; exit 1; }
 
