@@ -1,5 +1,5 @@
 /* First-fit byte ranges of one slab: the pool behind the shm and cuda_ipc
- * transports (common/transport.h).  Only offsets are kept here; the slab's
+ * transports (common/slab_table.h).  Only offsets are kept here; the slab's
  * memory belongs to the caller.
  *
  *   kiln_slab_ranges r;
@@ -10,8 +10,8 @@
  *   kiln_slab_ranges_release(&r);
  *
  * Freed ranges merge with their free neighbours, so a slab whose ranges
- * all came back is one free range again.  Thread-safety: none; the
- * transports hold their mutex around every call.
+ * all came back is one free range again.  Thread-safety: none; the slab
+ * table holds its mutex around every call.
  */
 #ifndef KILN_SLAB_RANGES_H
 #define KILN_SLAB_RANGES_H

@@ -17,7 +17,8 @@
  *
  * One interface (kiln_transport_ops) with three implementations: `shm`
  * (POSIX shared-memory slabs), `inline` (bytes carried in the message) and
- * `cuda_ipc` (device slabs, in builds with the CUDA backend).
+ * `cuda_ipc` (device slabs, in builds with the CUDA backend).  shm and
+ * cuda_ipc share their slab bookkeeping (common/slab_table.h).
  *
  * shm: a producer creates slabs named /kiln-<stage>-<pid>-<n> on demand
  * (reserved with posix_fallocate, so a full /dev/shm is an error here, not
