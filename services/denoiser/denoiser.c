@@ -226,7 +226,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         row += rows;
         if (!jst && ctx.t_first_step > 0) {
             kiln_worker_timing(ps[i].job, "setup", ctx.t_first_step - t_run);
-            kiln_worker_timing(ps[i].job, "step", (t_end - ctx.t_first_step) / d->steps);
+            kiln_worker_timing(ps[i].job, "step", (t_end - ctx.t_first_step) / job.steps);
         }
         kiln_worker_done(w, ps[i].job, jst, &jerr);
     }
