@@ -54,106 +54,97 @@ static int random_tensor(kiln_backend *be, kiln_tensor *t, int ndim, const int64
     return rc;
 }
 
+/* Mean milliseconds of o->iters calls of run(be, t, arg) after o->warmup
+ * calls, or -1 with the error printed (also when `ready` says the inputs
+ * could not be made).  Frees the n tensors of t either way. */
+static double time_calls(kiln_backend *be, const char *what, int ready,
+                         void (*run)(kiln_backend *be, kiln_tensor *t, const void *arg),
+                         kiln_tensor *t, int n, const void *arg, const opts *o)
+{
+    double ms = -1;
+    if (ready) {
+        for (int i = 0; i < o->warmup; i++)
+            run(be, t, arg);
+        kiln_be_sync(be);
+        double t0 = now_s();
+        for (int i = 0; i < o->iters; i++)
+            run(be, t, arg);
+        kiln_be_sync(be);
+        ms = 1e3 * (now_s() - t0) / o->iters;
+    }
+    kiln_err err = {0};
+    if (kiln_be_check(be, &err) || !ready) {
+        fprintf(stderr, "kiln-opbench: %s: %s\n", what,
+                err.msg[0] ? err.msg : "out of host memory for the inputs");
+        ms = -1;
+    }
+    for (int i = 0; i < n; i++)
+        kiln_be_free(be, &t[i]);
+    return ms;
+}
+
 typedef struct attn_case {
     const char *what;
     int64_t s, hq, hkv, d;
     int causal, key_len;
 } attn_case;
 
-/* Mean milliseconds of one attention call, or -1 with the error printed. */
+static void run_attention(kiln_backend *be, kiln_tensor *t, const void *arg)
+{
+    kiln_be_attention(be, &t[3], &t[0], &t[1], &t[2], arg);
+}
+
 static double time_attention(kiln_backend *be, const attn_case *c, const opts *o)
 {
-    kiln_tensor q = {0}, k = {0}, v = {0}, out = {0};
+    kiln_tensor t[4] = {{0}}; /* q, k, v, out */
     int key_len[1] = {(int)c->key_len};
     kiln_attn_opts ao = {.scale = 0.088f, .causal = c->causal,
                          .key_len = c->key_len ? key_len : NULL};
-    double ms = -1;
-    if (!random_tensor(be, &q, 4, (int64_t[]){1, c->s, c->hq, c->d}) &&
-        !random_tensor(be, &k, 4, (int64_t[]){1, c->s, c->hkv, c->d}) &&
-        !random_tensor(be, &v, 4, (int64_t[]){1, c->s, c->hkv, c->d}) &&
-        !kiln_be_alloc(be, &out, be->act_dtype, 4, (int64_t[]){1, c->s, c->hq, c->d})) {
-        for (int i = 0; i < o->warmup; i++)
-            kiln_be_attention(be, &out, &q, &k, &v, &ao);
-        kiln_be_sync(be);
-        double t0 = now_s();
-        for (int i = 0; i < o->iters; i++)
-            kiln_be_attention(be, &out, &q, &k, &v, &ao);
-        kiln_be_sync(be);
-        ms = 1e3 * (now_s() - t0) / o->iters;
-    }
-    kiln_err err = {0};
-    if (kiln_be_check(be, &err)) {
-        fprintf(stderr, "kiln-opbench: attention %s: %s\n", c->what, err.msg);
-        ms = -1;
-    }
-    kiln_be_free(be, &q);
-    kiln_be_free(be, &k);
-    kiln_be_free(be, &v);
-    kiln_be_free(be, &out);
-    return ms;
+    int ready = !random_tensor(be, &t[0], 4, (int64_t[]){1, c->s, c->hq, c->d}) &&
+                !random_tensor(be, &t[1], 4, (int64_t[]){1, c->s, c->hkv, c->d}) &&
+                !random_tensor(be, &t[2], 4, (int64_t[]){1, c->s, c->hkv, c->d}) &&
+                !kiln_be_alloc(be, &t[3], be->act_dtype, 4, (int64_t[]){1, c->s, c->hq, c->d});
+    char what[96];
+    snprintf(what, sizeof what, "attention %s", c->what);
+    return time_calls(be, what, ready, run_attention, t, 4, &ao, o);
 }
 
 typedef struct conv_case {
     int64_t cin, hw, cout, k;
 } conv_case;
 
+static void run_conv(kiln_backend *be, kiln_tensor *t, const void *arg)
+{
+    const int *pads = arg;
+    kiln_be_conv2d(be, &t[3], &t[0], &t[1], &t[2], 1, pads);
+}
+
 static double time_conv(kiln_backend *be, const conv_case *c, const opts *o)
 {
-    kiln_tensor x = {0}, w = {0}, b = {0}, y = {0};
+    kiln_tensor t[4] = {{0}}; /* x, w, bias, y */
     int pad = (int)(c->k / 2), pads[4] = {pad, pad, pad, pad};
-    double ms = -1;
-    if (!random_tensor(be, &x, 4, (int64_t[]){1, c->cin, c->hw, c->hw}) &&
-        !random_tensor(be, &w, 4, (int64_t[]){c->cout, c->cin, c->k, c->k}) &&
-        !random_tensor(be, &b, 1, (int64_t[]){c->cout}) &&
-        !kiln_be_alloc(be, &y, be->act_dtype, 4, (int64_t[]){1, c->cout, c->hw, c->hw})) {
-        for (int i = 0; i < o->warmup; i++)
-            kiln_be_conv2d(be, &y, &x, &w, &b, 1, pads);
-        kiln_be_sync(be);
-        double t0 = now_s();
-        for (int i = 0; i < o->iters; i++)
-            kiln_be_conv2d(be, &y, &x, &w, &b, 1, pads);
-        kiln_be_sync(be);
-        ms = 1e3 * (now_s() - t0) / o->iters;
-    }
-    kiln_err err = {0};
-    if (kiln_be_check(be, &err)) {
-        fprintf(stderr, "kiln-opbench: conv2d: %s\n", err.msg);
-        ms = -1;
-    }
-    kiln_be_free(be, &x);
-    kiln_be_free(be, &w);
-    kiln_be_free(be, &b);
-    kiln_be_free(be, &y);
-    return ms;
+    int ready = !random_tensor(be, &t[0], 4, (int64_t[]){1, c->cin, c->hw, c->hw}) &&
+                !random_tensor(be, &t[1], 4, (int64_t[]){c->cout, c->cin, c->k, c->k}) &&
+                !random_tensor(be, &t[2], 1, (int64_t[]){c->cout}) &&
+                !kiln_be_alloc(be, &t[3], be->act_dtype, 4,
+                               (int64_t[]){1, c->cout, c->hw, c->hw});
+    return time_calls(be, "conv2d", ready, run_conv, t, 4, pads, o);
+}
+
+static void run_linear(kiln_backend *be, kiln_tensor *t, const void *arg)
+{
+    (void)arg;
+    kiln_be_linear(be, &t[3], &t[0], &t[1], &t[2]);
 }
 
 static double time_linear(kiln_backend *be, int64_t m, int64_t kdim, int64_t n, const opts *o)
 {
-    kiln_tensor x = {0}, w = {0}, b = {0}, y = {0};
-    double ms = -1;
-    if (!random_tensor(be, &x, 2, (int64_t[]){m, kdim}) &&
-        !random_tensor(be, &w, 2, (int64_t[]){n, kdim}) &&
-        !random_tensor(be, &b, 1, (int64_t[]){n}) &&
-        !kiln_be_alloc(be, &y, be->act_dtype, 2, (int64_t[]){m, n})) {
-        for (int i = 0; i < o->warmup; i++)
-            kiln_be_linear(be, &y, &x, &w, &b);
-        kiln_be_sync(be);
-        double t0 = now_s();
-        for (int i = 0; i < o->iters; i++)
-            kiln_be_linear(be, &y, &x, &w, &b);
-        kiln_be_sync(be);
-        ms = 1e3 * (now_s() - t0) / o->iters;
-    }
-    kiln_err err = {0};
-    if (kiln_be_check(be, &err)) {
-        fprintf(stderr, "kiln-opbench: linear: %s\n", err.msg);
-        ms = -1;
-    }
-    kiln_be_free(be, &x);
-    kiln_be_free(be, &w);
-    kiln_be_free(be, &b);
-    kiln_be_free(be, &y);
-    return ms;
+    kiln_tensor t[4] = {{0}}; /* x, w, bias, y */
+    int ready = !random_tensor(be, &t[0], 2, (int64_t[]){m, kdim}) &&
+                !random_tensor(be, &t[1], 2, (int64_t[]){n, kdim}) &&
+                !random_tensor(be, &t[2], 1, (int64_t[]){n}) &&
+                !kiln_be_alloc(be, &t[3], be->act_dtype, 2, (int64_t[]){m, n});
+    return time_calls(be, "linear", ready, run_linear, t, 4, NULL, o);
 }
 
 static int parse(int argc, char **argv, opts *o)
