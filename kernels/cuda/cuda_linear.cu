@@ -122,22 +122,18 @@ static linear_plan *plan_build(kiln_backend *be, linear_plan *p, const linear_ke
          lt_ok(be, cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate") &&
          lt_ok(be, cublasLtMatmulPreferenceSetAttribute(
                        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-               "MAX_WORKSPACE") &&
-         lt_ok(be, cublasLtMatmulPreferenceSetAttribute(
-                       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof align),
-               "ALIGN_A") &&
-         lt_ok(be, cublasLtMatmulPreferenceSetAttribute(
-                       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof align),
-               "ALIGN_B") &&
-         lt_ok(be, cublasLtMatmulPreferenceSetAttribute(
-                       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof align),
-               "ALIGN_C") &&
-         lt_ok(be, cublasLtMatmulPreferenceSetAttribute(
-                       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof align),
-               "ALIGN_D") &&
-         lt_ok(be, cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->a, p->b, p->c, p->c, pref, 1,
-                                                  &res, &found),
-               "AlgoGetHeuristic");
+               "MAX_WORKSPACE");
+    /* Every operand gets the smallest alignment of the call's four pointers. */
+    static const cublasLtMatmulPreferenceAttributes_t align_attrs[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (size_t i = 0; ok && i < sizeof align_attrs / sizeof *align_attrs; i++)
+        ok = lt_ok(be, cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &align,
+                                                            sizeof align),
+                   "MIN_ALIGNMENT");
+    ok = ok && lt_ok(be, cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->a, p->b, p->c, p->c,
+                                                        pref, 1, &res, &found),
+                     "AlgoGetHeuristic");
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
     if (ok && !found)
