@@ -20,6 +20,7 @@
 
 #include "common/bus.h"
 #include "common/log.h"
+#include "tests/run_util.h"
 #include "tests/test.h"
 
 #define TIMEOUT_MS 120000.0
@@ -488,6 +489,30 @@ static void test_klein_base_cfg(void)
     stop(&c);
 }
 
+/* Bad option values are refused before anything loads (exit 2), naming the
+ * option, including an option the stage does not have. */
+static void test_bad_options(void)
+{
+    static const struct {
+        const char *bin, *opt, *val;
+    } cases[] = {
+        {"kiln-encoder", "--prompt-cache-mb", "-1"},
+        {"kiln-encoder", "--prompt-cache-mb", "1048577"},
+        {"kiln-encoder", "--prompt-cache-mb", "lots"},
+        {"kiln-denoiser", "--prompt-cache-mb", "8"},
+        {"kiln-decoder", "--batch-window-ms", "1001"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char exe[512], log[4096];
+        snprintf(exe, sizeof exe, "%s/services/%s", build_root, cases[i].bin);
+        const char *argv[] = {NULL, "--model", "/nonexistent", "--bus", "ipc:///nonexistent",
+                              cases[i].opt, cases[i].val, NULL};
+        int rc = test_run(exe, argv, log, sizeof log);
+        CHECKF(rc == 2 && strstr(log, cases[i].opt), "%s %s %s: exit %d: %s", cases[i].bin,
+               cases[i].opt, cases[i].val, rc, log);
+    }
+}
+
 int main(void)
 {
     build_root = getenv("KILN_BUILD_ROOT");
@@ -501,6 +526,7 @@ int main(void)
         perror("mkdtemp");
         return 1;
     }
+    RUN(test_bad_options);
     RUN(test_klein_distilled);
     RUN(test_klein_base_cfg);
     char cmd[400];
