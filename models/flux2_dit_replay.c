@@ -98,9 +98,10 @@ kiln_status flux2_forward_replayed(flux2_fwd *f, const kiln_flux2_dit_input *in,
     kiln_backend *be = f->be;
     flux2_io io;
     memset(&io, 0, sizeof io);
-    if (flux2_stage_inputs(f, in, &io, out))
-        return kiln_be_check(be, err) ? kiln_err_wrap(err, "flux2 dit: staging inputs")
-                                      : KILN_OK;
+    if (flux2_stage_inputs(f, in, &io, out)) {
+        kiln_be_check(be, err);
+        return kiln_err_wrap(err, "flux2 dit: staging inputs");
+    }
     flux2_replay_key key = key_of(f, in);
     flux2_replay *r = slot_for(m, &key);
     if (r->graph && !be->ops->graph_launch(be, r->graph)) {
