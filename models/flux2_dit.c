@@ -161,7 +161,17 @@ static flux2_rope rope_rows(const kiln_flux2_dit *m, int64_t row0, int64_t n)
     return r;
 }
 
-/* Makes m->rope_* hold tables whose first rows are `ids` (rows x 4). */
+/* Makes m->rope_* hold tables whose first rows are `ids` (rows x 4).
+ *
+ * The buffers only grow: new tables are written into the ones in place,
+ * on the stream, after the forwards that read the old ones.  A recorded
+ * forward (flux2_dit_replay.c) reads the tables at the addresses it was
+ * recorded with, so they must never move under it; rope_epoch counts the
+ * moves and is part of a recording's key.  (Freeing and reallocating them
+ * per shape let cudaMalloc return the cosine table at its old address and
+ * the sine table elsewhere: a key holding one pointer then matched a
+ * recording that read freed memory, the illegal address of mixed-shape
+ * service traffic.) */
 static kiln_status rope_update(kiln_flux2_dit *m, const int32_t *ids, int64_t rows, kiln_err *err)
 {
     const size_t id_bytes = (size_t)rows * KILN_FLUX2_ROPE_AXES * sizeof(int32_t);
@@ -180,18 +190,27 @@ static kiln_status rope_update(kiln_flux2_dit *m, const int32_t *ids, int64_t ro
     kiln_flux2_rope_table(ids, rows, m->cfg.axes_dims, m->cfg.rope_theta, tab, tab + rows * d);
     free(m->rope_ids);
     m->rope_ids = NULL;
-    kiln_be_free(be, &m->rope_cos);
-    kiln_be_free(be, &m->rope_sin);
-    const int64_t shape[2] = {rows, d};
-    kiln_be_alloc(be, &m->rope_cos, KILN_F32, 2, shape);
-    kiln_be_alloc(be, &m->rope_sin, KILN_F32, 2, shape);
-    kiln_be_upload(be, &m->rope_cos, tab, KILN_F32);
-    kiln_be_upload(be, &m->rope_sin, tab + rows * d, KILN_F32);
+    m->rope_rows = 0;
+    if (rows > m->rope_cap) {
+        kiln_be_free(be, &m->rope_cos);
+        kiln_be_free(be, &m->rope_sin);
+        m->rope_cap = 0;
+        m->rope_epoch++;
+        const int64_t shape[2] = {rows, d};
+        if (!kiln_be_alloc(be, &m->rope_cos, KILN_F32, 2, shape) &&
+            !kiln_be_alloc(be, &m->rope_sin, KILN_F32, 2, shape))
+            m->rope_cap = rows;
+    }
+    flux2_rope r = rope_rows(m, 0, rows);
+    kiln_be_upload(be, &r.cos, tab, KILN_F32);
+    kiln_be_upload(be, &r.sin, tab + rows * d, KILN_F32);
     free(tab);
     if (kiln_be_check(be, err)) {
         free(copy);
         kiln_be_free(be, &m->rope_cos);
         kiln_be_free(be, &m->rope_sin);
+        m->rope_cap = 0;
+        m->rope_epoch++;
         return kiln_err_wrap(err, "uploading RoPE tables");
     }
     m->rope_ids = copy;

@@ -26,7 +26,7 @@ typedef struct flux2_replay_key {
     int64_t B, T, N, R;
     int kv_mode;
     uint64_t kv_serial;      /* which sizing of which K/V cache (CACHED) */
-    const void *rope;        /* the RoPE tables' memory */
+    uint64_t rope_epoch;     /* which allocation of the RoPE tables */
     uint64_t fwd_epoch, blk_epoch;
 } flux2_replay_key;
 
@@ -58,10 +58,12 @@ struct kiln_flux2_dit {
 
     /* RoPE tables for the ids of the last forward that needed new ones,
      * rows [txt ; img ; ref]; a later forward whose rows are a prefix (the
-     * KV pipeline's cached steps after its extract step) reuses them. */
+     * KV pipeline's cached steps after its extract step) reuses them.  The
+     * buffers hold rope_cap rows and only grow (rope_update says why). */
     int32_t *rope_ids; /* host copy of those ids, rope_rows * 4 */
-    int64_t rope_rows;
-    kiln_tensor rope_cos, rope_sin; /* (rope_rows, d) F32 */
+    int64_t rope_rows, rope_cap;
+    uint64_t rope_epoch; /* bumped whenever the buffers move */
+    kiln_tensor rope_cos, rope_sin; /* (rope_cap, d) F32 */
 
     float *host;       /* host scratch: sinusoid inputs, table staging */
     size_t host_cap;   /* floats */

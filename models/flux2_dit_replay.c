@@ -7,7 +7,9 @@
  * recordable kind copies its inputs into staging tensors at fixed places in
  * the fwd arena (flux2_stage_inputs) and its output back out; the key of a
  * recording names everything else it points into: the shape, the RoPE
- * tables, the K/V cache sizing and the arenas' epochs.  A key runs op by op
+ * tables' allocation, the K/V cache sizing and the arenas' epochs (each
+ * counts the moves of memory that only grows, so a key never matches a
+ * recording whose memory was freed).  A key runs op by op
  * the first time (the arenas and the backend's plans settle), is recorded
  * the second time and replayed from then on.  The values are those of the
  * op-by-op forward: the same kernels run on the same data. */
@@ -29,7 +31,7 @@ static flux2_replay_key key_of(const flux2_fwd *f, const kiln_flux2_dit_input *i
     k.B = f->B, k.T = f->T, k.N = f->N, k.R = f->R;
     k.kv_mode = (int)in->kv_mode;
     k.kv_serial = f->kv ? f->kv->serial : 0;
-    k.rope = f->m->rope_cos.data;
+    k.rope_epoch = f->m->rope_epoch;
     k.fwd_epoch = kiln_arena_epoch(f->m->fwd);
     k.blk_epoch = kiln_arena_epoch(f->m->blk);
     return k;

@@ -17,7 +17,14 @@
 #   serve  kiln serve --device cuda on the tiny checkpoint (stages passing
 #          cuda_ipc references), one HTTP request, its image compared with
 #          kiln generate --device cuda (must be identical)
+#   mixed  tests/cuda/test_cuda_mixed on the tiny checkpoint: one process
+#          through requests of changing sizes (to 2048x2048), rows and
+#          references, each bit-identical to the same request in a fresh
+#          process
 # Not run by default (slow; name them):
+#   mixedsan   test_cuda_mixed (tiny) under compute-sanitizer memcheck, then
+#              initcheck (no report allowed)
+#   mixedfull  test_cuda_mixed on the random klein-4B checkpoint (see fullsize)
 #   memcheck   test_cuda_ops under compute-sanitizer memcheck (out-of-bounds)
 #   racecheck  test_cuda_ops under compute-sanitizer racecheck (shared memory)
 #   fullsize   a random-weight klein-4B checkpoint (kiln make-checkpoint, ~16 GB
@@ -39,10 +46,10 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline replay ipc serve)
-OPTIONAL=(memcheck racecheck fullsize fullcpu)
+SECTIONS=(env build ops pipeline replay ipc serve mixed)
+OPTIONAL=(mixedsan mixedfull memcheck racecheck fullsize fullcpu)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
-          tests/cuda/test_cuda_ipc
+          tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
           services/kiln-encoder services/kiln-denoiser services/kiln-decoder)
 
@@ -207,23 +214,44 @@ sec_fullcpu() {
     --image "$w/cuda-128.png" "$w/cpu-128.png" --max-rel-err 2e-2
 }
 
-# The op test under a compute-sanitizer tool; prints the sanitizer's summary.
+# A test under a compute-sanitizer tool; prints the sanitizer's summary.
+# Usage: sanitize TOOL LOGNAME PROGRAM [ARGS...]
 sanitize() {
-  local cs
+  local cs tool=$1 log=$logs/$2.log
+  shift 2
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   [ -x "$cs" ] || { echo "compute-sanitizer not found"; return 1; }
   # The op test provokes one failing cudaMalloc on purpose; that API error is
-  # expected, so API errors are not reported.
+  # expected, so API errors are not reported.  The mixed test's fresh
+  # processes (its reference runs) are not sanitized.
   timeout "${KILN_SANITIZE_TIMEOUT:-600}" \
-    "$cs" --tool "$1" --report-api-errors no --error-exitcode 3 \
-    "$build/tests/cuda/test_cuda_ops" >"$logs/$1.log" 2>&1
+    "$cs" --tool "$tool" --report-api-errors no --error-exitcode 3 \
+    --target-processes application-only "$@" >"$log" 2>&1
   local rc=$?
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|cases, .* failed" "$logs/$1.log"
-  [ $rc -eq 0 ] || grep -m 20 -E "^=========  |Invalid|Race" "$logs/$1.log"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|cases, .* failed|checks, .* failed" "$log"
+  [ $rc -eq 0 ] || grep -m 20 -E "^=========  |Invalid|Race|CHECK failed" "$log"
   return $rc
 }
-sec_memcheck() { sanitize memcheck; }
-sec_racecheck() { sanitize racecheck; }
+sec_memcheck() { sanitize memcheck memcheck "$build/tests/cuda/test_cuda_ops"; }
+sec_racecheck() { sanitize racecheck racecheck "$build/tests/cuda/test_cuda_ops"; }
+
+mixed_tiny() {
+  KILN_SHARED=$(oracle_root) "$@" "$build/tests/cuda/test_cuda_mixed"
+}
+sec_mixed() {
+  mixed_tiny 2>&1 | grep -vi "cudnn" | tee "$logs/mixed.log"
+  return "${PIPESTATUS[0]}"
+}
+sec_mixedsan() {
+  mixed_tiny sanitize memcheck mixed-memcheck || return 1
+  mixed_tiny sanitize initcheck mixed-initcheck
+}
+sec_mixedfull() {
+  fullsize_checkpoint || return 1
+  "$build/tests/cuda/test_cuda_mixed" --model "$fulldir" --max-seq 512 --out-layers 9,18,27 \
+    2>&1 | grep -vi "cudnn" | tee "$logs/mixedfull.log"
+  return "${PIPESTATUS[0]}"
+}
 
 want=("$@")
 [ ${#want[@]} -gt 0 ] || want=("${SECTIONS[@]}")
