@@ -57,11 +57,18 @@ static kiln_bus *bus_new(int type, kiln_err *err)
         return NULL;
     }
     b->sock = zmq_socket(b->ctx, type);
-    /* Linger bounds how long close waits to flush the last replies; ZMTP
-     * heartbeats notice a peer that vanished without closing TCP. */
+    /* Linger bounds how long close waits to flush the last replies.  A
+     * peer that vanished without closing TCP is noticed by the kernel's
+     * keepalive (about 25 s), not by ZMTP heartbeats: those are answered
+     * by the process, so a process paused for a few seconds (SIGSTOP, a
+     * cgroup freeze, a long GC-like stall) would lose its connection, and
+     * with it the messages queued on it.  Liveness is the protocol's
+     * business (hb, progress), judged by the gateway. */
     if (!b->sock || set_int(b, ZMQ_LINGER, 500, "linger", err) ||
-        set_int(b, ZMQ_HEARTBEAT_IVL, 1000, "heartbeat", err) ||
-        set_int(b, ZMQ_HEARTBEAT_TIMEOUT, 3000, "heartbeat timeout", err) ||
+        set_int(b, ZMQ_TCP_KEEPALIVE, 1, "tcp keepalive", err) ||
+        set_int(b, ZMQ_TCP_KEEPALIVE_IDLE, 10, "tcp keepalive idle", err) ||
+        set_int(b, ZMQ_TCP_KEEPALIVE_INTVL, 5, "tcp keepalive interval", err) ||
+        set_int(b, ZMQ_TCP_KEEPALIVE_CNT, 3, "tcp keepalive count", err) ||
         set_int(b, ZMQ_SNDHWM, 10000, "send hwm", err) ||
         set_int(b, ZMQ_RCVHWM, 10000, "receive hwm", err)) {
         if (!b->sock)

@@ -8,20 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const msg_names[] = {
-    [KILN_MSG_HELLO] = "hello", [KILN_MSG_READY] = "ready",     [KILN_MSG_HB] = "hb",
-    [KILN_MSG_DONE] = "done",   [KILN_MSG_RELEASE] = "release", [KILN_MSG_JOB] = "job",
-    [KILN_MSG_CANCEL] = "cancel", [KILN_MSG_FREE] = "free",
+static const char *const msg_names[KILN_MSG_TYPE_END] = {
+    [KILN_MSG_HELLO] = "hello",   [KILN_MSG_READY] = "ready",   [KILN_MSG_HB] = "hb",
+    [KILN_MSG_DONE] = "done",     [KILN_MSG_RELEASE] = "release", [KILN_MSG_JOB] = "job",
+    [KILN_MSG_CANCEL] = "cancel", [KILN_MSG_FREE] = "free",     [KILN_MSG_FENCED] = "fenced",
 };
 
 const char *kiln_msg_type_name(kiln_msg_type t)
 {
-    return t >= KILN_MSG_HELLO && t <= KILN_MSG_FREE ? msg_names[t] : NULL;
+    return t >= KILN_MSG_HELLO && t < KILN_MSG_TYPE_END ? msg_names[t] : NULL;
 }
 
 int kiln_msg_type_parse(const char *name, kiln_msg_type *out)
 {
-    for (int t = KILN_MSG_HELLO; t <= KILN_MSG_FREE; t++)
+    for (int t = KILN_MSG_HELLO; t < KILN_MSG_TYPE_END; t++)
         if (!strcmp(name, msg_names[t])) {
             *out = (kiln_msg_type)t;
             return 0;
@@ -180,8 +180,10 @@ kiln_status kiln_tensor_ref_check(const kiln_tensor_ref *r, kiln_err *err)
             return kiln_err_set(err, KILN_ERR_INVALID, "inline reference without data");
         return KILN_OK;
     }
-    if (!id_valid(r->owner))
-        return kiln_err_set(err, KILN_ERR_INVALID, "bad owner id");
+    if (!id_valid(r->owner) || !r->epoch)
+        return kiln_err_set(err, KILN_ERR_INVALID, "bad owner id or epoch");
+    if (!r->gen)
+        return kiln_err_set(err, KILN_ERR_INVALID, "bad generation");
     if (!kiln_slab_name_valid(r->slab))
         return kiln_err_set(err, KILN_ERR_INVALID, "bad slab name");
     /* Consumers use the mapped range in place as typed memory. */
@@ -300,6 +302,8 @@ static kiln_status check_done(const kiln_msg_done *d, kiln_err *err)
 
 static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
 {
+    if (!m->epoch)
+        return kiln_err_set(err, KILN_ERR_INVALID, "epoch: missing or 0");
     switch (m->type) {
     case KILN_MSG_HELLO: {
         const kiln_msg_hello *h = &m->hello;
@@ -323,6 +327,7 @@ static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
         return KILN_OK;
     case KILN_MSG_HB:
     case KILN_MSG_CANCEL:
+    case KILN_MSG_FENCED:
         return KILN_OK;
     case KILN_MSG_DONE:
         return check_done(&m->done, err) ? kiln_err_wrap(err, "done") : KILN_OK;
@@ -340,6 +345,8 @@ static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
         return KILN_OK;
     case KILN_MSG_JOB:
         return check_job(&m->job, err) ? kiln_err_wrap(err, "job") : KILN_OK;
+    case KILN_MSG_TYPE_END:
+        break;
     }
     return kiln_err_set(err, KILN_ERR_INVALID, "unknown message type");
 }

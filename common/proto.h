@@ -2,7 +2,7 @@
  * replicas, and the tensor references they carry (docs/ARCHITECTURE.md,
  * "Services", is the normative description; this is its C form).
  *
- *   kiln_msg m = {.type = KILN_MSG_READY, .ready.credits = 4};
+ *   kiln_msg m = {.type = KILN_MSG_READY, .epoch = my_epoch, .ready.credits = 4};
  *   kiln_buf frame = {0};
  *   if (kiln_msg_encode(&m, &frame, &err)) ...        // one zmq frame
  *
@@ -37,7 +37,7 @@
 #include "image.h"
 #include "tensor.h"
 
-#define KILN_PROTO_VERSION 1
+#define KILN_PROTO_VERSION 2
 
 #define KILN_PROTO_MAX_FRAME (512u << 20) /* bytes in one message */
 #define KILN_PROTO_ID_MAX 128             /* replica ids, host and model names, with the NUL */
@@ -68,6 +68,8 @@ typedef enum kiln_msg_type {
     KILN_MSG_JOB,
     KILN_MSG_CANCEL,
     KILN_MSG_FREE,
+    KILN_MSG_FENCED,
+    KILN_MSG_TYPE_END /* one past the last type */
 } kiln_msg_type;
 
 /* The `t` string of a type ("hello", "job", ...); NULL for an invalid one. */
@@ -124,8 +126,13 @@ typedef struct kiln_tensor_ref {
     uint64_t len; /* bytes = numel * dtype size, checked on decode */
     /* shm and cuda_ipc: */
     char owner[KILN_PROTO_ID_MAX];   /* replica id whose pool the range returns to */
+    uint64_t epoch;                  /* the owner's incarnation (kiln_msg.epoch), != 0 */
     char slab[KILN_PROTO_SLAB_MAX];  /* shm name "/kiln-..." (also names a cuda slab) */
     uint64_t off;                    /* byte offset in the slab */
+    /* The range's allocation, != 0: unique within the owner's incarnation,
+     * so a free or a read of a range that was freed and handed out again
+     * never matches (common/slab_table.h). */
+    uint64_t gen;
     /* cuda_ipc only: */
     uint8_t handle[KILN_PROTO_IPC_HANDLE];
     int device; /* producer's device ordinal */
@@ -240,8 +247,15 @@ typedef struct kiln_msg_job {
     kiln_ref_map in; /* denoise: embeds, neg?, ref_tokens?, ref_ids?; decode: latents */
 } kiln_msg_job;
 
+/* Every message carries `epoch`: the incarnation of the replica that
+ * sends it (replica -> gateway) or that it is meant for (gateway ->
+ * replica).  A replica draws a random non-zero epoch when it starts; the
+ * gateway ignores whatever comes from an incarnation it has fenced, and a
+ * replica drops whatever is addressed to another incarnation of its id
+ * (docs/ARCHITECTURE.md, "Fencing"). */
 typedef struct kiln_msg {
     kiln_msg_type type;
+    uint64_t epoch; /* != 0 */
     union {
         kiln_msg_hello hello;
         kiln_msg_ready ready;
@@ -249,6 +263,7 @@ typedef struct kiln_msg {
         kiln_msg_refs refs; /* release and free */
         kiln_msg_job job;
         uint64_t cancel_job; /* cancel */
+        /* fenced: no fields; the epoch it names is declared dead */
     };
 } kiln_msg;
 

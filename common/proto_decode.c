@@ -281,7 +281,9 @@ static kiln_status tensor_ref(dec *d, const msgpack_object *o, kiln_tensor_ref *
         r->data = b.data;
     } else {
         if (get_name(d, o, "owner", r->owner, sizeof r->owner) ||
-            get_name(d, o, "slab", r->slab, sizeof r->slab) || get_u64(d, o, "off", &r->off))
+            get_u64(d, o, "epoch", &r->epoch) ||
+            get_name(d, o, "slab", r->slab, sizeof r->slab) || get_u64(d, o, "off", &r->off) ||
+            get_u64(d, o, "gen", &r->gen))
             return KILN_ERR_INVALID;
         if (r->kind == KILN_REF_CUDA_IPC) {
             const msgpack_object *h;
@@ -479,6 +481,8 @@ static kiln_status extract(dec *d, const msgpack_object *o, kiln_msg *m)
         return bad(d, "message", "not a map");
     if (get_name(d, o, "t", t, sizeof t) || kiln_msg_type_parse(t, &m->type))
         return bad(d, "t", "missing or unknown message type");
+    if (get_u64(d, o, "epoch", &m->epoch))
+        return KILN_ERR_INVALID;
     switch (m->type) {
     case KILN_MSG_HELLO: return hello(d, o, &m->hello);
     case KILN_MSG_READY: return get_int(d, o, "credits", &m->ready.credits);
@@ -488,6 +492,8 @@ static kiln_status extract(dec *d, const msgpack_object *o, kiln_msg *m)
     case KILN_MSG_FREE: return refs(d, o, &m->refs);
     case KILN_MSG_JOB: return job(d, o, &m->job);
     case KILN_MSG_CANCEL: return get_u64(d, o, "job", &m->cancel_job);
+    case KILN_MSG_FENCED: return KILN_OK;
+    case KILN_MSG_TYPE_END: break;
     }
     return bad(d, "t", "unknown message type");
 }

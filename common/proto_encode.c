@@ -57,9 +57,17 @@ static void kv_bool(msgpack_packer *pk, const char *k, int v)
         msgpack_pack_false(pk);
 }
 
+/* A message map with `t`, `epoch` and `fields` more entries. */
+static void head(msgpack_packer *pk, const kiln_msg *m, size_t fields)
+{
+    msgpack_pack_map(pk, fields + 2);
+    kv_str(pk, "t", kiln_msg_type_name(m->type));
+    kv_u64(pk, "epoch", m->epoch);
+}
+
 static void tensor_ref(msgpack_packer *pk, const kiln_tensor_ref *r)
 {
-    size_t fields = r->kind == KILN_REF_INLINE ? 5 : r->kind == KILN_REF_SHM ? 7 : 9;
+    size_t fields = r->kind == KILN_REF_INLINE ? 5 : r->kind == KILN_REF_SHM ? 9 : 11;
     msgpack_pack_map(pk, fields);
     kv_str(pk, "kind", kiln_ref_kind_name(r->kind));
     kv_str(pk, "dtype", kiln_dtype_name(r->dtype));
@@ -74,8 +82,10 @@ static void tensor_ref(msgpack_packer *pk, const kiln_tensor_ref *r)
         return;
     }
     kv_str(pk, "owner", r->owner);
+    kv_u64(pk, "epoch", r->epoch);
     kv_str(pk, "slab", r->slab);
     kv_u64(pk, "off", r->off);
+    kv_u64(pk, "gen", r->gen);
     if (r->kind == KILN_REF_CUDA_IPC) {
         key(pk, "handle");
         bin(pk, r->handle, sizeof r->handle);
@@ -93,10 +103,10 @@ static void ref_map(msgpack_packer *pk, const char *k, const kiln_ref_map *m)
     }
 }
 
-static void hello(msgpack_packer *pk, const kiln_msg_hello *h)
+static void hello(msgpack_packer *pk, const kiln_msg *m)
 {
-    msgpack_pack_map(pk, 8);
-    kv_str(pk, "t", "hello");
+    const kiln_msg_hello *h = &m->hello;
+    head(pk, m, 7);
     kv_str(pk, "stage", kiln_stage_name(h->stage));
     kv_str(pk, "replica", h->replica);
     kv_str(pk, "model", h->model);
@@ -113,10 +123,10 @@ static void hello(msgpack_packer *pk, const kiln_msg_hello *h)
             str(pk, kiln_ref_kind_name((kiln_ref_kind)k));
 }
 
-static void done(msgpack_packer *pk, const kiln_msg_done *d)
+static void done(msgpack_packer *pk, const kiln_msg *m)
 {
-    msgpack_pack_map(pk, d->ok ? 6 : 7);
-    kv_str(pk, "t", "done");
+    const kiln_msg_done *d = &m->done;
+    head(pk, m, d->ok ? 5 : 6);
     kv_u64(pk, "job", d->job);
     kv_bool(pk, "ok", d->ok);
     if (!d->ok) {
@@ -138,11 +148,11 @@ static void done(msgpack_packer *pk, const kiln_msg_done *d)
     }
 }
 
-static void job(msgpack_packer *pk, const kiln_msg_job *j)
+static void job(msgpack_packer *pk, const kiln_msg *m)
 {
+    const kiln_msg_job *j = &m->job;
     static const int fields[KILN_STAGE_COUNT] = {4, 7, 4};
-    msgpack_pack_map(pk, (size_t)(4 + fields[j->stage]));
-    kv_str(pk, "t", "job");
+    head(pk, m, (size_t)(3 + fields[j->stage]));
     kv_u64(pk, "job", j->job);
     kv_str(pk, "stage", kiln_stage_name(j->stage));
     ref_map(pk, "in", &j->in);
@@ -190,10 +200,10 @@ static void job(msgpack_packer *pk, const kiln_msg_job *j)
     }
 }
 
-static void refs(msgpack_packer *pk, const char *t, const kiln_msg_refs *r)
+static void refs(msgpack_packer *pk, const kiln_msg *m)
 {
-    msgpack_pack_map(pk, 2);
-    kv_str(pk, "t", t);
+    const kiln_msg_refs *r = &m->refs;
+    head(pk, m, 1);
     key(pk, "refs");
     msgpack_pack_array(pk, (size_t)r->n);
     for (int i = 0; i < r->n; i++)
@@ -209,25 +219,24 @@ kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err)
     msgpack_packer pk;
     msgpack_packer_init(&pk, &s, sink_write);
     switch (m->type) {
-    case KILN_MSG_HELLO: hello(&pk, &m->hello); break;
+    case KILN_MSG_HELLO: hello(&pk, m); break;
     case KILN_MSG_READY:
-        msgpack_pack_map(&pk, 2);
-        kv_str(&pk, "t", "ready");
+        head(&pk, m, 1);
         kv_int(&pk, "credits", m->ready.credits);
         break;
     case KILN_MSG_HB:
-        msgpack_pack_map(&pk, 1);
-        kv_str(&pk, "t", "hb");
+    case KILN_MSG_FENCED:
+        head(&pk, m, 0);
         break;
-    case KILN_MSG_DONE: done(&pk, &m->done); break;
-    case KILN_MSG_RELEASE: refs(&pk, "release", &m->refs); break;
-    case KILN_MSG_FREE: refs(&pk, "free", &m->refs); break;
-    case KILN_MSG_JOB: job(&pk, &m->job); break;
+    case KILN_MSG_DONE: done(&pk, m); break;
+    case KILN_MSG_RELEASE:
+    case KILN_MSG_FREE: refs(&pk, m); break;
+    case KILN_MSG_JOB: job(&pk, m); break;
     case KILN_MSG_CANCEL:
-        msgpack_pack_map(&pk, 2);
-        kv_str(&pk, "t", "cancel");
+        head(&pk, m, 1);
         kv_u64(&pk, "job", m->cancel_job);
         break;
+    case KILN_MSG_TYPE_END: break; /* refused by kiln_msg_check */
     }
     if (!s.failed && out->len - start > KILN_PROTO_MAX_FRAME)
         s.failed = kiln_err_set(err, KILN_ERR_TOO_LARGE, "message over %u bytes",

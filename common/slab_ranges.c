@@ -27,16 +27,16 @@ static void list_remove(kiln_range_list *l, int at)
 int kiln_slab_ranges_init(kiln_slab_ranges *r, uint64_t size)
 {
     memset(r, 0, sizeof *r);
-    return list_insert(&r->free, 0, (kiln_range){0, size});
+    return list_insert(&r->free, 0, (kiln_range){0, size, 0});
 }
 
-int kiln_slab_ranges_take(kiln_slab_ranges *r, uint64_t len, uint64_t *off)
+int kiln_slab_ranges_take(kiln_slab_ranges *r, uint64_t len, uint64_t gen, uint64_t *off)
 {
     for (int i = 0; i < r->free.n; i++) {
         kiln_range *f = &r->free.v[i];
         if (f->len < len)
             continue;
-        if (list_insert(&r->used, r->used.n, (kiln_range){f->off, len}))
+        if (list_insert(&r->used, r->used.n, (kiln_range){f->off, len, gen}))
             return -1;
         *off = f->off;
         f->off += len, f->len -= len;
@@ -67,13 +67,13 @@ static int free_insert(kiln_range_list *fl, uint64_t off, uint64_t len)
         next->off = off, next->len += len;
         return 0;
     }
-    return list_insert(fl, i, (kiln_range){off, len});
+    return list_insert(fl, i, (kiln_range){off, len, 0});
 }
 
-int kiln_slab_ranges_give(kiln_slab_ranges *r, uint64_t off, uint64_t len)
+int kiln_slab_ranges_give(kiln_slab_ranges *r, uint64_t off, uint64_t len, uint64_t gen)
 {
     for (int u = 0; u < r->used.n; u++) {
-        if (r->used.v[u].off != off || r->used.v[u].len != len)
+        if (r->used.v[u].off != off || r->used.v[u].len != len || r->used.v[u].gen != gen)
             continue;
         if (free_insert(&r->free, off, len))
             return -1;

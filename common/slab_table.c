@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "slab_ranges.h"
 
 #define MIB ((size_t)1 << 20)
@@ -30,6 +31,9 @@ typedef struct kiln_slab_table {
     const char *what; /* the kind's name, for messages */
     pthread_mutex_t mu;
     char owner[KILN_PROTO_ID_MAX];
+    uint64_t epoch;    /* the owner's incarnation, in every reference */
+    uint64_t next_gen; /* the last generation handed out */
+    int refused;       /* frees refused */
     char stage[STAGE_MAX];
     int device;
     size_t slab_bytes, max_bytes, total;
@@ -44,9 +48,59 @@ typedef struct kiln_slab_table {
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-/* The bytes a range of a `bytes`-long tensor takes: every range starts
- * aligned, and an empty tensor still gets an offset of its own. */
-static uint64_t range_len(uint64_t bytes) { return round_up(bytes ? bytes : 1, KILN_PROTO_ALIGN); }
+/* Each range is preceded in its slab by a header that says which
+ * allocation lives there: written by the producer when it hands the range
+ * out, cleared when the range comes back.  A consumer reads it when it
+ * opens a reference and again when it is done (kiln_transport_verify), so
+ * a reference whose range was freed, or freed and handed out again, is
+ * refused instead of read: the slab's memory is the arbiter, whatever the
+ * messages say. */
+typedef struct range_header {
+    uint64_t magic; /* RANGE_LIVE while live, 0 once freed */
+    uint64_t epoch, gen, len;
+    uint64_t pad[4];
+} range_header;
+#define HDR ((uint64_t)KILN_PROTO_ALIGN)
+#define RANGE_LIVE 0x026e72676e6c696bull /* "kilnrng" 2 */
+_Static_assert(sizeof(range_header) == KILN_PROTO_ALIGN, "a header keeps ranges aligned");
+
+/* The bytes a range of a `bytes`-long tensor takes with its header: every
+ * range starts aligned, and an empty tensor still gets an offset of its
+ * own. */
+static uint64_t range_len(uint64_t bytes)
+{
+    return HDR + round_up(bytes ? bytes : 1, KILN_PROTO_ALIGN);
+}
+
+static kiln_status put_header(const kiln_slab_table *tab, uint8_t *at, const range_header *h,
+                              kiln_err *err)
+{
+    if (tab->kind->copy_in)
+        return tab->kind->copy_in(at, h, sizeof *h, tab->device, err);
+    memcpy(at, h, sizeof *h);
+    return KILN_OK;
+}
+
+/* KILN_ERR_NOT_FOUND unless the header before the ref's range in the
+ * slab mapped at `base` names the ref's allocation. */
+static kiln_status check_header(const kiln_slab_table *tab, const uint8_t *base,
+                                const kiln_tensor_ref *ref, kiln_err *err)
+{
+    range_header h;
+    const uint8_t *at = base + ref->off - HDR;
+    if (tab->kind->copy_out) {
+        if (tab->kind->copy_out(&h, at, sizeof h, tab->device, err))
+            return err ? err->code : KILN_ERR_DEVICE;
+    } else {
+        memcpy(&h, at, sizeof h);
+    }
+    if (h.magic == RANGE_LIVE && h.epoch == ref->epoch && h.gen == ref->gen && h.len == ref->len)
+        return KILN_OK;
+    return kiln_err_set(err, KILN_ERR_NOT_FOUND,
+                        "%s ref %s+%llu gen %llu is not live (freed, or handed out again)",
+                        tab->what, ref->slab, (unsigned long long)ref->off,
+                        (unsigned long long)ref->gen);
+}
 
 /* Array v (n used of *cap, elements of `size` bytes) with room for one
  * more, or NULL with v untouched. */
@@ -96,24 +150,33 @@ static kiln_status table_alloc(kiln_transport *t, size_t bytes, kiln_tensor_ref 
     kiln_slab_table *tab = t->impl;
     uint64_t len = range_len(bytes), off = 0;
     pthread_mutex_lock(&tab->mu);
+    uint64_t gen = ++tab->next_gen;
     pool_slab *p = NULL;
     for (int i = 0; i < tab->n_slabs && !p; i++)
-        if (!kiln_slab_ranges_take(&tab->slabs[i]->ranges, len, &off))
+        if (!kiln_slab_ranges_take(&tab->slabs[i]->ranges, len, gen, &off))
             p = tab->slabs[i];
     kiln_status st = KILN_OK;
     if (!p) {
         size_t size = len > tab->slab_bytes ? round_up(len, MIB) : tab->slab_bytes;
         st = new_slab(tab, size, &p, err);
-        if (!st && kiln_slab_ranges_take(&p->ranges, len, &off))
+        if (!st && kiln_slab_ranges_take(&p->ranges, len, gen, &off))
             st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    }
+    if (!st) {
+        range_header h = {.magic = RANGE_LIVE, .epoch = tab->epoch, .gen = gen, .len = bytes};
+        st = put_header(tab, p->s.base + off, &h, err);
+        if (st)
+            kiln_slab_ranges_give(&p->ranges, off, len, gen);
     }
     if (!st) {
         snprintf(ref->owner, sizeof ref->owner, "%s", tab->owner);
         snprintf(ref->slab, sizeof ref->slab, "%s", p->s.name);
-        ref->off = off;
+        ref->epoch = tab->epoch;
+        ref->gen = gen;
+        ref->off = off + HDR;
         memcpy(ref->handle, p->s.handle, sizeof ref->handle);
         ref->device = tab->device;
-        *ptr = p->s.base + off;
+        *ptr = p->s.base + ref->off;
     }
     pthread_mutex_unlock(&tab->mu);
     return st;
@@ -122,22 +185,33 @@ static kiln_status table_alloc(kiln_transport *t, size_t bytes, kiln_tensor_ref 
 static kiln_status table_free(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err)
 {
     kiln_slab_table *tab = t->impl;
-    if (strcmp(ref->owner, tab->owner))
-        return kiln_err_set(err, KILN_ERR_INVALID, "%s free: owned by %s, not %s", tab->what,
-                            ref->owner, tab->owner);
     int rc = 1;
     pthread_mutex_lock(&tab->mu);
-    for (int i = 0; i < tab->n_slabs; i++)
-        if (!strcmp(tab->slabs[i]->s.name, ref->slab)) {
-            rc = kiln_slab_ranges_give(&tab->slabs[i]->ranges, ref->off, range_len(ref->len));
-            break;
-        }
+    pool_slab *p = NULL;
+    if (!strcmp(ref->owner, tab->owner) && ref->epoch == tab->epoch && ref->off >= HDR)
+        for (int i = 0; i < tab->n_slabs && !p; i++)
+            if (!strcmp(tab->slabs[i]->s.name, ref->slab))
+                p = tab->slabs[i];
+    if (p)
+        rc = kiln_slab_ranges_give(&p->ranges, ref->off - HDR, range_len(ref->len), ref->gen);
+    if (!rc) {
+        /* Cleared, so that a reference to it no longer opens or verifies. */
+        range_header dead = {0};
+        kiln_err herr = {0};
+        if (put_header(tab, p->s.base + ref->off - HDR, &dead, &herr))
+            KILN_LOG_WARN("%s free: clearing a range header: %s", tab->what, herr.msg);
+    } else if (rc > 0) {
+        tab->refused++;
+    }
     pthread_mutex_unlock(&tab->mu);
     if (rc < 0)
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
     if (rc)
-        return kiln_err_set(err, KILN_ERR_INVALID, "%s free: %s+%llu is not a live range",
-                            tab->what, ref->slab, (unsigned long long)ref->off);
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "%s free refused: %s epoch %016llx %s+%llu gen %llu is not a live "
+                            "range of %s", tab->what, ref->owner, (unsigned long long)ref->epoch,
+                            ref->slab, (unsigned long long)ref->off, (unsigned long long)ref->gen,
+                            tab->owner);
     return KILN_OK;
 }
 
@@ -146,7 +220,7 @@ static kiln_status table_free(kiln_transport *t, const kiln_tensor_ref *ref, kil
 static kiln_status check_range(const kiln_slab_table *tab, const kiln_tensor_ref *ref,
                                size_t slab_size, kiln_err *err)
 {
-    if (slab_size && ref->off <= slab_size && ref->len <= slab_size - ref->off)
+    if (slab_size && ref->off >= HDR && ref->off <= slab_size && ref->len <= slab_size - ref->off)
         return KILN_OK;
     return kiln_err_set(err, KILN_ERR_INVALID, "%s ref %s+%llu (%llu bytes) outside its slab",
                         tab->what, ref->slab, (unsigned long long)ref->off,
@@ -217,13 +291,18 @@ static kiln_status table_open(kiln_transport *t, const kiln_tensor_ref *ref, con
     const uint8_t *local = k->local ? k->local(ref) : NULL;
     pthread_mutex_lock(&tab->mu);
     if (local) {
-        tab->local_open++;
-        *ptr = local + ref->off;
+        st = check_header(tab, local, ref, err);
+        if (!st) {
+            tab->local_open++;
+            *ptr = local + ref->off;
+        }
     } else {
         mapping *m = find_map(tab, ref);
         st = m ? KILN_OK : map_slab(tab, ref, &m, err);
         if (!st)
             st = check_range(tab, ref, m->m.size, err);
+        if (!st)
+            st = check_header(tab, m->m.base, ref, err);
         if (!st) {
             m->refs++;
             m->last_use = ++tab->tick;
@@ -252,6 +331,20 @@ static void table_close(kiln_transport *t, const kiln_tensor_ref *ref)
     pthread_mutex_unlock(&tab->mu);
 }
 
+static kiln_status table_verify(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err)
+{
+    kiln_slab_table *tab = t->impl;
+    const uint8_t *local = tab->kind->local ? tab->kind->local(ref) : NULL;
+    pthread_mutex_lock(&tab->mu);
+    mapping *m = local ? NULL : find_map(tab, ref);
+    kiln_status st = local ? check_header(tab, local, ref, err)
+                     : m   ? check_header(tab, m->m.base, ref, err)
+                           : kiln_err_set(err, KILN_ERR_INVALID, "%s verify: %s is not open",
+                                          tab->what, ref->slab);
+    pthread_mutex_unlock(&tab->mu);
+    return st;
+}
+
 /* ---- both ---- */
 
 static void table_stats(kiln_transport *t, kiln_transport_stats *st)
@@ -267,6 +360,7 @@ static void table_stats(kiln_transport *t, kiln_transport_stats *st)
     }
     st->mapped = tab->n_maps;
     st->open = tab->open;
+    st->refused = tab->refused;
     pthread_mutex_unlock(&tab->mu);
 }
 
@@ -288,18 +382,18 @@ static void table_destroy(kiln_transport *t)
 }
 
 static const kiln_transport_ops table_ops = {
-    .alloc = table_alloc, .free = table_free, .open = table_open,
-    .close = table_close, .stats = table_stats, .destroy = table_destroy,
+    .alloc = table_alloc, .free = table_free, .open = table_open, .close = table_close,
+    .verify = table_verify, .stats = table_stats, .destroy = table_destroy,
 };
 
 kiln_transport *kiln_slab_table_create(const kiln_slab_kind *kind, const char *owner,
-                                       const char *stage, int device, size_t slab_bytes,
-                                       size_t max_bytes, kiln_err *err)
+                                       uint64_t epoch, const char *stage, int device,
+                                       size_t slab_bytes, size_t max_bytes, kiln_err *err)
 {
     const char *what = kiln_ref_kind_name(kind->ref_kind);
     if (!owner || !*owner || strlen(owner) >= KILN_PROTO_ID_MAX || !stage || !*stage ||
-        strlen(stage) >= STAGE_MAX) {
-        kiln_err_set(err, KILN_ERR_INVALID, "%s transport: bad owner or stage name", what);
+        strlen(stage) >= STAGE_MAX || !epoch) {
+        kiln_err_set(err, KILN_ERR_INVALID, "%s transport: bad owner, epoch or stage name", what);
         return NULL;
     }
     /* The stage is part of slab names, which must stay valid shm names. */
@@ -318,6 +412,7 @@ kiln_transport *kiln_slab_table_create(const kiln_slab_kind *kind, const char *o
     tab->kind = kind;
     tab->what = what;
     snprintf(tab->owner, sizeof tab->owner, "%s", owner);
+    tab->epoch = epoch;
     snprintf(tab->stage, sizeof tab->stage, "%s", stage);
     tab->device = device;
     tab->slab_bytes = round_up(slab_bytes ? slab_bytes : DEFAULT_SLAB, kind->slab_round);

@@ -10,7 +10,7 @@
  *       .default_max = (size_t)4 << 30, .max_idle_maps = 64,
  *       .make = shm_make, .unmake = shm_unmake, .map = shm_map, .unmap = shm_unmap,
  *   };
- *   kiln_transport *t = kiln_slab_table_create(&shm_kind, "encode-box-42", "encode", 0,
+ *   kiln_transport *t = kiln_slab_table_create(&shm_kind, "encode-box-42", epoch, "encode", 0,
  *                                              slab_bytes, max_bytes, &err);
  *   ... kiln_transport_alloc / free / open / close / stats_get on t ...
  *   kiln_transport_destroy(t);
@@ -18,9 +18,15 @@
  * Producer: a range is 64-byte aligned and comes first-fit from the slabs
  * in creation order; when none fits a new slab of slab_bytes is made, or
  * one of the tensor's own size rounded up to a MiB when it is bigger, as
- * long as the slabs stay within max_bytes.  Consumer: each slab is mapped
- * once and the mapping kept while references to it are open; beyond
- * max_idle_maps idle mappings the least recently used one is unmapped.
+ * long as the slabs stay within max_bytes.  Every allocation gets a new
+ * generation (1, 2, ...) and a 64-byte header in the slab just before its
+ * bytes naming it (epoch, generation, length); a free must name the
+ * owner, epoch, slab, offset, length and generation of a live range, and
+ * clears the header.  Consumer: each slab is mapped once and the mapping
+ * kept while references to it are open; beyond max_idle_maps idle
+ * mappings the least recently used one is unmapped.  Opening a reference
+ * and kiln_transport_verify read the header and refuse a reference whose
+ * range is not that allocation any more (KILN_ERR_NOT_FOUND).
  *
  * Thread-safety: the kiln_transport calls may come from any thread; a
  * mutex per table guards producer and consumer state alike.  make, map and
@@ -87,17 +93,24 @@ typedef struct kiln_slab_kind {
      * 0 when it states none or a bad one; the range is then checked before
      * anything is looked up or mapped. */
     size_t (*ref_size)(const kiln_tensor_ref *ref);
+    /* Optional, for slabs outside host memory (NULL: memcpy): copy n
+     * bytes from the host into a slab at `dst` (a producer's range
+     * header), and out of a slab (the producer's or a mapping) at `src`
+     * to the host.  Set err on failure. */
+    kiln_status (*copy_in)(uint8_t *dst, const void *src, size_t n, int device, kiln_err *err);
+    kiln_status (*copy_out)(void *dst, const uint8_t *src, size_t n, int device, kiln_err *err);
 } kiln_slab_kind;
 
-/* A transport of `kind` for replica `owner` of `stage` ([a-z0-9], under 16
- * characters) on `device`, making slabs of slab_bytes (0 = 64 MiB, rounded
- * up to kind->slab_round) up to max_bytes in all (0 = kind->default_max).
- * `kind` must outlive it.  NULL with err set: KILN_ERR_INVALID for a bad
- * owner or stage, KILN_ERR_NOMEM.  The caller owns the transport and
- * destroys it with kiln_transport_destroy, which unmaps the mappings and
- * unmakes the slabs. */
+/* A transport of `kind` for incarnation `epoch` (!= 0) of replica `owner`
+ * of `stage` ([a-z0-9], under 16 characters) on `device`, making slabs of
+ * slab_bytes (0 = 64 MiB, rounded up to kind->slab_round) up to max_bytes
+ * in all (0 = kind->default_max).  `kind` must outlive it.  NULL with err
+ * set: KILN_ERR_INVALID for a bad owner, epoch or stage, KILN_ERR_NOMEM.
+ * The caller owns the transport and destroys it with
+ * kiln_transport_destroy, which unmaps the mappings and unmakes the
+ * slabs. */
 kiln_transport *kiln_slab_table_create(const kiln_slab_kind *kind, const char *owner,
-                                       const char *stage, int device, size_t slab_bytes,
-                                       size_t max_bytes, kiln_err *err);
+                                       uint64_t epoch, const char *stage, int device,
+                                       size_t slab_bytes, size_t max_bytes, kiln_err *err);
 
 #endif

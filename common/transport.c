@@ -59,6 +59,14 @@ kiln_status kiln_transport_open(kiln_transport *t, const kiln_tensor_ref *ref, c
     return t->ops->open(t, ref, ptr, err);
 }
 
+kiln_status kiln_transport_verify(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err)
+{
+    if (ref->kind != t->kind)
+        return kiln_err_set(err, KILN_ERR_INVALID, "transport %s: cannot verify a %s reference",
+                            kiln_ref_kind_name(t->kind), kiln_ref_kind_name(ref->kind));
+    return t->ops->verify(t, ref, err);
+}
+
 void kiln_transport_close(kiln_transport *t, const kiln_tensor_ref *ref)
 {
     if (ref->kind == t->kind)
@@ -143,6 +151,14 @@ static kiln_status inline_open(kiln_transport *t, const kiln_tensor_ref *ref, co
     return KILN_OK;
 }
 
+/* Inline bytes belong to the message that carried them: nobody can free
+ * or reuse them under the reader. */
+static kiln_status inline_verify(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err)
+{
+    (void)t, (void)ref, (void)err;
+    return KILN_OK;
+}
+
 static void inline_close(kiln_transport *t, const kiln_tensor_ref *ref)
 {
     (void)ref;
@@ -177,8 +193,8 @@ static void inline_destroy(kiln_transport *t)
 }
 
 static const kiln_transport_ops inline_ops = {
-    .alloc = inline_alloc, .free = inline_free, .open = inline_open,
-    .close = inline_close, .stats = inline_stats, .destroy = inline_destroy,
+    .alloc = inline_alloc, .free = inline_free, .open = inline_open, .close = inline_close,
+    .verify = inline_verify, .stats = inline_stats, .destroy = inline_destroy,
 };
 
 kiln_transport *kiln_transport_inline_create(kiln_err *err)

@@ -3,7 +3,7 @@
  * "Tensor references").
  *
  *   // producer (owner of the memory)
- *   kiln_transport *tx = kiln_transport_shm_create("encode-box-42", "encode", 0, &err);
+ *   kiln_transport *tx = kiln_transport_shm_create("encode-box-42", epoch, "encode", 0, 0, &err);
  *   kiln_tensor_ref ref; void *p;
  *   kiln_transport_alloc(tx, KILN_F32, 3, shape, &ref, &p, &err);
  *   memcpy(p, bytes, ref.len);          // then send ref in a message
@@ -13,6 +13,7 @@
  *   const void *data;
  *   kiln_transport_open(rx, &ref, &data, &err);   // maps the slab once, cached
  *   ... use data (read-only) ...
+ *   if (kiln_transport_verify(rx, &ref, &err)) ...the range changed under us: discard...
  *   kiln_transport_close(rx, &ref);                // then send `release`
  *
  * One interface (kiln_transport_ops) with three implementations: `shm`
@@ -24,7 +25,7 @@
  * (reserved with posix_fallocate, so a full /dev/shm is an error here, not
  * a SIGBUS later) and hands out 64-byte-aligned ranges first-fit from each
  * slab's free list, merging neighbours on free; a range returns to the pool
- * only when the owner frees it.  Its slabs are unlinked when it is
+ * only when the owner frees it, naming its generation (slab_table.h).  Its slabs are unlinked when it is
  * destroyed; kiln_transport_shm_clean_stale removes those of crashed
  * processes.  A consumer maps each slab read-only once and keeps the
  * mapping (at most 64 idle mappings; one in use is never unmapped).
@@ -52,6 +53,7 @@ typedef struct kiln_transport_stats {
     int live;          /* producer: live ranges */
     int mapped;        /* consumer: slabs mapped */
     int open;          /* consumer: references opened and not closed */
+    int refused;       /* producer: frees refused (not a live range of ours) */
 } kiln_transport_stats;
 
 typedef struct kiln_transport_ops {
@@ -62,12 +64,17 @@ typedef struct kiln_transport_ops {
     kiln_status (*alloc)(kiln_transport *t, size_t bytes, kiln_tensor_ref *ref, void **ptr,
                          kiln_err *err);
     /* Returns a range this transport allocated to its pool.
-     * KILN_ERR_INVALID for a ref it does not own or a double free. */
+     * KILN_ERR_INVALID for a ref it does not own, a stale generation or a
+     * double free (nothing changes). */
     kiln_status (*free)(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err);
     /* Consumer: the address of the ref's bytes, valid until close. */
     kiln_status (*open)(kiln_transport *t, const kiln_tensor_ref *ref, const void **ptr,
                         kiln_err *err);
     void (*close)(kiln_transport *t, const kiln_tensor_ref *ref);
+    /* Consumer, on an open ref: KILN_OK while its range still holds the
+     * allocation it named, KILN_ERR_NOT_FOUND once it was freed (and
+     * perhaps handed out again). */
+    kiln_status (*verify)(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err);
     void (*stats)(kiln_transport *t, kiln_transport_stats *st);
     void (*destroy)(kiln_transport *t);
 } kiln_transport_ops;
@@ -78,19 +85,21 @@ struct kiln_transport {
     void *impl;
 };
 
-/* A shm transport for replica `owner` of `stage` ("encode", ...), creating
- * slabs of at least slab_bytes (0 = 64 MiB; bigger tensors get a slab of
- * their own size) up to max_bytes in total (0 = 4 GiB).  NULL with err set.
- * The caller owns it. */
-kiln_transport *kiln_transport_shm_create(const char *owner, const char *stage, size_t slab_bytes,
-                                          size_t max_bytes, kiln_err *err);
+/* A shm transport for incarnation `epoch` (!= 0, kiln_msg.epoch) of
+ * replica `owner` of `stage` ("encode", ...), creating slabs of at least
+ * slab_bytes (0 = 64 MiB; bigger tensors get a slab of their own size) up
+ * to max_bytes in total (0 = 4 GiB).  NULL with err set.  The caller owns
+ * it. */
+kiln_transport *kiln_transport_shm_create(const char *owner, uint64_t epoch, const char *stage,
+                                          size_t slab_bytes, size_t max_bytes, kiln_err *err);
 
 /* An inline transport: alloc mallocs the bytes the message will carry (the
  * producer frees them with kiln_transport_free once the message is sent);
  * open returns ref->data, which lives as long as the decoded message. */
 kiln_transport *kiln_transport_inline_create(kiln_err *err);
 
-/* A cuda_ipc transport for replica `owner` of `stage` on GPU `device`:
+/* A cuda_ipc transport for incarnation `epoch` of replica `owner` of
+ * `stage` on GPU `device`:
  * device slabs of at least slab_bytes (0 = 64 MiB; rounded up to MiB; a
  * bigger tensor gets a slab of its own) up to max_bytes (0 = 16 GiB),
  * allocated with cudaMalloc and exported once with cudaIpcGetMemHandle
@@ -104,14 +113,17 @@ kiln_transport *kiln_transport_inline_create(kiln_err *err);
  * Ordering is the callers' duty, as the transport sees no streams: the
  * producer's writes into *ptr must be complete (kiln_be_sync, or a stream
  * or event sync) before the reference is sent, and a consumer's reads
- * complete before it closes the reference and sends `release`.
+ * complete before it verifies and closes the reference and sends
+ * `release`.  Range headers are written and read with synchronous
+ * cudaMemcpy (64 bytes, a few microseconds each).
  * NULL with err set: KILN_ERR_UNSUPPORTED in a build without CUDA,
  * KILN_ERR_UNAVAILABLE without that device, KILN_ERR_INVALID for bad
  * names.  The caller owns it; destroying it frees the producer's slabs
  * (consumers must have closed theirs: their mappings end when their own
  * transport is destroyed or evicts them). */
-kiln_transport *kiln_transport_cuda_ipc_create(const char *owner, const char *stage, int device,
-                                               size_t slab_bytes, size_t max_bytes, kiln_err *err);
+kiln_transport *kiln_transport_cuda_ipc_create(const char *owner, uint64_t epoch,
+                                               const char *stage, int device, size_t slab_bytes,
+                                               size_t max_bytes, kiln_err *err);
 
 /* 1 when a consumer on GPU consumer_device can map cuda_ipc slabs of
  * producer_device (the same device, or peer access between the two);
@@ -141,6 +153,10 @@ kiln_status kiln_transport_free(kiln_transport *t, const kiln_tensor_ref *ref, k
  * is paired with one close. */
 kiln_status kiln_transport_open(kiln_transport *t, const kiln_tensor_ref *ref, const void **ptr,
                                 kiln_err *err);
+/* On an open reference, after the last read (see ops->verify).  A
+ * consumer that gets KILN_ERR_NOT_FOUND here must discard what it
+ * computed from the reference. */
+kiln_status kiln_transport_verify(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err);
 void kiln_transport_close(kiln_transport *t, const kiln_tensor_ref *ref);
 
 void kiln_transport_stats_get(kiln_transport *t, kiln_transport_stats *st);

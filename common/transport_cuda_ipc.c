@@ -183,6 +183,29 @@ static void ipc_unmap(const kiln_slab_map *m, int device)
     scope_leave(&sc);
 }
 
+/* Range headers (slab_table.c) live in device memory: 64 bytes each way,
+ * synchronous, outside any stream the callers order their work on. */
+static kiln_status ipc_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            int device, kiln_err *err)
+{
+    device_scope sc;
+    cudaError_t e = scope_enter(&sc, device);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(dst, src, n, kind);
+    scope_leave(&sc);
+    return e == cudaSuccess ? KILN_OK : cuda_fail(err, e, "copying a range header");
+}
+
+static kiln_status ipc_copy_in(uint8_t *dst, const void *src, size_t n, int device, kiln_err *err)
+{
+    return ipc_copy(dst, src, n, cudaMemcpyHostToDevice, device, err);
+}
+
+static kiln_status ipc_copy_out(void *dst, const uint8_t *src, size_t n, int device, kiln_err *err)
+{
+    return ipc_copy(dst, src, n, cudaMemcpyDeviceToHost, device, err);
+}
+
 static const kiln_slab_kind ipc_kind = {
     .ref_kind = KILN_REF_CUDA_IPC,
     .slab_round = MIB, /* labels state sizes in MiB */
@@ -190,18 +213,19 @@ static const kiln_slab_kind ipc_kind = {
     .max_idle_maps = 16,
     .handle_keyed = 1,
     .make = ipc_make, .unmake = ipc_unmake, .map = ipc_map, .unmap = ipc_unmap,
-    .local = local_slab, .ref_size = ref_size,
+    .local = local_slab, .ref_size = ref_size, .copy_in = ipc_copy_in, .copy_out = ipc_copy_out,
 };
 
-kiln_transport *kiln_transport_cuda_ipc_create(const char *owner, const char *stage, int device,
-                                               size_t slab_bytes, size_t max_bytes, kiln_err *err)
+kiln_transport *kiln_transport_cuda_ipc_create(const char *owner, uint64_t epoch,
+                                               const char *stage, int device, size_t slab_bytes,
+                                               size_t max_bytes, kiln_err *err)
 {
     if (device < 0 || device > 1023) {
         kiln_err_set(err, KILN_ERR_INVALID, "cuda_ipc transport: bad device %d", device);
         return NULL;
     }
-    kiln_transport *t =
-        kiln_slab_table_create(&ipc_kind, owner, stage, device, slab_bytes, max_bytes, err);
+    kiln_transport *t = kiln_slab_table_create(&ipc_kind, owner, epoch, stage, device, slab_bytes,
+                                               max_bytes, err);
     if (!t)
         return NULL;
     /* Asked after the names are checked, so that a bad name is reported as
@@ -246,10 +270,11 @@ int kiln_transport_cuda_ipc_all_reachable(void)
 
 #else /* !KILN_HAVE_CUDA */
 
-kiln_transport *kiln_transport_cuda_ipc_create(const char *owner, const char *stage, int device,
-                                               size_t slab_bytes, size_t max_bytes, kiln_err *err)
+kiln_transport *kiln_transport_cuda_ipc_create(const char *owner, uint64_t epoch,
+                                               const char *stage, int device, size_t slab_bytes,
+                                               size_t max_bytes, kiln_err *err)
 {
-    (void)owner, (void)stage, (void)device, (void)slab_bytes, (void)max_bytes;
+    (void)owner, (void)epoch, (void)stage, (void)device, (void)slab_bytes, (void)max_bytes;
     kiln_err_set(err, KILN_ERR_UNSUPPORTED, "this build of kiln has no CUDA (cuda_ipc transport)");
     return NULL;
 }

@@ -90,10 +90,10 @@ static const kiln_slab_kind shm_kind = {
     .make = shm_make, .unmake = shm_unmake, .map = shm_map, .unmap = shm_unmap,
 };
 
-kiln_transport *kiln_transport_shm_create(const char *owner, const char *stage, size_t slab_bytes,
-                                          size_t max_bytes, kiln_err *err)
+kiln_transport *kiln_transport_shm_create(const char *owner, uint64_t epoch, const char *stage,
+                                          size_t slab_bytes, size_t max_bytes, kiln_err *err)
 {
-    return kiln_slab_table_create(&shm_kind, owner, stage, 0, slab_bytes, max_bytes, err);
+    return kiln_slab_table_create(&shm_kind, owner, epoch, stage, 0, slab_bytes, max_bytes, err);
 }
 
 /* "kiln-<stage>-<pid>-<n>": the pid, or -1 when the name is not ours. */

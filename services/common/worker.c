@@ -21,10 +21,13 @@ static void wake(kiln_worker *w)
         KILN_LOG_ERROR("worker: eventfd write: %s", strerror(errno));
 }
 
-kiln_status worker_send(kiln_worker *w, const kiln_msg *m)
+int worker_halted(kiln_worker *w) { return atomic_load(&w->halt) != WORKER_RUNNING; }
+
+kiln_status worker_send(kiln_worker *w, kiln_msg *m)
 {
     kiln_err err = {0};
     kiln_buf f = {0};
+    m->epoch = w->epoch;
     if (kiln_msg_encode(m, &f, &err)) {
         KILN_LOG_ERROR("worker: cannot encode %s: %s", kiln_msg_type_name(m->type), err.msg);
         return err.code;
@@ -60,6 +63,8 @@ void worker_unhold(kiln_worker *w, kiln_worker_job *j)
 
 static void send_hello(kiln_worker *w)
 {
+    if (worker_halted(w))
+        return;
     kiln_msg m = {.type = KILN_MSG_HELLO,
                   .hello = {.stage = w->ops->stage, .replica = w->replica, .model = w->model,
                             .host = w->host, .max_batch = w->opts.max_batch,
@@ -74,8 +79,9 @@ static void send_hello(kiln_worker *w)
         m = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = credits};
         worker_send(w, &m);
     }
-    KILN_LOG_INFO("%s: registered with the gateway as %s (%d credits)", w->ops->binary,
-                  w->replica, credits > 0 ? credits : 0);
+    KILN_LOG_INFO("%s: registered with the gateway as %s epoch %016llx (%d credits)",
+                  w->ops->binary, w->replica, (unsigned long long)w->epoch,
+                  credits > 0 ? credits : 0);
 }
 
 static void fail_now(kiln_worker *w, kiln_msg *msg, kiln_status code, const char *why)
@@ -187,6 +193,25 @@ static void on_free(kiln_worker *w, const kiln_msg_refs *r)
     }
 }
 
+/* The gateway declared this incarnation dead: whatever it finishes now is
+ * not wanted (its jobs run again elsewhere), so it stops, answers nothing
+ * and exits to be started afresh (kiln_worker_main, worker_shutdown). */
+static void on_fenced(kiln_worker *w)
+{
+    int expected = WORKER_RUNNING;
+    if (!atomic_compare_exchange_strong(&w->halt, &expected, WORKER_FENCED))
+        return;
+    w->halt_at = kiln_now_ms();
+    KILN_LOG_ERROR("%s: the gateway fenced %s epoch %016llx (declared it dead); stopping to be "
+                   "restarted", w->ops->binary, w->replica, (unsigned long long)w->epoch);
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->n_held; i++)
+        atomic_store(&w->held[i]->cancelled, 1); /* a running denoise stops at its next step */
+    atomic_store(&w->stop, 1);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
 static void dispatch(kiln_worker *w, const kiln_buf *f)
 {
     kiln_err err = {0};
@@ -195,10 +220,25 @@ static void dispatch(kiln_worker *w, const kiln_buf *f)
         KILN_LOG_WARN("worker: dropped a malformed message: %s", err.msg);
         return;
     }
+    if (m->epoch != w->epoch) {
+        /* Meant for another incarnation of this replica id (one that ran
+         * before us, or a duplicate): never ours to act on. */
+        KILN_LOG_WARN("worker: dropped a '%s' for epoch %016llx (ours is %016llx)",
+                      kiln_msg_type_name(m->type), (unsigned long long)m->epoch,
+                      (unsigned long long)w->epoch);
+        kiln_msg_free(m);
+        return;
+    }
     switch (m->type) {
-    case KILN_MSG_JOB: on_job(w, m); return; /* the job owns m */
+    case KILN_MSG_JOB:
+        if (!worker_halted(w)) {
+            on_job(w, m); /* the job owns m */
+            return;
+        }
+        break;
     case KILN_MSG_CANCEL: on_cancel(w, m->cancel_job); break;
     case KILN_MSG_FREE: on_free(w, &m->refs); break;
+    case KILN_MSG_FENCED: on_fenced(w); break;
     default:
         KILN_LOG_WARN("worker: dropped an unexpected '%s' message", kiln_msg_type_name(m->type));
     }
@@ -241,7 +281,16 @@ static void *bus_main(void *arg)
             begin_stop(w);
         }
         double now = kiln_now_ms();
-        if (now >= next_hb) {
+        if (worker_halted(w) && now - w->halt_at > WORKER_HALT_EXIT_MS) {
+            /* The backend thread did not wind down (stuck in the device or
+             * a kernel): end the process; the slabs it leaves are removed
+             * by the next start-up or the supervisor (their owner lock
+             * dies with us). */
+            KILN_LOG_ERROR("%s: %s did not stop within %d ms of its halt; exiting now",
+                           w->ops->binary, w->replica, WORKER_HALT_EXIT_MS);
+            _exit(KILN_WORKER_EXIT_RESTART);
+        }
+        if (now >= next_hb && !worker_halted(w)) {
             kiln_msg hb = {.type = KILN_MSG_HB};
             worker_send(w, &hb);
             next_hb = now + WORKER_HB_MS;
@@ -369,7 +418,8 @@ void worker_serve(kiln_worker *w)
 
 void worker_shutdown(kiln_worker *w)
 {
-    /* Jobs still queued go back to the gateway, which may re-dispatch them. */
+    /* Jobs still queued go back to the gateway, which may re-dispatch them
+     * (a halted incarnation's answers do not count: they go unsent). */
     for (;;) {
         pthread_mutex_lock(&w->mu);
         kiln_worker_job *j = w->q_head;
@@ -382,11 +432,13 @@ void worker_shutdown(kiln_worker *w)
         snprintf(err.msg, sizeof err.msg, "replica shutting down");
         kiln_worker_done(w, j, KILN_ERR_UNAVAILABLE, &err);
     }
-    /* Give consumers up to 2 s to release our ranges before the slabs go
-     * away, and jobs finishing on other threads time to reply. */
+    /* Give consumers up to 2 s (a halted incarnation: up to
+     * WORKER_HALT_DRAIN_MS, as its consumers' jobs run on) to release our
+     * ranges before the slabs go away, and jobs finishing on other
+     * threads time to reply. */
     if (!w->bus_started)
         return;
-    double until = kiln_now_ms() + 2000;
+    double until = kiln_now_ms() + (worker_halted(w) ? WORKER_HALT_DRAIN_MS : 2000);
     kiln_transport_stats st = {0}, dev = {0};
     int held;
     for (;;) {
@@ -403,8 +455,9 @@ void worker_shutdown(kiln_worker *w)
     }
     /* What a leak would leave behind (the service tests read this line). */
     KILN_LOG_INFO("%s: at exit: %d job(s) held, shm %d slab(s) with %d range(s) in use, "
-                  "cuda_ipc %d slab(s) with %d range(s) in use", w->ops->binary, held, st.slabs,
-                  st.live, dev.slabs, dev.live);
+                  "cuda_ipc %d slab(s) with %d range(s) in use, %d free(s) refused",
+                  w->ops->binary, held, st.slabs, st.live, dev.slabs, dev.live,
+                  st.refused + dev.refused);
     atomic_store(&w->bus_stop, 1);
     wake(w);
     pthread_join(w->bus_thread, NULL);

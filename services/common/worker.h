@@ -66,13 +66,17 @@ typedef struct kiln_stage_ops {
 /* Exit status of a worker whose checkpoint or options are unusable
  * (sysexits' EX_CONFIG): restarting it cannot help. */
 #define KILN_WORKER_EXIT_CONFIG 78
+/* Exit status of a worker whose incarnation ended early (the gateway
+ * fenced it): it must be started again (sysexits' EX_TEMPFAIL). */
+#define KILN_WORKER_EXIT_RESTART 75
 
 /* Parses the common command line (--model --bus [--device] [--gpu]
  * [--max-batch] [--text-encoder-out-layers] [--prompt-cache-mb]
  * [--batch-window-ms] [--tensor-transport auto|shm|cuda_ipc]), loads the
  * stage, serves until SIGINT/SIGTERM, and returns the exit status (0, 2 on
  * a usage error, KILN_WORKER_EXIT_CONFIG when the checkpoint or options are
- * unusable, 1 on another fatal error). */
+ * unusable, KILN_WORKER_EXIT_RESTART when the gateway fenced this
+ * incarnation, 1 on another fatal error). */
 int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops);
 
 /* ---- for stage implementations ---- */
@@ -103,7 +107,11 @@ kiln_status kiln_worker_input_host(kiln_worker *w, kiln_worker_job *j, const cha
 /* Closes the job's inputs and sends `release` for their shm and cuda_ipc
  * references (idempotent; kiln_worker_done does it too).  With cuda_ipc
  * inputs it first waits for the backend's stream (kiln_be_sync), so the
- * producer never reuses a range this stage may still read. */
+ * producer never reuses a range this stage may still read.  Each opened
+ * input is verified first (kiln_transport_verify): when one was freed
+ * while the stage read it, the job's done becomes KILN_ERR_NOT_FOUND
+ * whatever the stage reports, so a result computed from it is never
+ * sent. */
 void kiln_worker_release_inputs(kiln_worker *w, kiln_worker_job *j);
 
 /* Output `name` of the job: rows [row0, row0 + rows) of a backend tensor,

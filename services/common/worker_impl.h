@@ -12,6 +12,15 @@
 #include "worker.h"
 
 #define WORKER_HB_MS 250
+/* A halted incarnation (fenced) waits this long for consumers to return
+ * the ranges they still read before it exits; the bus thread ends the
+ * process WORKER_HALT_EXIT_MS after the halt whatever the backend thread
+ * is doing (it may be stuck in the device). */
+#define WORKER_HALT_DRAIN_MS 5000
+#define WORKER_HALT_EXIT_MS 10000
+
+/* Why an incarnation ends before its time (kiln_worker.halt). */
+enum { WORKER_RUNNING = 0, WORKER_FENCED };
 
 typedef struct job_input {
     kiln_tensor_ref ref; /* a copy: the message may be freed first */
@@ -34,6 +43,7 @@ struct kiln_worker_job {
     int queued;
     job_input in[KILN_PROTO_MAX_TENSORS];
     int n_in, released;
+    int inputs_lost; /* an input's range was freed while we read it */
     job_output out[KILN_PROTO_MAX_TENSORS];
     int n_out;
     kiln_msg *done; /* the reply under construction */
@@ -44,6 +54,7 @@ struct kiln_worker {
     const kiln_stage_ops *ops;
     kiln_worker_opts opts;
     char replica[KILN_PROTO_ID_MAX], host[KILN_PROTO_ID_MAX], model[KILN_PROTO_ID_MAX];
+    uint64_t epoch; /* this incarnation: random, != 0, in every message */
     kiln_checkpoint *ck;
     kiln_backend *be;
     void *state;
@@ -66,6 +77,11 @@ struct kiln_worker {
 
     atomic_int stop;     /* shutting down: no new batches */
     atomic_int bus_stop; /* the bus thread flushes and exits */
+    /* WORKER_FENCED once the gateway declared this incarnation dead:
+     * nothing it does counts any more, so it sends no replies, drains its
+     * ranges and exits with KILN_WORKER_EXIT_RESTART. */
+    atomic_int halt;
+    double halt_at;
     pthread_t bus_thread;
     int bus_started;
     kiln_bus *bus;
@@ -74,9 +90,11 @@ struct kiln_worker {
 /* Set by the SIGINT/SIGTERM handler, polled by the bus thread. */
 extern volatile sig_atomic_t kiln_worker_signalled;
 
-/* Encodes m and queues it for the bus thread (any thread); fails when m
- * cannot be encoded (logged). */
-kiln_status worker_send(kiln_worker *w, const kiln_msg *m);
+/* Stamps m with the worker's epoch, encodes it and queues it for the bus
+ * thread (any thread); fails when m cannot be encoded (logged). */
+kiln_status worker_send(kiln_worker *w, kiln_msg *m);
+/* 1 once the incarnation is halted (any thread). */
+int worker_halted(kiln_worker *w);
 /* Removes a job from the held table (any thread). */
 void worker_unhold(kiln_worker *w, kiln_worker_job *j);
 void worker_job_free(kiln_worker_job *j);

@@ -117,10 +117,19 @@ void kiln_worker_release_inputs(kiln_worker *w, kiln_worker_job *j)
             break;
         }
     for (int i = 0; i < j->n_in; i++) {
+        kiln_err err = {0};
+        if (kiln_transport_verify(j->in[i].tx, &j->in[i].ref, &err)) {
+            KILN_LOG_WARN("%s: job %llu: %s", w->ops->binary, (unsigned long long)j->msg->job.job,
+                          err.msg);
+            j->inputs_lost = 1;
+        }
         if (j->in[i].uploaded)
             kiln_be_free(w->be, &j->in[i].t);
         kiln_transport_close(j->in[i].tx, &j->in[i].ref);
     }
+    /* A halted incarnation's releases would not count. */
+    if (worker_halted(w))
+        return;
     /* Every shm and cuda_ipc input goes back to its owner, opened or not. */
     kiln_msg *m = calloc(1, sizeof *m);
     if (!m) {
@@ -269,6 +278,9 @@ void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const 
     worker_unhold(w, j);
     kiln_worker_release_inputs(w, j);
     kiln_err local = {0};
+    if (!st && j->inputs_lost)
+        st = kiln_err_set(&local, KILN_ERR_NOT_FOUND, "an input was freed while in use"),
+        err = &local;
     if (!st && job_cancelled(j))
         st = KILN_ERR_CANCELLED;
     if (st == KILN_ERR_CANCELLED && !job_cancelled(j)) {
@@ -280,6 +292,13 @@ void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const 
     if (!st)
         st = collect_images(j, &local), err = &local;
     kiln_msg_done *d = &j->done->done;
+    if (worker_halted(w)) {
+        /* Fenced: the gateway runs this job elsewhere and ignores us. */
+        for (int i = 0; i < j->n_out; i++)
+            kiln_transport_free(j->out[i].tx, &j->out[i].ref, NULL);
+        worker_job_free(j);
+        return;
+    }
     j->done->type = KILN_MSG_DONE;
     d->job = j->msg->job.job;
     if (j->t_start > 0)

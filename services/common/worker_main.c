@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -141,7 +142,7 @@ static kiln_status setup_cuda_ipc(kiln_worker *w, kiln_err *err)
                                 "--device cuda");
         return KILN_OK;
     }
-    w->cuda = kiln_transport_cuda_ipc_create(w->replica, kiln_stage_name(w->ops->stage),
+    w->cuda = kiln_transport_cuda_ipc_create(w->replica, w->epoch, kiln_stage_name(w->ops->stage),
                                              w->opts.gpu, 0, 0, err);
     if (!w->cuda)
         return err->code;
@@ -151,8 +152,22 @@ static kiln_status setup_cuda_ipc(kiln_worker *w, kiln_err *err)
     return KILN_OK;
 }
 
+/* This incarnation's epoch: random, so that no other process (another
+ * PID namespace, a restart under the same replica id) ever draws the
+ * same one. */
+static kiln_status draw_epoch(kiln_worker *w, kiln_err *err)
+{
+    do {
+        if (getrandom(&w->epoch, sizeof w->epoch, 0) != (ssize_t)sizeof w->epoch)
+            return kiln_err_set(err, KILN_ERR_IO, "getrandom: %s", strerror(errno));
+    } while (!w->epoch);
+    return KILN_OK;
+}
+
 static kiln_status setup(kiln_worker *w, kiln_err *err)
 {
+    if (draw_epoch(w, err))
+        return err->code;
     char host[64] = "";
     if (gethostname(host, sizeof host - 1))
         snprintf(host, sizeof host, "unknown");
@@ -164,7 +179,8 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
     int stale = kiln_transport_shm_clean_stale(err);
     if (stale < 0)
         KILN_LOG_WARN("%s: %s", w->ops->binary, err->msg);
-    w->shm = kiln_transport_shm_create(w->replica, kiln_stage_name(w->ops->stage), 0, 0, err);
+    w->shm = kiln_transport_shm_create(w->replica, w->epoch, kiln_stage_name(w->ops->stage), 0, 0,
+                                       err);
     w->inl = w->shm ? kiln_transport_inline_create(err) : NULL;
     if (!w->inl)
         return err->code;
@@ -232,6 +248,8 @@ int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops)
         worker_serve(&w);
     }
     teardown(&w);
+    if (worker_halted(&w))
+        rc = KILN_WORKER_EXIT_RESTART;
     KILN_LOG_INFO("%s: %s stopped", ops->binary, w.replica);
     return rc;
 }

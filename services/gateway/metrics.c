@@ -32,6 +32,7 @@ struct kiln_metrics {
     hist batch[KILN_STAGE_COUNT];
     uint64_t images;
     uint64_t events[KILN_EVENT_COUNT];
+    uint64_t rejected[KILN_REJECT_COUNT];
 };
 
 static const char *phase_names[KILN_PHASE_COUNT] = {"queue", "encode", "denoise", "decode",
@@ -41,6 +42,8 @@ static const char *part_names[KILN_PART_COUNT] = {"encode_run",    "denoise_setu
                                                   "image_encode",  "handoff"};
 static const char *event_names[KILN_EVENT_COUNT] = {"replica_lost", "redispatch", "timeout",
                                                     "cancel"};
+static const char *reject_names[KILN_REJECT_COUNT] = {"fenced", "unregistered", "not_handed",
+                                                      "foreign_ref"};
 
 kiln_metrics *kiln_metrics_create(kiln_err *err)
 {
@@ -103,6 +106,11 @@ void kiln_metrics_images(kiln_metrics *m, int n)
 void kiln_metrics_event(kiln_metrics *m, kiln_event ev)
 {
     m->events[ev]++;
+}
+
+void kiln_metrics_rejected(kiln_metrics *m, kiln_reject why, int n)
+{
+    m->rejected[why] += (uint64_t)n;
 }
 
 typedef struct writer {
@@ -191,6 +199,11 @@ kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges
     for (int e = 0; e < KILN_EVENT_COUNT; e++)
         put(&w, "kiln_events_total{event=\"%s\"} %llu\n", event_names[e],
             (unsigned long long)m->events[e]);
+    put(&w, "# HELP kiln_bus_rejected_total Bus messages (or references in them) the gateway "
+            "refused to act on.\n# TYPE kiln_bus_rejected_total counter\n");
+    for (int r = 0; r < KILN_REJECT_COUNT; r++)
+        put(&w, "kiln_bus_rejected_total{reason=\"%s\"} %llu\n", reject_names[r],
+            (unsigned long long)m->rejected[r]);
     if (w.st)
         out->len = start;
     return w.st;

@@ -13,9 +13,11 @@
  * replica's own queue and batching; total: accepted to answered),
  * kiln_batch_rows{stage} (rows of the batch a job ran in, as the replica
  * reports it), kiln_images_generated_total (rate() gives images/s),
- * kiln_events_total{event} (replica_lost, redispatch, timeout, cancel),
- * and the gauges kiln_queue_depth{stage}, kiln_inflight{stage},
- * kiln_replicas{stage}, kiln_jobs.
+ * kiln_events_total{event} (replica_lost: an incarnation fenced,
+ * redispatch, timeout, cancel), kiln_bus_rejected_total{reason} (bus
+ * messages that did not count, see kiln_reject), and the gauges
+ * kiln_queue_depth{stage}, kiln_inflight{stage}, kiln_replicas{stage},
+ * kiln_jobs.
  *
  * Not thread-safe: the event loop thread alone updates and renders.
  */
@@ -57,6 +59,15 @@ typedef enum kiln_event {
     KILN_EVENT_COUNT
 } kiln_event;
 
+/* Why the gateway did not act on (part of) a bus message. */
+typedef enum kiln_reject {
+    KILN_REJECT_FENCED = 0,   /* from a fenced incarnation */
+    KILN_REJECT_UNREGISTERED, /* from a peer without a live registration */
+    KILN_REJECT_NOT_HANDED,   /* a release of a reference not handed to the sender (or twice) */
+    KILN_REJECT_FOREIGN_REF,  /* a done naming references the sender did not make */
+    KILN_REJECT_COUNT
+} kiln_reject;
+
 /* Values read at render time from the scheduler. */
 typedef struct kiln_metrics_gauges {
     int queued[KILN_STAGE_COUNT];   /* jobs waiting in the gateway's stage queue */
@@ -80,6 +91,7 @@ void kiln_metrics_part(kiln_metrics *m, kiln_part part, double seconds);
 void kiln_metrics_batch(kiln_metrics *m, kiln_stage stage, int rows);
 void kiln_metrics_images(kiln_metrics *m, int n);
 void kiln_metrics_event(kiln_metrics *m, kiln_event ev);
+void kiln_metrics_rejected(kiln_metrics *m, kiln_reject why, int n);
 
 /* Appends the exposition text.  KILN_ERR_NOMEM. */
 kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges *g, kiln_buf *out,

@@ -45,6 +45,11 @@ void kiln_sched_destroy(kiln_sched *s)
     }
     while (!link_empty(&s->replicas)) {
         sched_replica *r = LINK_OWNER(s->replicas.next, sched_replica, node);
+        while (!link_empty(&r->handoffs)) {
+            sched_handoff *h = LINK_OWNER(r->handoffs.next, sched_handoff, node);
+            link_remove(&h->node);
+            free(h);
+        }
         link_remove(&r->node);
         free(r);
     }
@@ -100,9 +105,8 @@ void sched_destroy_job(kiln_sched *s, sched_job *j)
 {
     sched_detach(s, j);
     if (j->held) {
-        /* References nobody else will release return to their owner. */
-        if (!j->handed && !j->released)
-            sched_free_map(s, &j->held->done.out);
+        /* Waiting between stages, nobody else holds them. */
+        sched_free_map(s, &j->held->done.out);
         kiln_msg_free(j->held);
     }
     link_remove(&j->anode);
@@ -117,7 +121,7 @@ static void send_cancel(kiln_sched *s, sched_job *j)
 {
     if (j->state != JOB_RUNNING || !j->on->alive)
         return;
-    kiln_msg m = {.type = KILN_MSG_CANCEL, .cancel_job = j->id};
+    kiln_msg m = {.type = KILN_MSG_CANCEL, .epoch = j->on->epoch, .cancel_job = j->id};
     kiln_err err = {0};
     if (s->ops.send(s->ud, j->on->id, &m, &err))
         KILN_LOG_WARN("gateway: cancel of job %llu to %s: %s", (unsigned long long)j->id,
@@ -131,12 +135,9 @@ void sched_fail(kiln_sched *s, sched_job *j, int status, const char *code, const
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    /* A replica still running the job is told to stop; it releases the
-     * inputs it was handed.  One that is gone released nothing. */
-    if (j->state == JOB_RUNNING && j->on->alive)
-        send_cancel(s, j);
-    else if (j->state == JOB_RUNNING && !j->released)
-        j->handed = 0;
+    /* A replica still running the job is told to stop; the inputs it was
+     * handed come back with its done (its handoff outlives the job). */
+    send_cancel(s, j);
     KILN_LOG_INFO("gateway: job %llu failed (%d): %s", (unsigned long long)j->id, status, msg);
     if (j->client) {
         kiln_sched_result res = {.status = status, .message = msg, .code = code};
@@ -180,10 +181,11 @@ static sched_replica *pick(kiln_sched *s, kiln_stage stage)
     return best;
 }
 
-static void build_job(const sched_job *j, kiln_msg *m)
+static void build_job(const sched_job *j, const sched_replica *r, kiln_msg *m)
 {
     memset(m, 0, sizeof *m);
     m->type = KILN_MSG_JOB;
+    m->epoch = r->epoch;
     kiln_msg_job *mj = &m->job;
     const kiln_request *q = &j->req.req;
     mj->job = j->id;
@@ -223,15 +225,25 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
 {
     kiln_msg *m = malloc(sizeof *m); /* a job message is ~20 KB: not on the stack */
     kiln_err err = {0};
-    kiln_status st = KILN_ERR_NOMEM;
-    if (m) {
-        build_job(j, m);
+    kiln_status st = m ? KILN_OK : kiln_err_set(&err, KILN_ERR_NOMEM, "out of memory");
+    /* The inputs become r's to release before r can see the job. */
+    int handed = 0;
+    if (!st && j->held)
+        handed = !(st = sched_handoff_add(s, r, j, &err));
+    if (!st) {
+        build_job(j, r, m);
         st = s->ops.send(s->ud, r->id, m, &err);
-        free(m);
+    }
+    free(m);
+    if (handed) {
+        if (st)
+            sched_handoff_return(s, r, j->id); /* never sent: back to their owners */
+        kiln_msg_free(j->held);
+        j->held = NULL;
     }
     if (st) {
         KILN_LOG_ERROR("gateway: cannot send job %llu to %s: %s", (unsigned long long)j->id,
-                       r->id, m ? err.msg : "out of memory");
+                       r->id, err.msg);
         sched_fail(s, j, 500, "server_error", "internal error dispatching the request");
         return;
     }
@@ -242,8 +254,6 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
     j->state = JOB_RUNNING;
     j->on = r;
     j->t_dispatch = now;
-    if (j->held)
-        j->handed = 1;
     link_insert_before(&r->inflight, &j->qnode);
     r->n_inflight++;
     s->inflight[j->stage]++;
@@ -319,43 +329,32 @@ void kiln_sched_on_unreachable(kiln_sched *s, const char *peer, double now)
 {
     sched_replica *r = sched_replica_find(s, peer);
     if (r)
-        sched_replica_lost(s, r, "unreachable on the bus", now);
+        sched_replica_fence(s, r, "is unreachable on the bus", now);
     sched_dispatch(s, now);
 }
 
 void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
 {
     sched_replica *r = sched_replica_find(s, peer);
-    if (r) {
+    if (m->type == KILN_MSG_HELLO) {
+        sched_on_hello(s, peer, m, now);
+    } else if (!r || !r->alive || r->epoch != m->epoch) {
+        sched_on_stale(s, r, peer, m);
+    } else {
         r->last_seen = now;
-        if (!r->alive && m->type != KILN_MSG_HELLO) {
-            KILN_LOG_INFO("gateway: replica %s is back", r->id);
-            r->alive = 1;
+        switch (m->type) {
+        case KILN_MSG_READY: r->credits += m->ready.credits; break;
+        case KILN_MSG_DONE:
+            sched_on_done(s, r, m, now);
+            m = NULL; /* taken */
+            break;
+        case KILN_MSG_RELEASE: sched_on_release(s, r, &m->refs); break;
+        case KILN_MSG_HB: break;
+        default:
+            KILN_LOG_WARN("gateway: unexpected %s message from %s", kiln_msg_type_name(m->type),
+                          peer);
         }
     }
-    switch (m->type) {
-    case KILN_MSG_HELLO:
-        sched_on_hello(s, peer, &m->hello, now);
-        break;
-    case KILN_MSG_READY:
-        if (r)
-            r->credits += m->ready.credits;
-        break;
-    case KILN_MSG_DONE:
-        sched_on_done(s, r, m, now);
-        m = NULL; /* taken */
-        break;
-    case KILN_MSG_RELEASE:
-        sched_on_release(s, r, &m->refs);
-        break;
-    case KILN_MSG_HB:
-        break;
-    default:
-        KILN_LOG_WARN("gateway: unexpected %s message from %s", kiln_msg_type_name(m->type), peer);
-    }
-    if (!r && m && m->type != KILN_MSG_HELLO && m->type != KILN_MSG_RELEASE)
-        KILN_LOG_DEBUG("gateway: %s from unregistered replica %s", kiln_msg_type_name(m->type),
-                       peer);
     kiln_msg_free(m);
     sched_dispatch(s, now);
 }
@@ -366,7 +365,7 @@ void kiln_sched_tick(kiln_sched *s, double now)
         next = l->next;
         sched_replica *r = LINK_OWNER(l, sched_replica, node);
         if (r->alive && now - r->last_seen > s->opts.heartbeat_timeout_ms)
-            sched_replica_lost(s, r, "stopped heartbeating", now);
+            sched_replica_fence(s, r, "stopped heartbeating", now);
     }
     sched_replica_gc(s, now);
     /* Every job has the same timeout, so submission order is deadline

@@ -15,22 +15,25 @@
  * of its stage only while that replica has credits (pull: a replica's
  * `ready` adds credits, each `done` returns one, each job sent takes one).
  * Outputs of a stage are forwarded as the next stage's inputs by reference
- * (the gateway never reads tensor bytes); the consumer releases them, and
- * `release` messages are forwarded as `free` to the owning replica.  While
- * a job waits between stages the gateway holds the references and frees
- * them itself if the job ends there.
+ * (the gateway never reads tensor bytes).  While a job waits between
+ * stages the gateway holds the references and frees them itself if the
+ * job ends there; once dispatched they are the consumer's to release, and
+ * a `release` is forwarded as `free` to the owning incarnation only when
+ * it comes from the consumer they were handed to, once per reference (a
+ * `done` returns what is left).
  *
- * Failures: a replica silent for heartbeat_timeout_ms, or unreachable on
- * the bus, is dead; each of its in-flight jobs is re-dispatched once (from
- * the same stage when its inputs were not yet released, else from the
- * encode stage) when the stage still has a live replica, else failed with
- * 503.  A stage losing its last replica fails the jobs queued for it with
- * 503.  A job older than job_timeout_ms is failed with 504 and cancelled
- * in its stage.  Error `done`s map to 400 (invalid), 429 (busy), 503
- * (unavailable, nomem, cancelled by the replica) or 500, except a
- * consumer's not_found (its inputs are gone: their producer died and its
- * slabs were removed), which re-runs the job once from the encode stage,
- * then 503.
+ * Failures: a replica incarnation silent for heartbeat_timeout_ms,
+ * unreachable on the bus, reconnected, replaced by a new incarnation under
+ * its id, or answering with references it did not make, is fenced
+ * (scheduler_impl.h, sched_replica_fence): nothing it sends counts any
+ * more, each of its in-flight jobs runs again once from the encode stage
+ * on fresh references when the stages still have live replicas, else
+ * fails with 503.  A stage losing its last replica fails the jobs queued
+ * for it with 503.  A job older than job_timeout_ms is failed with 504 and
+ * cancelled in its stage.  Error `done`s map to 400 (invalid), 429
+ * (busy), 503 (unavailable, nomem, cancelled by the replica) or 500,
+ * except a consumer's not_found (its inputs are gone or changed under
+ * it), which re-runs the job once from the encode stage, then 503.
  *
  * Time is passed in (milliseconds on any monotonic clock) so tests drive
  * it.  Not thread-safe: the event loop thread owns the scheduler; ops are

@@ -1,5 +1,6 @@
 /* Results from replicas, and the references that travel with them. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -10,23 +11,31 @@ static int releasable(const kiln_tensor_ref *r)
     return r->kind == KILN_REF_SHM || r->kind == KILN_REF_CUDA_IPC;
 }
 
+static int same_owner(const kiln_tensor_ref *a, const kiln_tensor_ref *b)
+{
+    return a->epoch == b->epoch && strcmp(a->owner, b->owner) == 0;
+}
+
 void sched_free_refs(kiln_sched *s, const kiln_tensor_ref *refs, int n)
 {
-    /* One `free` per owner; references are few (a job's map, or one
-     * release), so grouping by repeated scans is cheap. */
+    /* One `free` per owner incarnation; references are few (a job's map,
+     * or one release), so grouping by repeated scans is cheap. */
     int sent[KILN_PROTO_MAX_REFS] = {0};
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && i < KILN_PROTO_MAX_REFS; i++) {
         if (sent[i] || !releasable(&refs[i]))
             continue;
-        kiln_msg m = {.type = KILN_MSG_FREE};
-        for (int k = i; k < n; k++)
-            if (!sent[k] && releasable(&refs[k]) && strcmp(refs[k].owner, refs[i].owner) == 0) {
+        kiln_msg m = {.type = KILN_MSG_FREE, .epoch = refs[i].epoch};
+        for (int k = i; k < n && k < KILN_PROTO_MAX_REFS; k++)
+            if (!sent[k] && releasable(&refs[k]) && same_owner(&refs[k], &refs[i])) {
                 m.refs.refs[m.refs.n++] = refs[k];
                 sent[k] = 1;
             }
+        /* A fenced incarnation that still runs gets its ranges back (it
+         * waits for them before it exits); one replaced by another
+         * incarnation took its memory along. */
         sched_replica *r = sched_replica_find(s, refs[i].owner);
-        if (r && !r->alive)
-            continue; /* its pool went with it */
+        if (!r || r->epoch != refs[i].epoch)
+            continue;
         kiln_err err = {0};
         if (s->ops.send(s->ud, refs[i].owner, &m, &err))
             KILN_LOG_WARN("gateway: free to %s: %s", refs[i].owner, err.msg);
@@ -41,41 +50,94 @@ void sched_free_map(kiln_sched *s, const kiln_ref_map *map)
     sched_free_refs(s, refs, map->n);
 }
 
-static int same_ref(const kiln_tensor_ref *a, const kiln_tensor_ref *b)
+void sched_free_own(kiln_sched *s, const char *sender, uint64_t epoch, const kiln_ref_map *map)
 {
-    return a->kind == b->kind && a->off == b->off && strcmp(a->owner, b->owner) == 0 &&
-           strcmp(a->slab, b->slab) == 0;
+    kiln_tensor_ref refs[KILN_PROTO_MAX_TENSORS];
+    int n = 0;
+    for (int i = 0; i < map->n; i++)
+        if (map->items[i].ref.epoch == epoch && !strcmp(map->items[i].ref.owner, sender))
+            refs[n++] = map->items[i].ref;
+    sched_free_refs(s, refs, n);
 }
 
-int sched_job_holds_from(const sched_job *j, const char *owner)
+static int same_ref(const kiln_tensor_ref *a, const kiln_tensor_ref *b)
+{
+    return a->kind == b->kind && a->off == b->off && a->len == b->len && a->gen == b->gen &&
+           same_owner(a, b) && strcmp(a->slab, b->slab) == 0;
+}
+
+int sched_job_holds_from(const sched_job *j, const char *owner, uint64_t epoch)
 {
     if (!j->held)
         return 0;
     const kiln_ref_map *map = &j->held->done.out;
     for (int i = 0; i < map->n; i++)
-        if (releasable(&map->items[i].ref) && strcmp(map->items[i].ref.owner, owner) == 0)
+        if (releasable(&map->items[i].ref) && map->items[i].ref.epoch == epoch &&
+            strcmp(map->items[i].ref.owner, owner) == 0)
             return 1;
     return 0;
 }
 
+kiln_status sched_handoff_add(kiln_sched *s, sched_replica *r, sched_job *j, kiln_err *err)
+{
+    (void)s;
+    sched_handoff *h = calloc(1, sizeof *h);
+    if (!h)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    h->job = j->id;
+    const kiln_ref_map *map = &j->held->done.out;
+    for (int i = 0; i < map->n; i++)
+        if (releasable(&map->items[i].ref))
+            h->refs[h->n++] = map->items[i].ref;
+    link_insert_before(&r->handoffs, &h->node);
+    return KILN_OK;
+}
+
+void sched_handoff_return(kiln_sched *s, sched_replica *r, uint64_t job)
+{
+    for (sched_link *l = r->handoffs.next, *next; l != &r->handoffs; l = next) {
+        next = l->next;
+        sched_handoff *h = LINK_OWNER(l, sched_handoff, node);
+        if (job && h->job != job)
+            continue;
+        kiln_tensor_ref left[KILN_PROTO_MAX_TENSORS];
+        int n = 0;
+        for (int i = 0; i < h->n; i++)
+            if (!(h->freed & (1u << i)))
+                left[n++] = h->refs[i];
+        sched_free_refs(s, left, n);
+        link_remove(&h->node);
+        free(h);
+    }
+}
+
 void sched_on_release(kiln_sched *s, sched_replica *r, const kiln_msg_refs *rel)
 {
-    sched_free_refs(s, rel->refs, rel->n);
-    if (!r)
-        return;
-    /* A job whose inputs came back cannot be re-run from its stage. */
-    for (sched_link *l = r->inflight.next; l != &r->inflight; l = l->next) {
-        sched_job *j = LINK_OWNER(l, sched_job, qnode);
-        if (!j->held)
-            continue;
-        const kiln_ref_map *map = &j->held->done.out;
-        for (int i = 0; i < map->n && !j->released; i++)
-            for (int k = 0; k < rel->n; k++)
-                if (same_ref(&map->items[i].ref, &rel->refs[k])) {
-                    j->released = 1;
-                    break;
+    kiln_tensor_ref ok[KILN_PROTO_MAX_REFS];
+    int n = 0, refused = 0;
+    for (int k = 0; k < rel->n; k++) {
+        int found = 0;
+        for (sched_link *l = r->handoffs.next; l != &r->handoffs && !found; l = l->next) {
+            sched_handoff *h = LINK_OWNER(l, sched_handoff, node);
+            for (int i = 0; i < h->n && !found; i++)
+                if (!(h->freed & (1u << i)) && same_ref(&h->refs[i], &rel->refs[k])) {
+                    h->freed |= 1u << i;
+                    ok[n++] = h->refs[i];
+                    found = 1;
                 }
+        }
+        if (!found) {
+            refused++;
+            KILN_LOG_WARN("gateway: refused a release from %s: %s %s+%llu gen %llu of %s was not "
+                          "handed to it (or was already released)", r->id, rel->refs[k].slab,
+                          kiln_ref_kind_name(rel->refs[k].kind),
+                          (unsigned long long)rel->refs[k].off,
+                          (unsigned long long)rel->refs[k].gen, rel->refs[k].owner);
+        }
     }
+    if (refused)
+        kiln_metrics_rejected(s->metrics, KILN_REJECT_NOT_HANDED, refused);
+    sched_free_refs(s, ok, n);
 }
 
 /* The HTTP status an error done maps to. */
@@ -179,26 +241,42 @@ static void restart_lost_inputs(kiln_sched *s, sched_job *j, double now)
     sched_enqueue(s, j, KILN_STAGE_ENCODE, 1, now);
 }
 
+/* 1 when every shm / cuda_ipc reference in the done's outputs was made by
+ * the incarnation that sent it: the only memory a done may hand on. */
+static int outputs_own(const sched_replica *r, const kiln_msg_done *d)
+{
+    for (int i = 0; i < d->out.n; i++) {
+        const kiln_tensor_ref *ref = &d->out.items[i].ref;
+        if (releasable(ref) && (ref->epoch != r->epoch || strcmp(ref->owner, r->id)))
+            return 0;
+    }
+    return 1;
+}
+
 void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
 {
     const kiln_msg_done *d = &m->done;
     sched_job *j = kiln_idmap_get(&s->jobs, d->job);
-    if (r)
-        r->credits++; /* each done returns a credit */
+    r->credits++; /* each done returns a credit */
+    /* Done with the job, the consumer is done with its inputs: what it
+     * did not release goes back now. */
+    sched_handoff_return(s, r, d->job);
+    if (!outputs_own(r, d)) {
+        KILN_LOG_ERROR("gateway: %s answered job %llu with references it did not make",
+                       r->id, (unsigned long long)d->job);
+        kiln_metrics_rejected(s->metrics, KILN_REJECT_FOREIGN_REF, 1);
+        sched_free_own(s, r->id, r->epoch, &d->out);
+        kiln_msg_free(m);
+        sched_replica_fence(s, r, "answered with references it did not make", now);
+        return;
+    }
     if (!j || j->state != JOB_RUNNING || j->on != r) {
-        /* Cancelled, timed out, or re-dispatched away from this replica:
-         * what it made goes back. */
+        /* Cancelled or timed out: what it made goes back. */
         sched_free_map(s, &d->out);
         kiln_msg_free(m);
         return;
     }
     record(s, j, d, now);
-    /* The consumer is done with its inputs (it released them). */
-    if (j->held) {
-        kiln_msg_free(j->held);
-        j->held = NULL;
-    }
-    j->handed = j->released = 0;
     kiln_stage stage = j->stage;
     if (!d->ok && d->code == KILN_ERR_NOT_FOUND && stage != KILN_STAGE_ENCODE) {
         sched_free_map(s, &d->out);

@@ -31,18 +31,39 @@ static inline void link_insert_before(sched_link *at, sched_link *n)
 }
 #define LINK_OWNER(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 
+/* A replica id and its current incarnation.  An incarnation lives from
+ * its hello until it is fenced (sched_replica_fence); a fenced one never
+ * counts again, and the same id comes back only as a new incarnation
+ * (another epoch).  The record of a fenced incarnation is kept a while so
+ * that its late messages are recognised and answered `fenced`. */
 typedef struct sched_replica {
     sched_link node; /* in kiln_sched.replicas */
     char id[KILN_PROTO_ID_MAX];
+    uint64_t epoch; /* the current (or last, when !alive) incarnation */
     kiln_stage stage;
-    int alive;
+    int alive;      /* 0 once that incarnation is fenced */
     int credits;
     int max_batch;
     double last_seen;
     sched_link inflight; /* jobs running here */
     int n_inflight;
-    uint64_t last_job; /* kiln_sched.n_dispatched when it last got a job */
+    sched_link handoffs; /* sched_handoff: references handed to this incarnation */
+    uint64_t last_job;   /* kiln_sched.n_dispatched when it last got a job */
 } sched_replica;
+
+/* References a job took to a consumer: held here from dispatch until the
+ * consumer releases each one (`release`), answers the job (`done`: what it
+ * did not release comes back with it) or is fenced (then the gateway
+ * returns them).  Only the consumer they were handed to, in that
+ * incarnation, can release them, and each at most once; the job itself
+ * may be gone meanwhile (cancelled, timed out). */
+typedef struct sched_handoff {
+    sched_link node; /* in sched_replica.handoffs */
+    uint64_t job;
+    int n;
+    kiln_tensor_ref refs[KILN_PROTO_MAX_TENSORS];
+    unsigned freed; /* bit i: refs[i] went back to its owner */
+} sched_handoff;
 
 typedef enum job_state { JOB_NEW = 0, JOB_QUEUED, JOB_RUNNING } job_state;
 
@@ -57,13 +78,14 @@ typedef struct sched_job {
     sched_link qnode;  /* stage queue or replica in-flight list */
     sched_link anode;  /* kiln_sched.all, in submission order */
     int redispatched;
-    /* The previous stage's done (owning the current stage's input
-     * references) until the current stage finishes.  `handed`: a consumer
-     * holds them (it releases them); `released`: it said so. */
+    /* The previous stage's done, owning the current stage's input
+     * references, while the job waits in a queue between stages; at
+     * dispatch they move to a sched_handoff of the consumer. */
     kiln_msg *held;
-    int handed, released;
     double t_submit, t_enqueue, t_dispatch;
 } sched_job;
+
+#define SCHED_TOMBSTONES 256
 
 struct kiln_sched {
     kiln_sched_opts opts;
@@ -79,6 +101,13 @@ struct kiln_sched {
     kiln_idmap jobs;
     uint64_t next_id;
     uint64_t n_dispatched; /* jobs sent so far, all stages */
+    /* Fenced incarnations whose records were forgotten: their late
+     * messages are still answered `fenced` (a ring, oldest overwritten). */
+    struct {
+        char id[KILN_PROTO_ID_MAX];
+        uint64_t epoch;
+    } tombs[SCHED_TOMBSTONES];
+    int n_tombs, next_tomb;
 };
 
 /* scheduler.c */
@@ -94,17 +123,43 @@ int sched_live(const kiln_sched *s, kiln_stage stage);
 
 /* scheduler_replica.c */
 sched_replica *sched_replica_find(kiln_sched *s, const char *id);
-void sched_replica_lost(kiln_sched *s, sched_replica *r, const char *why, double now);
-void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg_hello *h, double now);
+/* Fencing: declares incarnation r dead, now and for good.  Nothing it
+ * sends counts from here on (its dones, releases and heartbeats are
+ * ignored, and answered `fenced`); the jobs it was running run again from
+ * the encode stage on fresh references (or fail with 503 after their one
+ * re-run), the references handed to it go back to their owners, queued
+ * jobs whose inputs it made start over, and it is sent `fenced`, on which
+ * a replica exits to be restarted.  `why` ends a log line ("stopped
+ * heartbeating").  No-op for an incarnation already fenced.  Any reason
+ * to stop trusting a replica is a reason to call this. */
+void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, double now);
+void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double now);
+/* A message from `peer` that its current incarnation did not send (a
+ * fenced one's, or an id the gateway does not know): counted, answered
+ * `fenced` when it comes from a fenced incarnation, and otherwise
+ * ignored, except that the references a done carries go back to the
+ * sender when it owns them. */
+void sched_on_stale(kiln_sched *s, sched_replica *r, const char *peer, kiln_msg *m);
 void sched_replica_gc(kiln_sched *s, double now);
 
 /* scheduler_done.c */
 void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now);
 void sched_on_release(kiln_sched *s, sched_replica *r, const kiln_msg_refs *refs);
-/* Sends `free` to the owners of the shm / cuda_ipc references in refs[n]. */
+/* Sends `free` to the owners of the shm / cuda_ipc references in refs[n]
+ * (one message per owner incarnation; none to an owner whose incarnation
+ * is not the one that made them: its memory went with it). */
 void sched_free_refs(kiln_sched *s, const kiln_tensor_ref *refs, int n);
 void sched_free_map(kiln_sched *s, const kiln_ref_map *m);
-/* 1 when a held reference of j is owned by replica `owner`. */
-int sched_job_holds_from(const sched_job *j, const char *owner);
+/* The references `sender` (incarnation `epoch`) made among refs[n]: the
+ * only ones a done from it may return to it. */
+void sched_free_own(kiln_sched *s, const char *sender, uint64_t epoch, const kiln_ref_map *m);
+/* 1 when a held reference of j was made by incarnation `epoch` of `owner`. */
+int sched_job_holds_from(const sched_job *j, const char *owner, uint64_t epoch);
+/* Moves the job's held references to a new handoff of r (before its job
+ * is sent there).  KILN_ERR_NOMEM. */
+kiln_status sched_handoff_add(kiln_sched *s, sched_replica *r, sched_job *j, kiln_err *err);
+/* Returns what is left of r's handoffs (all of them, or only that of job
+ * `job` when job != 0) to the references' owners and forgets them. */
+void sched_handoff_return(kiln_sched *s, sched_replica *r, uint64_t job);
 
 #endif

@@ -1,5 +1,5 @@
-/* The replica registry: registration, liveness, and what happens to the
- * jobs of a replica that is gone. */
+/* The replica registry: registration, fencing, and what happens to the
+ * jobs and references of an incarnation that is gone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,8 +7,8 @@
 #include "common/log.h"
 #include "scheduler_impl.h"
 
-/* A dead replica's record is kept this long (its late messages revive it,
- * and its late dones are recognised) before it is forgotten. */
+/* A fenced incarnation's record is kept this long (its late messages are
+ * recognised and answered `fenced`) before only a tombstone remains. */
 #define DEAD_RECORD_MS 60000.0
 
 sched_replica *sched_replica_find(kiln_sched *s, const char *id)
@@ -21,61 +21,81 @@ sched_replica *sched_replica_find(kiln_sched *s, const char *id)
     return NULL;
 }
 
-/* A job of a lost replica runs again once, elsewhere: from the same stage
- * when its inputs are intact, else from the start. */
-static void retry_or_fail(kiln_sched *s, sched_job *j, const char *why, double now)
+static void bury(kiln_sched *s, const char *id, uint64_t epoch)
 {
-    kiln_stage stage = j->stage;
-    if (j->redispatched || !sched_live(s, stage)) {
+    snprintf(s->tombs[s->next_tomb].id, sizeof s->tombs[0].id, "%s", id);
+    s->tombs[s->next_tomb].epoch = epoch;
+    s->next_tomb = (s->next_tomb + 1) % SCHED_TOMBSTONES;
+    if (s->n_tombs < SCHED_TOMBSTONES)
+        s->n_tombs++;
+}
+
+static int buried(const kiln_sched *s, const char *id, uint64_t epoch)
+{
+    for (int i = 0; i < s->n_tombs; i++)
+        if (s->tombs[i].epoch == epoch && !strcmp(s->tombs[i].id, id))
+            return 1;
+    return 0;
+}
+
+static void send_fenced(kiln_sched *s, const char *peer, uint64_t epoch)
+{
+    kiln_msg m = {.type = KILN_MSG_FENCED, .epoch = epoch};
+    kiln_err err = {0};
+    if (s->ops.send(s->ud, peer, &m, &err))
+        KILN_LOG_DEBUG("gateway: fenced to %s: %s", peer, err.msg);
+}
+
+/* A job of a fenced incarnation runs again once, elsewhere, from the
+ * encode stage: the references it was handed went back to their owners
+ * (the fenced incarnation may still read them, so they are never handed
+ * on again), and whatever it made does not count. */
+static void rerun_or_fail(kiln_sched *s, sched_job *j, const char *stage, const char *why,
+                          double now)
+{
+    if (j->redispatched || !sched_live(s, KILN_STAGE_ENCODE)) {
         sched_fail(s, j, 503, "stage_unavailable",
-                   "the %s replica running this request %s and no other could take it over",
-                   kiln_stage_name(stage), why);
+                   "the %s replica %s this request %s and no other could take it over", stage,
+                   j->state == JOB_RUNNING ? "running" : "holding the data of", why);
         return;
     }
     j->redispatched = 1;
     kiln_metrics_event(s->metrics, KILN_EVENT_REDISPATCH);
-    sched_detach(s, j);
-    if (j->held && j->released) {
-        /* The consumer gave the inputs back before it died: they are gone. */
+    if (j->held) {
+        sched_free_map(s, &j->held->done.out);
         kiln_msg_free(j->held);
         j->held = NULL;
-        stage = KILN_STAGE_ENCODE;
     }
-    j->handed = 0;
-    j->released = 0;
-    sched_enqueue(s, j, stage, 1, now);
+    sched_enqueue(s, j, KILN_STAGE_ENCODE, 1, now);
 }
 
-void sched_replica_lost(kiln_sched *s, sched_replica *r, const char *why, double now)
+void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, double now)
 {
     if (!r->alive)
         return;
     r->alive = 0;
+    r->credits = 0;
     kiln_metrics_event(s->metrics, KILN_EVENT_REPLICA_LOST);
-    KILN_LOG_WARN("gateway: %s replica %s %s (%d job(s) in flight)", kiln_stage_name(r->stage),
-                  r->id, why, r->n_inflight);
+    KILN_LOG_WARN("gateway: %s replica %s epoch %016llx %s: fenced (%d job(s) in flight)",
+                  kiln_stage_name(r->stage), r->id, (unsigned long long)r->epoch, why,
+                  r->n_inflight);
+    /* Nothing it holds will be released by it any more. */
+    sched_handoff_return(s, r, 0);
     while (!link_empty(&r->inflight))
-        retry_or_fail(s, LINK_OWNER(r->inflight.next, sched_job, qnode), why, now);
-    /* Queued jobs whose inputs lived in the lost replica's memory start
-     * over too. */
+        rerun_or_fail(s, LINK_OWNER(r->inflight.next, sched_job, qnode),
+                      kiln_stage_name(r->stage), why, now);
+    /* Queued jobs whose inputs it made start over too; the ranges go back
+     * to it while it still runs. */
     for (int st = KILN_STAGE_DENOISE; st < KILN_STAGE_COUNT; st++)
         for (sched_link *l = s->queue[st].next, *next; l != &s->queue[st]; l = next) {
             next = l->next;
             sched_job *j = LINK_OWNER(l, sched_job, qnode);
-            if (!sched_job_holds_from(j, r->id))
-                continue;
-            if (j->redispatched) {
-                sched_fail(s, j, 503, "stage_unavailable",
-                           "the %s replica holding this request's data %s",
-                           kiln_stage_name(r->stage), why);
-                continue;
-            }
-            j->redispatched = 1;
-            kiln_metrics_event(s->metrics, KILN_EVENT_REDISPATCH);
-            kiln_msg_free(j->held); /* their memory went with the replica */
-            j->held = NULL;
-            sched_enqueue(s, j, KILN_STAGE_ENCODE, 1, now);
+            if (sched_job_holds_from(j, r->id, r->epoch))
+                rerun_or_fail(s, j, kiln_stage_name(r->stage), why, now);
         }
+    /* It may still be running (paused, stuck, cut off): it exits when it
+     * hears this. */
+    send_fenced(s, r->id, r->epoch);
     if (sched_live(s, r->stage))
         return;
     while (!link_empty(&s->queue[r->stage]))
@@ -83,8 +103,25 @@ void sched_replica_lost(kiln_sched *s, sched_replica *r, const char *why, double
                    "stage_unavailable", "no %s replica is available", kiln_stage_name(r->stage));
 }
 
-void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg_hello *h, double now)
+void sched_on_stale(kiln_sched *s, sched_replica *r, const char *peer, kiln_msg *m)
 {
+    int fenced = (r && r->epoch == m->epoch) || buried(s, peer, m->epoch);
+    kiln_metrics_rejected(s->metrics, fenced ? KILN_REJECT_FENCED : KILN_REJECT_UNREGISTERED, 1);
+    if (m->type == KILN_MSG_DONE) {
+        /* Its outputs are its own memory: back to it (a fenced incarnation
+         * drains them before it exits; an unregistered one may be a
+         * replica whose hello is still on its way after a gateway restart). */
+        sched_free_own(s, peer, m->epoch, &m->done.out);
+    }
+    KILN_LOG_DEBUG("gateway: ignored a %s from %s epoch %016llx (%s)", kiln_msg_type_name(m->type),
+                   peer, (unsigned long long)m->epoch, fenced ? "fenced" : "unregistered");
+    if (fenced)
+        send_fenced(s, peer, m->epoch);
+}
+
+void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double now)
+{
+    const kiln_msg_hello *h = &m->hello;
     if (strcmp(h->model, s->model_id) != 0) {
         KILN_LOG_ERROR("gateway: replica %s serves model '%s', not '%s': refused", peer, h->model,
                        s->model_id);
@@ -94,12 +131,22 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg_hello *h, do
         KILN_LOG_WARN("gateway: replica %s says its id is %s; using the routing id", peer,
                       h->replica);
     sched_replica *r = sched_replica_find(s, peer);
-    if (r && r->stage != h->stage) {
-        /* The same id now serves another stage: the old one is gone. */
-        r->alive = 1;
-        sched_replica_lost(s, r, "re-registered for another stage", now);
+    if (buried(s, peer, m->epoch) || (r && r->epoch == m->epoch && !r->alive)) {
+        send_fenced(s, peer, m->epoch); /* a fenced incarnation never comes back */
+        return;
     }
-    if (!r) {
+    if (r && r->epoch == m->epoch) {
+        /* The same incarnation again: its connection was re-established,
+         * and messages queued on the old one may have been lost both ways
+         * (jobs, dones, releases, frees), which nothing could reconcile.
+         * It starts afresh instead. */
+        sched_replica_fence(s, r, "reconnected (messages may have been lost)", now);
+        return;
+    }
+    if (r) {
+        sched_replica_fence(s, r, "was replaced by a new incarnation", now);
+        bury(s, r->id, r->epoch);
+    } else {
         r = calloc(1, sizeof *r);
         if (!r) {
             KILN_LOG_ERROR("gateway: out of memory registering %s", peer);
@@ -107,11 +154,15 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg_hello *h, do
         }
         snprintf(r->id, sizeof r->id, "%s", peer);
         link_init(&r->inflight);
+        link_init(&r->handoffs);
         link_insert_before(&s->replicas, &r->node);
-        KILN_LOG_INFO("gateway: %s replica %s registered (host %s, max batch %d)",
-                      kiln_stage_name(h->stage), peer, h->host, h->max_batch);
     }
-    /* Its in-flight jobs stay in flight; credits come anew with `ready`. */
+    KILN_LOG_INFO("gateway: %s replica %s registered (epoch %016llx, host %s, max batch %d)",
+                  kiln_stage_name(h->stage), peer, (unsigned long long)m->epoch, h->host,
+                  h->max_batch);
+    /* Fencing emptied the record of the incarnation before; credits come
+     * with `ready`. */
+    r->epoch = m->epoch;
     r->stage = h->stage;
     r->alive = 1;
     r->credits = 0;
@@ -124,7 +175,8 @@ void sched_replica_gc(kiln_sched *s, double now)
     for (sched_link *l = s->replicas.next, *next; l != &s->replicas; l = next) {
         next = l->next;
         sched_replica *r = LINK_OWNER(l, sched_replica, node);
-        if (!r->alive && !r->n_inflight && now - r->last_seen > DEAD_RECORD_MS) {
+        if (!r->alive && now - r->last_seen > DEAD_RECORD_MS) {
+            bury(s, r->id, r->epoch);
             link_remove(&r->node);
             free(r);
         }

@@ -3,7 +3,8 @@
  * references in msgpack frames (as on the bus) over a pipe; a consumer
  * process maps the slabs (cached), reads them through its own backend and
  * answers with content hashes.  Also: ranges returned to the pool and
- * reused under a cached mapping, slabs of the consumer's own process,
+ * reused under a cached mapping (the old reference to it refused by its
+ * device range header), slabs of the consumer's own process,
  * bad references and frees, and (with two GPUs) a consumer on the other
  * GPU mapping the slab through peer access.
  *
@@ -104,7 +105,7 @@ static int consumer(int in_fd, int out_fd, int device)
             return 1;
         if (!be) {
             be = kiln_backend_create("cuda", device, &err);
-            rx = be ? kiln_transport_cuda_ipc_create("decode-test", "decode", device, 0, 0, &err)
+            rx = be ? kiln_transport_cuda_ipc_create("decode-test", 2, "decode", device, 0, 0, &err)
                     : NULL;
             if (!rx) {
                 fprintf(stderr, "consumer on GPU %d: %s\n", device, err.msg);
@@ -145,10 +146,13 @@ static int consumer(int in_fd, int out_fd, int device)
                 kiln_transport_close(rx, &m->refs.refs[0]);
             }
         }
-        /* Our reads are complete (download waits) before the release. */
+        /* Our reads are complete (download waits) before the release; the
+         * range headers still name what we read. */
         for (int i = 0; i < r.n && i < MAX_REFS; i++)
-            if (!r.code[i])
+            if (!r.code[i]) {
+                r.code[i] = kiln_transport_verify(rx, &m->refs.refs[i], &err);
                 kiln_transport_close(rx, &m->refs.refs[i]);
+            }
         kiln_transport_stats st;
         kiln_transport_stats_get(rx, &st);
         r.mapped = st.mapped, r.open_after_close = st.open;
@@ -176,7 +180,7 @@ static kiln_transport *tx;
 /* Sends refs as a msgpack frame to consumer c and waits for its reply. */
 static int exchange(const child *c, const kiln_tensor_ref *refs, int n, reply *r)
 {
-    kiln_msg m = {.type = KILN_MSG_RELEASE, .refs.n = n};
+    kiln_msg m = {.type = KILN_MSG_RELEASE, .epoch = 1, .refs.n = n};
     memcpy(m.refs.refs, refs, (size_t)n * sizeof *refs);
     kiln_buf b = {0};
     kiln_err err = {0};
@@ -260,6 +264,11 @@ static void test_two_processes(void)
     CHECK(h != want[0]);
     CHECK(exchange(&consumers[0], &again, 1, &r) == 0);
     CHECK(r.code[0] == KILN_OK && r.hash[0] == h && r.mapped == 2);
+    /* The old reference to the same place names an allocation that is
+     * gone: its device header says so, and the consumer refuses it. */
+    CHECK(again.gen != refs[0].gen);
+    CHECK(exchange(&consumers[0], &refs[0], 1, &r) == 0);
+    CHECK(r.code[0] == KILN_ERR_NOT_FOUND && r.mapped == 2);
 
     /* Bad references are refused before any mapping. */
     kiln_tensor_ref bad[2] = {again, again};
@@ -280,7 +289,7 @@ static void test_two_processes(void)
 static void test_same_process(void)
 {
     kiln_err err = {0};
-    kiln_transport *rx = kiln_transport_cuda_ipc_create("local-test", "decode", 0, 0, 0, &err);
+    kiln_transport *rx = kiln_transport_cuda_ipc_create("local-test", 3, "decode", 0, 0, 0, &err);
     CHECKF(rx != NULL, "%s", err.msg);
     if (!rx)
         return;
@@ -348,8 +357,8 @@ int main(void)
 
     kiln_err err = {0};
     be = kiln_backend_create("cuda", 0, &err);
-    tx = be ? kiln_transport_cuda_ipc_create("denoise-test", "denoise", 0, 2u << 20, 64u << 20,
-                                             &err)
+    tx = be ? kiln_transport_cuda_ipc_create("denoise-test", 1, "denoise", 0, 2u << 20,
+                                             64u << 20, &err)
             : NULL;
     int skip = 0;
     if (!tx) {

@@ -183,6 +183,52 @@ int svc_wait_log(const char *log, const char *needle, int times, int timeout_ms)
     return 0;
 }
 
+size_t svc_log_size(const char *log)
+{
+    kiln_buf b = {0};
+    svc_read_log(log, &b);
+    size_t n = b.len;
+    kiln_buf_free(&b);
+    return n;
+}
+
+/* 1 when the replica id text [id, end) holds "-<pid>" followed by '-' or
+ * its end: the pid part of "<stage>-<host>-<pid>[-<epoch>]". */
+static int id_has_pid(const char *id, const char *end, pid_t pid)
+{
+    char mid[32];
+    int n = snprintf(mid, sizeof mid, "-%ld", (long)pid);
+    for (const char *at = id; (at = strstr(at, mid)) && at + n <= end; at++)
+        if (at + n == end || at[n] == '-')
+            return 1;
+    return 0;
+}
+
+pid_t svc_batch_started(const char *log, size_t from, const pid_t *pids, int n, int timeout_ms)
+{
+    static const char key[] = "kiln-denoiser denoise-";
+    double until = kiln_now_ms() + timeout_ms;
+    for (;;) {
+        kiln_buf b = {0};
+        svc_read_log(log, &b);
+        pid_t pid = -1;
+        const char *p = b.len > from ? strstr((const char *)b.data + from, key) : NULL;
+        for (; p && pid < 0; p = strstr(p + 1, key)) {
+            const char *colon = strstr(p, ": batch of ");
+            const char *nl = strchr(p, '\n');
+            if (!colon || (nl && nl < colon))
+                continue;
+            for (int i = 0; i < n && pid < 0; i++)
+                if (id_has_pid(p, colon, pids[i]))
+                    pid = pids[i];
+        }
+        kiln_buf_free(&b);
+        if (pid > 0 || kiln_now_ms() > until)
+            return pid > 0 ? pid : -1;
+        svc_sleep_ms(10);
+    }
+}
+
 int svc_log_port(const char *log, int timeout_ms)
 {
     static const char key[] = "on http://127.0.0.1:";

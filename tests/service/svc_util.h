@@ -69,6 +69,12 @@ void svc_read_log(const char *log, kiln_buf *out);
 int svc_log_count(const char *log, const char *needle);
 /* Waits until the log holds `needle` at least `times` times; 0 or -1. */
 int svc_wait_log(const char *log, const char *needle, int times, int timeout_ms);
+/* The log's size in bytes (a position to search from later). */
+size_t svc_log_size(const char *log);
+/* The first of pids[n] that a kiln-denoiser line "...-<pid>[-...]: batch
+ * of" past byte `from` of the log names (its replica id holds its pid),
+ * or -1 after timeout_ms. */
+pid_t svc_batch_started(const char *log, size_t from, const pid_t *pids, int n, int timeout_ms);
 /* The port kiln-gateway logged it listens on ("on http://127.0.0.1:P"),
  * or -1 after timeout_ms. */
 int svc_log_port(const char *log, int timeout_ms);

@@ -52,7 +52,7 @@ static void test_roundtrip_and_reconnect(void)
         return;
     CHECK(wait_flag(dealer, KILN_BUS_CONNECTED));
 
-    kiln_msg hb = {.type = KILN_MSG_HB};
+    kiln_msg hb = {.type = KILN_MSG_HB, .epoch = 1};
     CHECK(kiln_bus_send_msg(dealer, NULL, &hb, &err) == KILN_OK);
     CHECK(kiln_bus_send_msg(dealer, "someone", &hb, &err) == KILN_ERR_INTERNAL);
     char peer[KILN_PROTO_ID_MAX];
@@ -63,7 +63,7 @@ static void test_roundtrip_and_reconnect(void)
     CHECK(m && m->type == KILN_MSG_HB);
     kiln_msg_free(m);
 
-    kiln_msg cancel = {.type = KILN_MSG_CANCEL, .cancel_job = 99};
+    kiln_msg cancel = {.type = KILN_MSG_CANCEL, .epoch = 1, .cancel_job = 99};
     CHECK(kiln_bus_send_msg(router, "decode-test-1", &cancel, &err) == KILN_OK);
     CHECK(kiln_bus_send_msg(router, "nobody-2", &cancel, &err) == KILN_ERR_UNAVAILABLE);
     CHECK(kiln_bus_send_msg(router, NULL, &cancel, &err) == KILN_ERR_INTERNAL);

@@ -1,12 +1,16 @@
 /* The gateway scheduler driven by hand-made bus messages and a fake clock:
  * the encode -> denoise -> decode flow with references forwarded, credits
- * (pull), idle replicas taking turns, release -> free forwarding,
- * admission (503 / 429), cancellation in every state, heartbeat loss with
- * one re-dispatch then 503, restarts from the encode stage when inputs
- * were already released or are gone (a consumer's not_found), timeouts
- * (504), error dones, and dones nobody waits for.  Every message the scheduler
- * sends goes through kiln_msg_encode / kiln_msg_decode, so it must be a
- * valid protocol message. */
+ * (pull), idle replicas taking turns, release -> free forwarding (and a
+ * done returning what was not released), admission (503 / 429),
+ * cancellation in every state, fencing (heartbeat loss, a reconnect, a
+ * restart under the same id, a done naming references the replica did not
+ * make) with one re-run from the encode stage on fresh references then
+ * 503, messages of fenced incarnations ignored and answered `fenced`,
+ * forged and repeated releases refused, restarts when inputs are gone (a
+ * consumer's not_found), timeouts (504), error dones, and dones nobody
+ * waits for.  Every message the scheduler sends goes through
+ * kiln_msg_encode / kiln_msg_decode, so it must be a valid protocol
+ * message. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +28,13 @@ typedef struct sent {
 typedef struct world {
     kiln_sched *s;
     kiln_metrics *metrics;
+    /* The current incarnation of each replica id the test registered. */
+    struct {
+        char id[KILN_PROTO_ID_MAX];
+        uint64_t epoch;
+    } reps[16];
+    int n_reps;
+    uint64_t next_epoch, next_gen;
     sent out[MAX_SENT];
     int n_out, seen_out;
     int n_finished, last_status, last_images;
@@ -93,10 +104,37 @@ static void expect_quiet(world *w)
     CHECKF(m == NULL, "unexpected %s to %s", m ? kiln_msg_type_name(m->type) : "", m ? to : "");
 }
 
+/* The epoch replica `id` registered with (0 when it never did). */
+static uint64_t epoch_of(const world *w, const char *id)
+{
+    for (int i = 0; i < w->n_reps; i++)
+        if (!strcmp(w->reps[i].id, id))
+            return w->reps[i].epoch;
+    return 0;
+}
+
+/* A fresh incarnation of `id`: a new epoch, as a restarted process draws. */
+static uint64_t new_epoch(world *w, const char *id)
+{
+    uint64_t e = 0x1000 + ++w->next_epoch;
+    for (int i = 0; i < w->n_reps; i++)
+        if (!strcmp(w->reps[i].id, id))
+            return w->reps[i].epoch = e;
+    snprintf(w->reps[w->n_reps].id, sizeof w->reps[0].id, "%s", id);
+    w->reps[w->n_reps++].epoch = e;
+    return e;
+}
+
+/* Sends m as from `peer`, in its registered incarnation unless m names an
+ * epoch itself (a forged or stale message). */
 static void deliver(world *w, const char *peer, const kiln_msg *m)
 {
     kiln_buf f = {0};
     kiln_err err = {0};
+    kiln_msg stamped = *m;
+    if (!stamped.epoch)
+        stamped.epoch = epoch_of(w, peer) ? epoch_of(w, peer) : 0xdead;
+    m = &stamped;
     CHECKF(kiln_msg_encode(m, &f, &err) == KILN_OK, "test message: %s", err.msg);
     kiln_msg *d = kiln_msg_decode(f.data, f.len, &err);
     kiln_buf_free(&f);
@@ -105,9 +143,10 @@ static void deliver(world *w, const char *peer, const kiln_msg *m)
         kiln_sched_on_msg(w->s, peer, d, w->now);
 }
 
+/* Registers a new incarnation of `id` (a new epoch each call). */
 static void hello(world *w, const char *id, kiln_stage st, const char *model, int credits)
 {
-    kiln_msg m = {.type = KILN_MSG_HELLO,
+    kiln_msg m = {.type = KILN_MSG_HELLO, .epoch = new_epoch(w, id),
                   .hello = {.stage = st, .replica = id, .model = model, .host = "test",
                             .max_batch = 4, .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
     deliver(w, id, &m);
@@ -123,13 +162,33 @@ static void hb(world *w, const char *id)
     deliver(w, id, &m);
 }
 
-static kiln_tensor_ref shm_ref(const char *owner, const char *slab, uint64_t off)
+/* A new allocation of the current incarnation of `owner`. */
+static kiln_tensor_ref shm_ref(world *w, const char *owner, const char *slab, uint64_t off)
 {
     kiln_tensor_ref r = {.kind = KILN_REF_SHM, .dtype = KILN_F32, .ndim = 3,
                          .shape = {1, 4, 8}, .len = 128, .off = off};
     snprintf(r.owner, sizeof r.owner, "%s", owner);
     snprintf(r.slab, sizeof r.slab, "%s", slab);
+    r.epoch = epoch_of(w, owner) ? epoch_of(w, owner) : 0xdead;
+    r.gen = ++w->next_gen;
     return r;
+}
+
+static void release(world *w, const char *from, const kiln_tensor_ref *ref)
+{
+    kiln_msg rel = {.type = KILN_MSG_RELEASE, .refs = {.n = 1}};
+    rel.refs.refs[0] = *ref;
+    deliver(w, from, &rel);
+}
+
+/* The next message must be a free to `owner` of exactly `ref`. */
+static void expect_free(world *w, const char *owner, const kiln_tensor_ref *ref)
+{
+    kiln_msg *m = expect_sent(w, KILN_MSG_FREE, owner);
+    CHECKF(m && m->refs.n == 1 && m->refs.refs[0].gen == ref->gen &&
+               m->refs.refs[0].off == ref->off && m->epoch == ref->epoch,
+           "free to %s is not of %s+%llu gen %llu", owner, ref->slab,
+           (unsigned long long)ref->off, (unsigned long long)ref->gen);
 }
 
 static void done_with(world *w, const char *from, uint64_t job, const char *name,
@@ -222,6 +281,22 @@ static void cluster(world *w)
     hello(w, "decode-a", KILN_STAGE_DECODE, "klein-tiny", 2);
 }
 
+/* Submits a request and takes it through the encode stage (encode-a
+ * answers with new embeddings *emb); returns the denoise job it became,
+ * sent to *to (checked to be a denoise job for *id; NULL when none). */
+static kiln_msg *to_denoise(world *w, const char *json, uint64_t *id, kiln_tensor_ref *emb,
+                            const char **to)
+{
+    *to = "";
+    CHECK(submit(w, json, id) == KILN_OK);
+    expect_sent(w, KILN_MSG_JOB, "encode-a");
+    *emb = shm_ref(w, "encode-a", "/kiln-encode-1-0", 64);
+    done_with(w, "encode-a", *id, "embeds", emb);
+    kiln_msg *m = next_sent(w, to);
+    CHECK(m && m->type == KILN_MSG_JOB && m->job.stage == KILN_STAGE_DENOISE && m->job.job == *id);
+    return m && m->type == KILN_MSG_JOB ? m : NULL;
+}
+
 static void test_flow(void)
 {
     world w;
@@ -244,29 +319,30 @@ static void test_flow(void)
     if (!m)
         goto out;
     CHECK(m->job.job == id && m->job.stage == KILN_STAGE_ENCODE);
+    CHECK(m->epoch == epoch_of(&w, "encode-a"));
     CHECK(m->job.encode.n_prompts == 1 && strcmp(m->job.encode.prompts[0], "a cat") == 0);
     CHECK(m->job.encode.negative == NULL && m->job.encode.max_seq == 77);
     expect_quiet(&w);
 
-    kiln_tensor_ref emb = shm_ref("encode-a", "/kiln-encode-1-0", 64);
+    kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
     done_with(&w, "encode-a", id, "embeds", &emb);
     m = expect_sent(&w, KILN_MSG_JOB, "denoise-a");
     if (!m)
         goto out;
     CHECK(m->job.stage == KILN_STAGE_DENOISE && m->job.denoise.n == 2 && m->job.denoise.n_seeds == 2);
+    CHECK(m->epoch == epoch_of(&w, "denoise-a"));
     CHECK(m->job.denoise.seeds[0] == 40 && m->job.denoise.seeds[1] == 41);
     CHECK(m->job.denoise.width == 128 && m->job.denoise.height == 64 && m->job.denoise.steps == 3);
     const kiln_tensor_ref *in = kiln_ref_map_get(&m->job.in, "embeds");
     CHECK(in && in->off == 64 && strcmp(in->slab, "/kiln-encode-1-0") == 0 &&
-          strcmp(in->owner, "encode-a") == 0);
-    /* The denoiser releases its input: the owner gets a free. */
-    kiln_msg rel = {.type = KILN_MSG_RELEASE, .refs = {.n = 1}};
-    rel.refs.refs[0] = emb;
-    deliver(&w, "denoise-a", &rel);
-    m = expect_sent(&w, KILN_MSG_FREE, "encode-a");
-    CHECK(m && m->refs.n == 1 && m->refs.refs[0].off == 64);
+          strcmp(in->owner, "encode-a") == 0 && in->gen == emb.gen && in->epoch == emb.epoch);
+    /* The denoiser releases its input: the owner gets a free, once. */
+    release(&w, "denoise-a", &emb);
+    expect_free(&w, "encode-a", &emb);
+    release(&w, "denoise-a", &emb);
+    expect_quiet(&w);
 
-    kiln_tensor_ref lat = shm_ref("denoise-a", "/kiln-denoise-1-0", 0);
+    kiln_tensor_ref lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 0);
     done_with(&w, "denoise-a", id, "latents", &lat);
     m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
     if (!m)
@@ -275,9 +351,12 @@ static void test_flow(void)
           m->job.decode.format == KILN_IMAGE_PNG);
     CHECK(kiln_ref_map_get(&m->job.in, "latents") != NULL);
     CHECK(w.n_finished == 0);
+    /* The decoder answers without releasing first: its done returns the
+     * latents it was handed. */
     done_images(&w, "decode-a", id, 2);
     CHECK(w.n_finished == 1 && w.last_status == 200 && w.last_images == 2);
     CHECK(w.last_seeds[0] == 40 && w.last_seeds[1] == 41);
+    expect_free(&w, "denoise-a", &lat);
     expect_quiet(&w);
     expect_idle(&w);
 out:
@@ -301,7 +380,7 @@ static void test_credits_and_admission(void)
     expect_quiet(&w);
     CHECK(submit(&w, "{\"prompt\":\"d\",\"size\":\"64x64\"}", &d) == KILN_ERR_BUSY);
     /* The done returns the credit: the next job goes. */
-    kiln_tensor_ref emb = shm_ref("encode-a", "/kiln-encode-1-0", 0);
+    kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
     done_with(&w, "encode-a", a, "embeds", &emb);
     m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
     CHECK(m && m->job.job == b);
@@ -321,16 +400,17 @@ static void test_credits_and_admission(void)
     kiln_sched_cancel(w.s, c, w.now);
     kiln_sched_cancel(w.s, a, w.now);
     m = expect_sent(&w, KILN_MSG_CANCEL, "denoise-a");
-    CHECK(m && m->cancel_job == a);
+    CHECK(m && m->cancel_job == a && m->epoch == epoch_of(&w, "denoise-a"));
     expect_quiet(&w);
     CHECK(w.n_finished == 0); /* nobody to answer */
     expect_idle(&w);
-    /* Their late dones: the outputs go back to their owner. */
-    kiln_tensor_ref late = shm_ref("encode-a", "/kiln-encode-1-0", 128);
+    /* Their late dones: the outputs go back to their owner, and so do the
+     * inputs the denoiser was handed for the job that is gone. */
+    kiln_tensor_ref late = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 256);
     done_with(&w, "encode-a", b, "embeds", &late);
-    m = expect_sent(&w, KILN_MSG_FREE, "encode-a");
-    CHECK(m && m->refs.n == 1 && m->refs.refs[0].off == 128);
+    expect_free(&w, "encode-a", &late);
     done_error(&w, "denoise-a", a, KILN_ERR_CANCELLED, "request cancelled");
+    expect_free(&w, "encode-a", &emb);
     expect_quiet(&w);
     world_free(&w);
 }
@@ -345,8 +425,8 @@ static void test_cancel_between_stages(void)
     uint64_t a;
     CHECK(submit(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a) == KILN_OK);
     expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    kiln_tensor_ref emb = shm_ref("encode-a", "/kiln-encode-1-0", 0);
-    kiln_tensor_ref neg = shm_ref("encode-a", "/kiln-encode-1-0", 128);
+    kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
+    kiln_tensor_ref neg = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 192);
     kiln_msg m = {.type = KILN_MSG_DONE, .done = {.job = a, .ok = 1}};
     kiln_ref_map_put(&m.done.out, "embeds", &emb, NULL);
     kiln_ref_map_put(&m.done.out, "neg", &neg, NULL);
@@ -361,6 +441,10 @@ static void test_cancel_between_stages(void)
     world_free(&w);
 }
 
+/* A denoiser that stops heartbeating is fenced: the references it was
+ * handed go back to their owner (it may still read them: they are never
+ * handed on again), its job runs again from the encode stage on fresh
+ * references, and nothing it sends afterwards counts. */
 static void test_replica_loss(void)
 {
     world w;
@@ -368,13 +452,10 @@ static void test_replica_loss(void)
     cluster(&w);
     hello(&w, "denoise-b", KILN_STAGE_DENOISE, "klein-tiny", 2);
     uint64_t a;
-    CHECK(submit(&w, "{\"prompt\":\"a\",\"size\":\"64x64\",\"seed\":5}", &a) == KILN_OK);
-    expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    kiln_tensor_ref emb = shm_ref("encode-a", "/kiln-encode-1-0", 0);
-    done_with(&w, "encode-a", a, "embeds", &emb);
+    kiln_tensor_ref emb;
     const char *first;
-    kiln_msg *m = next_sent(&w, &first);
-    CHECK(m && m->type == KILN_MSG_JOB && m->job.stage == KILN_STAGE_DENOISE);
+    kiln_msg *m = to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\",\"seed\":5}", &a, &emb,
+                             &first);
     if (!m)
         goto out;
     const char *second = strcmp(first, "denoise-a") == 0 ? "denoise-b" : "denoise-a";
@@ -384,37 +465,66 @@ static void test_replica_loss(void)
     hb(&w, second);
     hb(&w, "decode-a");
     kiln_sched_tick(w.s, w.now);
+    expect_free(&w, "encode-a", &emb);
+    m = expect_sent(&w, KILN_MSG_FENCED, first);
+    CHECK(m && m->epoch == epoch_of(&w, first));
+    m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    CHECK(m && m->job.job == a && m->job.stage == KILN_STAGE_ENCODE);
+    CHECK(w.n_finished == 0);
+    kiln_tensor_ref emb2 = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 256);
+    done_with(&w, "encode-a", a, "embeds", &emb2);
     m = expect_sent(&w, KILN_MSG_JOB, second);
     CHECK(m && m->job.job == a && m->job.denoise.seeds[0] == 5);
-    CHECK(m && kiln_ref_map_get(&m->job.in, "embeds") != NULL);
-    CHECK(w.n_finished == 0);
-    /* The first one's late done is not the job's any more. */
-    kiln_tensor_ref stale = shm_ref(first, "/kiln-denoise-9-0", 0);
+    const kiln_tensor_ref *in = m ? kiln_ref_map_get(&m->job.in, "embeds") : NULL;
+    CHECK(in && in->gen == emb2.gen);
+    /* The fenced one resumes: its release, done and heartbeat do not
+     * count; each is answered `fenced`, and what its done made goes back
+     * to it. */
+    release(&w, first, &emb);
+    expect_sent(&w, KILN_MSG_FENCED, first);
+    kiln_tensor_ref stale = shm_ref(&w, first, "/kiln-denoise-9-0", 64);
     done_with(&w, first, a, "latents", &stale);
-    expect_sent(&w, KILN_MSG_FREE, first);
-    /* The second dies too: one re-dispatch only, so 503. */
+    expect_free(&w, first, &stale);
+    expect_sent(&w, KILN_MSG_FENCED, first);
+    hb(&w, first);
+    expect_sent(&w, KILN_MSG_FENCED, first);
+    expect_quiet(&w);
+    CHECK(w.n_finished == 0);
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[1] == 1 && g.inflight[1] == 1);
+    /* The second dies too: one re-run only, so 503. */
     w.now += 2500;
     hb(&w, "encode-a");
     hb(&w, "decode-a");
     kiln_sched_tick(w.s, w.now);
     CHECK(w.n_finished == 1 && w.last_status == 503);
     CHECK(strstr(w.last_message, "denoise") != NULL);
-    /* first came back (it spoke); both stopping now leaves no denoiser:
-     * admission answers 503. */
-    w.now += 2500;
-    hb(&w, "encode-a");
-    hb(&w, "decode-a");
-    kiln_sched_tick(w.s, w.now);
+    expect_free(&w, "encode-a", &emb2);
+    expect_sent(&w, KILN_MSG_FENCED, second);
+    /* No denoiser is left: admission answers 503. */
     CHECK(!kiln_sched_ready(w.s));
     CHECK(submit(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a) == KILN_ERR_UNAVAILABLE);
-    /* Unreachable on the bus is lost as well. */
+    /* Unreachable on the bus is fenced as well. */
     kiln_sched_on_unreachable(w.s, "decode-a", w.now);
-    kiln_metrics_gauges g;
     kiln_sched_gauges(w.s, &g);
     CHECK(g.replicas[2] == 0);
-    while (next_sent(&w, &first))
-        ;
+    expect_sent(&w, KILN_MSG_FENCED, "decode-a");
+    expect_quiet(&w);
     expect_idle(&w);
+    /* A fenced incarnation cannot come back; the same id can, as a new
+     * incarnation. */
+    kiln_msg again = {.type = KILN_MSG_HELLO, .epoch = epoch_of(&w, first),
+                      .hello = {.stage = KILN_STAGE_DENOISE, .replica = first,
+                                .model = "klein-tiny", .host = "test", .max_batch = 4,
+                                .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+    deliver(&w, first, &again);
+    expect_sent(&w, KILN_MSG_FENCED, first);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[1] == 0);
+    hello(&w, first, KILN_STAGE_DENOISE, "klein-tiny", 2);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[1] == 1);
 out:
     world_free(&w);
 }
@@ -426,36 +536,41 @@ static void test_restart_after_release(void)
     cluster(&w);
     hello(&w, "decode-b", KILN_STAGE_DECODE, "klein-tiny", 1);
     uint64_t a;
-    CHECK(submit(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a) == KILN_OK);
-    expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    kiln_tensor_ref emb = shm_ref("encode-a", "/kiln-encode-1-0", 0);
-    done_with(&w, "encode-a", a, "embeds", &emb);
-    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
-    kiln_tensor_ref lat = shm_ref("denoise-a", "/kiln-denoise-1-0", 0);
+    kiln_tensor_ref emb;
+    const char *den;
+    to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a, &emb, &den);
+    CHECK(!strcmp(den, "denoise-a"));
+    kiln_tensor_ref lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
     done_with(&w, "denoise-a", a, "latents", &lat);
+    expect_free(&w, "encode-a", &emb); /* the denoiser's done returns its input */
     const char *dec;
     kiln_msg *m = next_sent(&w, &dec);
     CHECK(m && m->type == KILN_MSG_JOB && m->job.stage == KILN_STAGE_DECODE);
     if (!m)
         goto out;
     /* The decoder released the latents, then died: the job starts over. */
-    kiln_msg rel = {.type = KILN_MSG_RELEASE, .refs = {.n = 1}};
-    rel.refs.refs[0] = lat;
-    deliver(&w, dec, &rel);
-    expect_sent(&w, KILN_MSG_FREE, "denoise-a");
+    release(&w, dec, &lat);
+    expect_free(&w, "denoise-a", &lat);
     kiln_sched_on_unreachable(w.s, dec, w.now);
+    expect_sent(&w, KILN_MSG_FENCED, dec);
     m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
     CHECK(m && m->job.job == a && m->job.stage == KILN_STAGE_ENCODE);
     CHECK(w.n_finished == 0);
     /* The job re-runs from the start; losing the encoder that made the
      * references the running denoise reads is not the denoise's loss: the
      * consumer has them mapped, and it answers for the job. */
-    kiln_tensor_ref emb2 = shm_ref("encode-a", "/kiln-encode-1-0", 256);
+    kiln_tensor_ref emb2 = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 256);
     done_with(&w, "encode-a", a, "embeds", &emb2);
     m = expect_sent(&w, KILN_MSG_JOB, "denoise-a");
     CHECK(m != NULL);
     kiln_sched_on_unreachable(w.s, "encode-a", w.now);
+    expect_sent(&w, KILN_MSG_FENCED, "encode-a");
     CHECK(w.n_finished == 0);
+    /* Its release still goes to the encoder's incarnation (which may wait
+     * for its ranges before it exits). */
+    release(&w, "denoise-a", &emb2);
+    expect_free(&w, "encode-a", &emb2);
+    expect_quiet(&w);
 out:
     world_free(&w);
 }
@@ -478,10 +593,10 @@ static void test_errors_and_timeout(void)
     /* A done without the output the next stage needs is a fault. */
     CHECK(submit(&w, "{\"prompt\":\"c\",\"size\":\"64x64\"}", &a) == KILN_OK);
     expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    kiln_tensor_ref x = shm_ref("encode-a", "/kiln-encode-1-0", 0);
+    kiln_tensor_ref x = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
     done_with(&w, "encode-a", a, "wrong", &x);
     CHECK(w.n_finished == 3 && w.last_status == 500);
-    expect_sent(&w, KILN_MSG_FREE, "encode-a");
+    expect_free(&w, "encode-a", &x);
     /* Timeout: 504 and the replica is told to stop. */
     CHECK(submit(&w, "{\"prompt\":\"d\",\"size\":\"64x64\"}", &a) == KILN_OK);
     expect_sent(&w, KILN_MSG_JOB, "encode-a");
@@ -497,13 +612,17 @@ static void test_errors_and_timeout(void)
     /* The decoder returns the wrong number of images: 500. */
     CHECK(submit(&w, "{\"prompt\":\"e\",\"size\":\"64x64\",\"n\":2}", &a) == KILN_OK);
     expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    x = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
     done_with(&w, "encode-a", a, "embeds", &x);
     expect_sent(&w, KILN_MSG_JOB, "denoise-a");
-    kiln_tensor_ref lat = shm_ref("denoise-a", "/kiln-denoise-1-0", 0);
+    kiln_tensor_ref lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
     done_with(&w, "denoise-a", a, "latents", &lat);
+    expect_free(&w, "encode-a", &x);
     expect_sent(&w, KILN_MSG_JOB, "decode-a");
     done_images(&w, "decode-a", a, 1);
     CHECK(w.n_finished == 5 && w.last_status == 500);
+    expect_free(&w, "denoise-a", &lat);
+    expect_quiet(&w);
     expect_idle(&w);
     world_free(&w);
 }
@@ -520,14 +639,16 @@ static void test_inputs_gone(void)
     CHECK(submit(&w, "{\"prompt\":\"x\",\"size\":\"64x64\"}", &id) == KILN_OK);
     for (int round = 0; round < 2; round++) {
         expect_sent(&w, KILN_MSG_JOB, "encode-a");
-        kiln_tensor_ref emb = shm_ref("encode-a", "/kiln-encode-1-0", 0);
+        kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
         done_with(&w, "encode-a", id, "embeds", &emb);
         expect_sent(&w, KILN_MSG_JOB, "denoise-a");
-        kiln_tensor_ref lat = shm_ref("denoise-a", "/kiln-denoise-1-0", 0);
+        kiln_tensor_ref lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
         done_with(&w, "denoise-a", id, "latents", &lat);
+        expect_free(&w, "encode-a", &emb);
         kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
         CHECK(m && m->job.job == id);
         done_error(&w, "decode-a", id, KILN_ERR_NOT_FOUND, "shm slab /kiln-denoise-1-0: gone");
+        expect_free(&w, "denoise-a", &lat);
         CHECK(w.n_finished == round);
     }
     CHECK(w.n_finished == 1 && w.last_status == 503);
@@ -559,6 +680,131 @@ static void test_idle_replicas_take_turns(void)
     world_free(&w);
 }
 
+static double rejected(world *w, const char *reason)
+{
+    kiln_buf b = {0};
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w->s, &g);
+    CHECK(kiln_metrics_render(w->metrics, &g, &b, NULL) == KILN_OK);
+    char key[96];
+    snprintf(key, sizeof key, "kiln_bus_rejected_total{reason=\"%s\"} ", reason);
+    const char *at = b.data ? memmem(b.data, b.len, key, strlen(key)) : NULL;
+    double v = at ? strtod(at + strlen(key), NULL) : -1;
+    kiln_buf_free(&b);
+    return v;
+}
+
+/* Releases are honoured only from the consumer a reference was handed to,
+ * in that incarnation, once, with every field of the reference right:
+ * forged ones from an unregistered peer or another replica, repeated ones
+ * and ones naming another generation are refused and counted, and never
+ * reach the owner. */
+static void test_forged_releases(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    hello(&w, "denoise-b", KILN_STAGE_DENOISE, "klein-tiny", 0);
+    uint64_t a;
+    kiln_tensor_ref emb;
+    const char *den;
+    to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a, &emb, &den);
+    CHECK(!strcmp(den, "denoise-a"));
+    release(&w, "mallory-1", &emb); /* never registered */
+    release(&w, "denoise-b", &emb); /* registered, but not handed this */
+    release(&w, "encode-a", &emb);  /* the owner itself */
+    kiln_tensor_ref other = emb;
+    other.gen++; /* the same range, another allocation */
+    release(&w, "denoise-a", &other);
+    other = emb, other.len = 64, other.shape[2] = 4;
+    release(&w, "denoise-a", &other);
+    kiln_msg forged = {.type = KILN_MSG_RELEASE, .epoch = epoch_of(&w, "denoise-a") + 1,
+                       .refs = {.n = 1}};
+    forged.refs.refs[0] = emb; /* the right id, another incarnation */
+    deliver(&w, "denoise-a", &forged);
+    expect_quiet(&w);
+    CHECK(rejected(&w, "unregistered") == 2);
+    CHECK(rejected(&w, "not_handed") == 4);
+    CHECK(rejected(&w, "fenced") == 0);
+    /* The real one goes through, once. */
+    release(&w, "denoise-a", &emb);
+    expect_free(&w, "encode-a", &emb);
+    release(&w, "denoise-a", &emb);
+    expect_quiet(&w);
+    CHECK(rejected(&w, "not_handed") == 5);
+    /* A done from a registered replica that names references it did not
+     * make: it is fenced, nothing of the other owner is freed, and the job
+     * runs again from the start. */
+    kiln_tensor_ref theirs = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 256);
+    done_with(&w, "denoise-a", a, "latents", &theirs);
+    CHECK(rejected(&w, "foreign_ref") == 1);
+    expect_sent(&w, KILN_MSG_FENCED, "denoise-a");
+    kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    CHECK(m && m->job.job == a);
+    expect_quiet(&w);
+    CHECK(w.n_finished == 0);
+    world_free(&w);
+}
+
+/* A replica id says hello again.  A new epoch is a new process under the
+ * same id (a container's PID 1 after a restart): the old incarnation is
+ * fenced and its job re-runs, on the new one if need be, with the new
+ * epoch in the job.  The same epoch is the same process reconnected, which
+ * may have lost messages either way: it is fenced too. */
+static void test_hello_again(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    uint64_t a;
+    kiln_tensor_ref emb;
+    const char *den;
+    kiln_msg *m = to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a, &emb, &den);
+    uint64_t old = epoch_of(&w, "denoise-a");
+    CHECK(m && m->epoch == old);
+    hello(&w, "denoise-a", KILN_STAGE_DENOISE, "klein-tiny", 2);
+    CHECK(epoch_of(&w, "denoise-a") != old);
+    expect_free(&w, "encode-a", &emb);
+    m = expect_sent(&w, KILN_MSG_FENCED, "denoise-a");
+    CHECK(m && m->epoch == old);
+    m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    CHECK(m && m->job.job == a);
+    kiln_tensor_ref emb2 = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 256);
+    done_with(&w, "encode-a", a, "embeds", &emb2);
+    m = expect_sent(&w, KILN_MSG_JOB, "denoise-a");
+    CHECK(m && m->job.job == a && m->epoch == epoch_of(&w, "denoise-a"));
+    /* The old incarnation's done is not the new one's. */
+    kiln_msg late = {.type = KILN_MSG_DONE, .epoch = old, .done = {.job = a, .ok = 1}};
+    deliver(&w, "denoise-a", &late);
+    expect_sent(&w, KILN_MSG_FENCED, "denoise-a");
+    expect_quiet(&w);
+    /* ...nor can it come back: its hello is answered `fenced`, and the new
+     * incarnation keeps its job. */
+    kiln_msg zombie = {.type = KILN_MSG_HELLO, .epoch = old,
+                       .hello = {.stage = KILN_STAGE_DENOISE, .replica = "denoise-a",
+                                 .model = "klein-tiny", .host = "test", .max_batch = 4,
+                                 .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+    deliver(&w, "denoise-a", &zombie);
+    expect_sent(&w, KILN_MSG_FENCED, "denoise-a");
+    expect_quiet(&w);
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[1] == 1 && g.inflight[1] == 1);
+    /* The same incarnation reconnecting: fenced, its job failed this time
+     * (it had its one re-run). */
+    kiln_msg same = {.type = KILN_MSG_HELLO, .epoch = epoch_of(&w, "denoise-a"),
+                     .hello = {.stage = KILN_STAGE_DENOISE, .replica = "denoise-a",
+                               .model = "klein-tiny", .host = "test", .max_batch = 4,
+                               .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+    deliver(&w, "denoise-a", &same);
+    CHECK(w.n_finished == 1 && w.last_status == 503);
+    expect_free(&w, "encode-a", &emb2);
+    expect_sent(&w, KILN_MSG_FENCED, "denoise-a");
+    expect_quiet(&w);
+    expect_idle(&w);
+    world_free(&w);
+}
+
 int main(void)
 {
     RUN(test_flow);
@@ -569,5 +815,7 @@ int main(void)
     RUN(test_replica_loss);
     RUN(test_restart_after_release);
     RUN(test_errors_and_timeout);
+    RUN(test_forged_releases);
+    RUN(test_hello_again);
     return test_finish();
 }

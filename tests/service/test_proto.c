@@ -7,6 +7,8 @@
 #include "common/proto.h"
 #include "tests/test.h"
 
+#define EPOCH 0xfeedface12345678ull
+
 static kiln_msg *roundtrip(const kiln_msg *m)
 {
     kiln_buf b = {0};
@@ -26,6 +28,8 @@ static kiln_tensor_ref shm_ref(const char *slab, uint64_t off, int64_t rows)
     kiln_tensor_ref r = {.kind = KILN_REF_SHM, .dtype = KILN_F32, .ndim = 3,
                          .shape = {rows, 16, 48}, .off = off};
     r.len = (uint64_t)rows * 16 * 48 * 4;
+    r.epoch = 0x0123456789abcdefull;
+    r.gen = 42 + off;
     snprintf(r.owner, sizeof r.owner, "encode-host-42");
     snprintf(r.slab, sizeof r.slab, "%s", slab);
     return r;
@@ -38,7 +42,8 @@ static int ref_equal(const kiln_tensor_ref *a, const kiln_tensor_ref *b)
         return 0;
     if (a->kind == KILN_REF_INLINE)
         return !a->len || !memcmp(a->data, b->data, (size_t)a->len);
-    if (strcmp(a->owner, b->owner) || strcmp(a->slab, b->slab) || a->off != b->off)
+    if (strcmp(a->owner, b->owner) || strcmp(a->slab, b->slab) || a->off != b->off ||
+        a->epoch != b->epoch || a->gen != b->gen)
         return 0;
     return a->kind != KILN_REF_CUDA_IPC ||
            (a->device == b->device && !memcmp(a->handle, b->handle, sizeof a->handle));
@@ -46,7 +51,7 @@ static int ref_equal(const kiln_tensor_ref *a, const kiln_tensor_ref *b)
 
 static void test_hello_ready_hb_cancel(void)
 {
-    kiln_msg m = {.type = KILN_MSG_HELLO,
+    kiln_msg m = {.type = KILN_MSG_HELLO, .epoch = EPOCH,
                   .hello = {.stage = KILN_STAGE_DENOISE, .replica = "denoise-box-17",
                             .model = "klein-tiny", .host = "box", .max_batch = 4,
                             .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM) |
@@ -57,21 +62,26 @@ static void test_hello_ready_hb_cancel(void)
         CHECK(!strcmp(d->hello.replica, "denoise-box-17") && !strcmp(d->hello.model, "klein-tiny"));
         CHECK(!strcmp(d->hello.host, "box") && d->hello.max_batch == 4);
         CHECK(d->hello.transports == m.hello.transports);
-        CHECK(d->hello.version == KILN_PROTO_VERSION);
+        CHECK(d->hello.version == KILN_PROTO_VERSION && d->epoch == EPOCH);
     }
     kiln_msg_free(d);
 
-    m = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = 7};
+    m = (kiln_msg){.type = KILN_MSG_FENCED, .epoch = UINT64_MAX};
+    d = roundtrip(&m);
+    CHECK(d && d->type == KILN_MSG_FENCED && d->epoch == UINT64_MAX);
+    kiln_msg_free(d);
+
+    m = (kiln_msg){.type = KILN_MSG_READY, .epoch = EPOCH, .ready.credits = 7};
     d = roundtrip(&m);
     CHECK(d && d->type == KILN_MSG_READY && d->ready.credits == 7);
     kiln_msg_free(d);
 
-    m = (kiln_msg){.type = KILN_MSG_HB};
+    m = (kiln_msg){.type = KILN_MSG_HB, .epoch = EPOCH};
     d = roundtrip(&m);
     CHECK(d && d->type == KILN_MSG_HB);
     kiln_msg_free(d);
 
-    m = (kiln_msg){.type = KILN_MSG_CANCEL, .cancel_job = UINT64_MAX};
+    m = (kiln_msg){.type = KILN_MSG_CANCEL, .epoch = EPOCH, .cancel_job = UINT64_MAX};
     d = roundtrip(&m);
     CHECK(d && d->type == KILN_MSG_CANCEL && d->cancel_job == UINT64_MAX);
     kiln_msg_free(d);
@@ -82,6 +92,7 @@ static void test_jobs(void)
     kiln_msg *m = calloc(1, sizeof *m);
     static const uint8_t png[] = {0x89, 'P', 'N', 'G', 1, 2, 3};
     m->type = KILN_MSG_JOB;
+    m->epoch = EPOCH;
     m->job.job = 1234567890123ull;
     m->job.stage = KILN_STAGE_ENCODE;
     m->job.encode = (kiln_job_encode){.n_prompts = 2, .prompts = {"a cat", "ein Hund \xc3\xa4"},
@@ -105,6 +116,7 @@ static void test_jobs(void)
 
     memset(m, 0, sizeof *m);
     m->type = KILN_MSG_JOB;
+    m->epoch = EPOCH;
     m->job.job = 9;
     m->job.stage = KILN_STAGE_DENOISE;
     m->job.denoise = (kiln_job_denoise){.n = 2, .n_seeds = 4, .seeds = {UINT64_MAX, 0, 5, 6},
@@ -141,6 +153,7 @@ static void test_jobs(void)
 
     memset(m, 0, sizeof *m);
     m->type = KILN_MSG_JOB;
+    m->epoch = EPOCH;
     m->job.stage = KILN_STAGE_DECODE;
     m->job.decode = (kiln_job_decode){.width = 96, .height = 64, .format = KILN_IMAGE_WEBP,
                                       .compression = 80};
@@ -157,6 +170,7 @@ static void test_done_release(void)
     kiln_msg *m = calloc(1, sizeof *m);
     static const uint8_t a[] = "first image", b[] = "second";
     m->type = KILN_MSG_DONE;
+    m->epoch = EPOCH;
     m->done = (kiln_msg_done){.job = 77, .ok = 1, .n_images = 2,
                               .images = {{a, sizeof a}, {b, sizeof b}}, .n_ms = 2,
                               .ms = {{"run", 12.5}, {"queue", 0.25}}};
@@ -174,6 +188,7 @@ static void test_done_release(void)
 
     memset(m, 0, sizeof *m);
     m->type = KILN_MSG_DONE;
+    m->epoch = EPOCH;
     m->done = (kiln_msg_done){.job = 78, .ok = 0, .code = KILN_ERR_CANCELLED,
                               .message = "request cancelled"};
     d = roundtrip(m);
@@ -183,6 +198,7 @@ static void test_done_release(void)
 
     memset(m, 0, sizeof *m);
     m->type = KILN_MSG_FREE;
+    m->epoch = EPOCH;
     m->refs.n = 2;
     m->refs.refs[0] = lat;
     m->refs.refs[1] = shm_ref("/kiln-denoise-9-0", 0, 1);
@@ -191,6 +207,7 @@ static void test_done_release(void)
           ref_equal(&d->refs.refs[0], &lat) && ref_equal(&d->refs.refs[1], &m->refs.refs[1]));
     kiln_msg_free(d);
     m->type = KILN_MSG_RELEASE;
+    m->epoch = EPOCH;
     d = roundtrip(m);
     CHECK(d && d->type == KILN_MSG_RELEASE && d->refs.n == 2);
     kiln_msg_free(d);
@@ -202,14 +219,15 @@ static void test_encode_refuses(void)
 {
     kiln_buf b = {0};
     kiln_err err = {0};
-    kiln_msg m = {.type = KILN_MSG_READY, .ready.credits = 0};
+    kiln_msg m = {.type = KILN_MSG_READY, .epoch = EPOCH, .ready.credits = 0};
     CHECK(kiln_msg_encode(&m, &b, &err) == KILN_ERR_INVALID && b.len == 0);
-    m = (kiln_msg){.type = KILN_MSG_HELLO,
+    m = (kiln_msg){.type = KILN_MSG_HELLO, .epoch = EPOCH,
                    .hello = {.stage = KILN_STAGE_ENCODE, .replica = "bad id with spaces",
                              .model = "m", .host = "h", .max_batch = 1, .transports = 1}};
     CHECK(kiln_msg_encode(&m, &b, &err) == KILN_ERR_INVALID);
     kiln_msg *j = calloc(1, sizeof *j);
     j->type = KILN_MSG_JOB;
+    j->epoch = EPOCH;
     j->job.stage = KILN_STAGE_DENOISE;
     j->job.denoise = (kiln_job_denoise){.n = 2, .n_seeds = 3, .width = 64, .height = 64,
                                         .steps = 1};
@@ -228,7 +246,18 @@ static void test_encode_refuses(void)
     kiln_ref_map_put(&j->job.in, "embeds", &r, NULL);
     CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID);
     r = shm_ref("/kiln-a", 64, 1);
+    r.gen = 0; /* every range has a generation */
     kiln_ref_map_put(&j->job.in, "embeds", &r, NULL);
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID);
+    r = shm_ref("/kiln-a", 64, 1);
+    r.epoch = 0; /* and an owner incarnation */
+    kiln_ref_map_put(&j->job.in, "embeds", &r, NULL);
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID);
+    r = shm_ref("/kiln-a", 64, 1);
+    kiln_ref_map_put(&j->job.in, "embeds", &r, NULL);
+    j->epoch = 0; /* every message names an incarnation */
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID);
+    j->epoch = EPOCH;
     CHECK(kiln_msg_encode(j, &b, &err) == KILN_OK && b.len > 0);
     free(j);
     kiln_buf_free(&b);
@@ -246,6 +275,11 @@ static void pstr(const char *s)
 {
     msgpack_pack_str(&pk, strlen(s));
     msgpack_pack_str_body(&pk, s, strlen(s));
+}
+static void pepoch(void)
+{
+    pstr("epoch");
+    msgpack_pack_uint64(&pk, EPOCH);
 }
 
 static int decodes(const void *p, size_t n)
@@ -283,26 +317,38 @@ static void test_malformed(void)
     begin(); msgpack_pack_map(&pk, 1); pstr("t"); pstr("nope");
     CHECK(!decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
-    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("ready"); pstr("credits"); pstr("4");
+    begin(); msgpack_pack_map(&pk, 3); pstr("t"); pstr("ready"); pepoch(); pstr("credits"); pstr("4");
     CHECK(!decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
-    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("ready"); pstr("credits");
+    begin(); msgpack_pack_map(&pk, 3); pstr("t"); pstr("ready"); pepoch(); pstr("credits");
     msgpack_pack_int64(&pk, -3);
     CHECK(!decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
-    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("cancel"); pstr("job");
+    begin(); msgpack_pack_map(&pk, 3); pstr("t"); pstr("cancel"); pepoch(); pstr("job");
     msgpack_pack_int64(&pk, -1);
     CHECK(!decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
     /* A prompt with an embedded NUL. */
-    begin(); msgpack_pack_map(&pk, 5); pstr("t"); pstr("job"); pstr("job");
+    begin(); msgpack_pack_map(&pk, 6); pstr("t"); pstr("job"); pepoch(); pstr("job");
     msgpack_pack_uint64(&pk, 1); pstr("stage"); pstr("encode"); pstr("max_seq");
     msgpack_pack_int(&pk, 8); pstr("prompts"); msgpack_pack_array(&pk, 1);
     msgpack_pack_str(&pk, 3); msgpack_pack_str_body(&pk, "a\0b", 3);
     CHECK(!decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
+    /* Every message names an incarnation: without `epoch`, or with 0, it
+     * is refused. */
+    begin(); msgpack_pack_map(&pk, 1); pstr("t"); pstr("hb");
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("hb"); pstr("epoch");
+    msgpack_pack_uint64(&pk, 0);
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("fenced"); pepoch();
+    CHECK(decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
     /* Unknown keys are ignored; trailing bytes are not. */
-    begin(); msgpack_pack_map(&pk, 3); pstr("t"); pstr("ready"); pstr("credits");
+    begin(); msgpack_pack_map(&pk, 4); pstr("t"); pstr("ready"); pepoch(); pstr("credits");
     msgpack_pack_int(&pk, 2); pstr("future"); msgpack_pack_array(&pk, 0);
     CHECK(decodes(sbuf.data, sbuf.size));
     msgpack_pack_nil(&pk);
@@ -317,6 +363,7 @@ static void test_corruption(void)
 {
     kiln_msg *m = calloc(1, sizeof *m);
     m->type = KILN_MSG_JOB;
+    m->epoch = EPOCH;
     m->job.stage = KILN_STAGE_DENOISE;
     m->job.denoise = (kiln_job_denoise){.n = 1, .n_seeds = 2, .seeds = {3, 4}, .width = 64,
                                         .height = 64, .steps = 2, .guidance = 1.0f};

@@ -116,43 +116,6 @@ static void expect_image_or_503(int fd, const char *ref, const char *what, int *
         close(fd);
 }
 
-/* The pid of the denoiser that logs "kiln-denoiser denoise-<host>-<pid>:
- * batch of" past byte `from` of the log, or -1 after timeout_ms. */
-static pid_t batch_started(const char *log, size_t from, int timeout_ms)
-{
-    static const char key[] = "kiln-denoiser denoise-";
-    double until = kiln_now_ms() + timeout_ms;
-    for (;;) {
-        kiln_buf b = {0};
-        svc_read_log(log, &b);
-        pid_t pid = -1;
-        const char *p = b.len > from ? strstr((const char *)b.data + from, key) : NULL;
-        for (; p && pid < 0; p = strstr(p + 1, key)) {
-            const char *colon = strstr(p, ": batch of ");
-            const char *nl = strchr(p, '\n');
-            if (!colon || (nl && nl < colon))
-                continue;
-            const char *dash = colon;
-            while (dash > p && dash[-1] != '-')
-                dash--;
-            pid = (pid_t)atol(dash);
-        }
-        kiln_buf_free(&b);
-        if (pid > 0 || kiln_now_ms() > until)
-            return pid > 0 ? pid : -1;
-        svc_sleep_ms(10);
-    }
-}
-
-static size_t log_size(const char *log)
-{
-    kiln_buf b = {0};
-    svc_read_log(log, &b);
-    size_t n = b.len;
-    kiln_buf_free(&b);
-    return n;
-}
-
 static double metric_now(int port, const char *prefix)
 {
     kiln_buf m = {0};
@@ -204,9 +167,9 @@ static void test_kill_one_denoiser(void)
     int fds[N_INFLIGHT];
     for (int i = 0; i < N_INFLIGHT; i++)
         slow_json(bodies[i], sizeof bodies[i], SEED_SLOW + i);
-    size_t from = log_size(log);
+    size_t from = svc_log_size(log);
     send_all(port, bodies, N_INFLIGHT, fds);
-    pid_t victim = batch_started(log, from, 60000);
+    pid_t victim = svc_batch_started(log, from, before, 2, 60000);
     CHECKF(victim == before[0] || victim == before[1], "no denoiser started a batch (got pid %ld)",
            (long)victim);
     if (victim > 0)
@@ -315,7 +278,8 @@ static void test_kill_only_denoiser(void)
     for (int i = 0; i < 3; i++)
         slow_json(bodies[i], sizeof bodies[i], SEED_SLOW + i);
     send_all(d.port, bodies, 3, fds);
-    CHECKF(batch_started(svc_tmp("denoiser-1.log"), 0, 60000) == den, "the denoiser did not start");
+    CHECKF(svc_batch_started(svc_tmp("denoiser-1.log"), 0, &den, 1, 60000) == den,
+           "the denoiser did not start");
     kill(den, SIGKILL);
     CHECK(svc_wait_exit(den, 10000) == 128 + SIGKILL);
     double t_kill = kiln_now_ms();

@@ -1,6 +1,7 @@
 /* Tensor transports: shm range allocation, reuse and merging, the consumer
  * mapping cache (in this process and another one), slab usage that stays
- * flat over many cycles, hostile references, unlinking and stale-slab
+ * flat over many cycles, hostile references, generations (stale frees
+ * and reads of ranges handed out again), unlinking and stale-slab
  * cleanup; the inline transport's ownership checks. */
 #include <errno.h>
 #include <fcntl.h>
@@ -10,6 +11,8 @@
 
 #include "common/transport.h"
 #include "tests/test.h"
+
+#define EPOCH 0x5eed0000cafe0001ull
 
 static int slab_exists(const char *name)
 {
@@ -22,7 +25,7 @@ static int slab_exists(const char *name)
 static void test_alloc_free_reuse(void)
 {
     kiln_err err = {0};
-    kiln_transport *tx = kiln_transport_shm_create("encode-test-1", "test", 1 << 16, 0, &err);
+    kiln_transport *tx = kiln_transport_shm_create("encode-test-1", EPOCH, "test", 1 << 16, 0, &err);
     CHECKF(tx != NULL, "%s", err.msg);
     if (!tx)
         return;
@@ -33,21 +36,24 @@ static void test_alloc_free_reuse(void)
     CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){1}, &c, &pc, &err) == KILN_OK);
     CHECK(a.kind == KILN_REF_SHM && a.len == 60 && a.ndim == 2 && a.shape[1] == 5);
     CHECK(!strcmp(a.owner, "encode-test-1") && kiln_slab_name_valid(a.slab));
-    CHECK(a.off == 0 && b.off == 64 && c.off == 64 + 2048);
+    CHECK(a.epoch == EPOCH && a.gen && b.gen > a.gen && c.gen > b.gen);
+    /* Each range follows its 64-byte header. */
+    CHECK(a.off == 64 && b.off == 128 + 64 && c.off == 128 + 2112 + 64);
     CHECK(kiln_tensor_ref_check(&b, &err) == KILN_OK);
     kiln_transport_stats st;
     kiln_transport_stats_get(tx, &st);
-    CHECK(st.slabs == 1 && st.slab_bytes == 1 << 16 && st.live == 3 && st.used_bytes == 64 + 2048 + 64);
+    CHECK(st.slabs == 1 && st.slab_bytes == 1 << 16 && st.live == 3 &&
+          st.used_bytes == 128 + 2112 + 128);
 
     /* A freed range is reused first-fit; freeing neighbours merges them. */
     CHECK(kiln_transport_free(tx, &b, &err) == KILN_OK);
     CHECK(kiln_transport_free(tx, &b, &err) == KILN_ERR_INVALID); /* double free */
     CHECK(kiln_transport_alloc(tx, KILN_F32, 1, (int64_t[]){100}, &d, &pd, &err) == KILN_OK);
-    CHECK(d.off == 64);
+    CHECK(d.off == b.off && d.gen > c.gen);
     CHECK(kiln_transport_free(tx, &d, &err) == KILN_OK);
     CHECK(kiln_transport_free(tx, &a, &err) == KILN_OK);
     CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){2048 + 64}, &d, &pd, &err) == KILN_OK);
-    CHECK(d.off == 0);
+    CHECK(d.off == 64);
     CHECK(kiln_transport_free(tx, &d, &err) == KILN_OK);
     CHECK(kiln_transport_free(tx, &c, &err) == KILN_OK);
 
@@ -57,8 +63,10 @@ static void test_alloc_free_reuse(void)
     CHECK(kiln_transport_free(tx, &bad, &err) == KILN_ERR_INVALID);
     bad = c, bad.off += 64;
     CHECK(kiln_transport_free(tx, &bad, &err) == KILN_ERR_INVALID);
+    bad = c, bad.epoch ^= 1; /* another incarnation's range of the same name */
+    CHECK(kiln_transport_free(tx, &bad, &err) == KILN_ERR_INVALID);
     kiln_transport_stats_get(tx, &st);
-    CHECK(st.live == 0 && st.used_bytes == 0 && st.slabs == 1);
+    CHECK(st.live == 0 && st.used_bytes == 0 && st.slabs == 1 && st.refused == 4);
 
     /* A tensor bigger than the slab size gets a slab of its own. */
     CHECK(kiln_transport_alloc(tx, KILN_F32, 1, (int64_t[]){100000}, &a, &pa, &err) == KILN_OK);
@@ -74,7 +82,7 @@ static void test_alloc_free_reuse(void)
 static void test_flat_usage(void)
 {
     kiln_err err = {0};
-    kiln_transport *tx = kiln_transport_shm_create("denoise-test-1", "test", 1 << 20, 0, &err);
+    kiln_transport *tx = kiln_transport_shm_create("denoise-test-1", EPOCH, "test", 1 << 20, 0, &err);
     if (!tx)
         return;
     kiln_tensor_ref live[8];
@@ -103,8 +111,8 @@ static void test_flat_usage(void)
 static void test_consumer(void)
 {
     kiln_err err = {0};
-    kiln_transport *tx = kiln_transport_shm_create("encode-test-3", "test", 4096, 0, &err);
-    kiln_transport *rx = kiln_transport_shm_create("denoise-test-4", "test", 0, 0, &err);
+    kiln_transport *tx = kiln_transport_shm_create("encode-test-3", EPOCH, "test", 4096, 0, &err);
+    kiln_transport *rx = kiln_transport_shm_create("denoise-test-4", EPOCH, "test", 0, 0, &err);
     if (!tx || !rx)
         return;
     kiln_tensor_ref r;
@@ -124,7 +132,7 @@ static void test_consumer(void)
     /* Another process sees the same bytes through its own mapping. */
     pid_t pid = fork();
     if (pid == 0) {
-        kiln_transport *c = kiln_transport_shm_create("decode-test-5", "test", 0, 0, NULL);
+        kiln_transport *c = kiln_transport_shm_create("decode-test-5", EPOCH, "test", 0, 0, NULL);
         const float *v = NULL;
         int ok = c && !kiln_transport_open(c, &r, (const void **)&v, NULL) && v[7] == 3.5f;
         _exit(ok ? 0 : 1);
@@ -160,15 +168,64 @@ static void test_consumer(void)
     kiln_transport_destroy(rx);
 }
 
+/* A range freed and handed out again keeps its place but not its
+ * generation: the old reference can neither free the new allocation nor
+ * be opened, and a consumer that had it open finds out when it verifies
+ * (the header in the slab is the arbiter). */
+static void test_generations(void)
+{
+    kiln_err err = {0};
+    kiln_transport *tx = kiln_transport_shm_create("encode-test-11", EPOCH, "test", 4096, 0, &err);
+    kiln_transport *rx = kiln_transport_shm_create("denoise-test-12", EPOCH + 1, "test", 0, 0, &err);
+    if (!tx || !rx)
+        return;
+    kiln_tensor_ref old, fresh;
+    float *p;
+    const float *q;
+    CHECK(kiln_transport_alloc(tx, KILN_F32, 1, (int64_t[]){8}, &old, (void **)&p, &err) == KILN_OK);
+    p[0] = 1.0f;
+    CHECK(kiln_transport_open(rx, &old, (const void **)&q, &err) == KILN_OK && q[0] == 1.0f);
+    CHECK(kiln_transport_verify(rx, &old, &err) == KILN_OK);
+    /* Freed while the consumer reads it (a stale release, a fenced
+     * consumer): the consumer's verify refuses it. */
+    CHECK(kiln_transport_free(tx, &old, &err) == KILN_OK);
+    CHECK(kiln_transport_verify(rx, &old, &err) == KILN_ERR_NOT_FOUND);
+    /* ...and handed out again at the same place. */
+    CHECK(kiln_transport_alloc(tx, KILN_F32, 1, (int64_t[]){8}, &fresh, (void **)&p, &err) ==
+          KILN_OK);
+    CHECK(fresh.off == old.off && fresh.gen != old.gen);
+    p[0] = 2.0f;
+    CHECK(kiln_transport_verify(rx, &old, &err) == KILN_ERR_NOT_FOUND);
+    kiln_transport_close(rx, &old);
+    const float *q2;
+    CHECK(kiln_transport_open(rx, &old, (const void **)&q2, &err) == KILN_ERR_NOT_FOUND);
+    kiln_tensor_ref longer = fresh;
+    longer.shape[0] = 16, longer.len = 64; /* the right generation, the wrong length */
+    CHECK(kiln_transport_open(rx, &longer, (const void **)&q2, &err) == KILN_ERR_NOT_FOUND);
+    CHECK(kiln_transport_open(rx, &fresh, (const void **)&q2, &err) == KILN_OK && q2[0] == 2.0f);
+    kiln_transport_close(rx, &fresh);
+    /* The stale free changes nothing: the new allocation stays live. */
+    CHECK(kiln_transport_free(tx, &old, &err) == KILN_ERR_INVALID);
+    kiln_transport_stats st;
+    kiln_transport_stats_get(tx, &st);
+    CHECK(st.live == 1 && st.refused == 1);
+    CHECK(kiln_transport_open(rx, &fresh, (const void **)&q2, &err) == KILN_OK);
+    CHECK(kiln_transport_verify(rx, &fresh, &err) == KILN_OK);
+    kiln_transport_close(rx, &fresh);
+    CHECK(kiln_transport_free(tx, &fresh, &err) == KILN_OK);
+    kiln_transport_destroy(rx);
+    kiln_transport_destroy(tx);
+}
+
 /* At most 64 idle mappings stay cached; one in use is never unmapped. */
 static void test_mapping_cache(void)
 {
     kiln_err err = {0};
-    kiln_transport *rx = kiln_transport_shm_create("denoise-test-6", "test", 0, 0, &err);
+    kiln_transport *rx = kiln_transport_shm_create("denoise-test-6", EPOCH, "test", 0, 0, &err);
     kiln_transport *tx[80];
     kiln_tensor_ref r[80];
     for (int i = 0; i < 80; i++) {
-        tx[i] = kiln_transport_shm_create("encode-test-7", "test", 4096, 0, &err);
+        tx[i] = kiln_transport_shm_create("encode-test-7", EPOCH, "test", 4096, 0, &err);
         uint8_t *p;
         CHECK(tx[i] && kiln_transport_alloc(tx[i], KILN_U8, 1, (int64_t[]){16}, &r[i], (void **)&p,
                                             &err) == KILN_OK);
@@ -193,19 +250,20 @@ static void test_mapping_cache(void)
 static void test_pool_limit(void)
 {
     kiln_err err = {0};
-    kiln_transport *tx = kiln_transport_shm_create("encode-test-8", "test", 8192, 16384, &err);
+    kiln_transport *tx = kiln_transport_shm_create("encode-test-8", EPOCH, "test", 8192, 16384, &err);
     kiln_tensor_ref r[3];
     void *p;
-    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8192}, &r[0], &p, &err) == KILN_OK);
-    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8192}, &r[1], &p, &err) == KILN_OK);
-    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8192}, &r[2], &p, &err) == KILN_ERR_BUSY);
+    /* 8128 bytes and a 64-byte header fill a slab. */
+    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8128}, &r[0], &p, &err) == KILN_OK);
+    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8128}, &r[1], &p, &err) == KILN_OK);
+    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8128}, &r[2], &p, &err) == KILN_ERR_BUSY);
     CHECK(p == NULL);
     CHECK(kiln_transport_free(tx, &r[0], &err) == KILN_OK);
-    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8192}, &r[2], &p, &err) == KILN_OK);
+    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8128}, &r[2], &p, &err) == KILN_OK);
     CHECK(kiln_transport_alloc(tx, KILN_F32, 0, NULL, &r[0], &p, &err) == KILN_ERR_INVALID);
     CHECK(kiln_transport_alloc(tx, KILN_F32, 1, (int64_t[]){-1}, &r[0], &p, &err) == KILN_ERR_INVALID);
     kiln_transport_destroy(tx);
-    CHECK(kiln_transport_shm_create("bad id", "Test!", 0, 0, &err) == NULL);
+    CHECK(kiln_transport_shm_create("bad id", EPOCH, "Test!", 0, 0, &err) == NULL);
 }
 
 /* A replica that dies without cleaning up leaves slabs named with its pid;
@@ -217,7 +275,7 @@ static void test_stale_cleanup(void)
     CHECK(pipe(fds) == 0);
     pid_t pid = fork();
     if (pid == 0) {
-        kiln_transport *t = kiln_transport_shm_create("encode-test-9", "test", 4096, 0, NULL);
+        kiln_transport *t = kiln_transport_shm_create("encode-test-9", EPOCH, "test", 4096, 0, NULL);
         kiln_tensor_ref r;
         void *p;
         if (t && !kiln_transport_alloc(t, KILN_U8, 1, (int64_t[]){1}, &r, &p, NULL))
@@ -228,7 +286,7 @@ static void test_stale_cleanup(void)
     CHECK(read(fds[0], name, sizeof name) == (ssize_t)sizeof name);
     close(fds[0]), close(fds[1]);
     waitpid(pid, NULL, 0);
-    kiln_transport *mine = kiln_transport_shm_create("encode-test-10", "test", 4096, 0, &err);
+    kiln_transport *mine = kiln_transport_shm_create("encode-test-10", EPOCH, "test", 4096, 0, &err);
     kiln_tensor_ref r;
     void *p;
     CHECK(kiln_transport_alloc(mine, KILN_U8, 1, (int64_t[]){1}, &r, &p, &err) == KILN_OK);
@@ -267,6 +325,7 @@ int main(void)
     RUN(test_alloc_free_reuse);
     RUN(test_flat_usage);
     RUN(test_consumer);
+    RUN(test_generations);
     RUN(test_mapping_cache);
     RUN(test_pool_limit);
     RUN(test_stale_cleanup);

@@ -8,6 +8,8 @@
  * - two requests batched together give the same bytes as alone;
  * - heartbeats keep coming during a long denoise, and cancel stops it;
  * - malformed messages and bad references fail one job, not the worker;
+ * - messages for another incarnation (epoch) are dropped, and `fenced`
+ *   makes a worker exit with 75, leaving no slab;
  * - SIGTERM stops every worker cleanly and their shm slabs are gone. */
 #include <dirent.h>
 #include <errno.h>
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/bus.h"
@@ -32,6 +35,7 @@ typedef struct cluster {
     kiln_bus *bus;
     pid_t pid[KILN_STAGE_COUNT];
     char id[KILN_STAGE_COUNT][KILN_PROTO_ID_MAX];
+    uint64_t epoch[KILN_STAGE_COUNT];
     int credits[KILN_STAGE_COUNT];
     double last_hb[KILN_STAGE_COUNT], max_hb_gap[KILN_STAGE_COUNT];
     uint64_t next_job;
@@ -45,9 +49,11 @@ static int stage_of(const cluster *c, const char *peer)
     return -1;
 }
 
-static void send_to(cluster *c, int stage, const kiln_msg *m)
+/* Sends m to the replica of `stage`, addressed to its incarnation. */
+static void send_to(cluster *c, int stage, kiln_msg *m)
 {
     kiln_err err = {0};
+    m->epoch = c->epoch[stage];
     CHECKF(kiln_bus_send_msg(c->bus, c->id[stage], m, &err) == KILN_OK, "%s", err.msg);
 }
 
@@ -77,6 +83,7 @@ static kiln_msg *wait_for(cluster *c, kiln_msg_type want, char *peer, double tim
             if (m->type == KILN_MSG_HELLO) {
                 s = m->hello.stage;
                 snprintf(c->id[s], sizeof c->id[s], "%s", m->hello.replica);
+                c->epoch[s] = m->epoch;
                 CHECK(!strcmp(m->hello.replica, from));
                 CHECK(m->hello.transports & KILN_TRANSPORT_BIT(KILN_REF_SHM));
                 c->last_hb[s] = kiln_now_ms();
@@ -95,8 +102,11 @@ static kiln_msg *wait_for(cluster *c, kiln_msg_type want, char *peer, double tim
                     int owner = stage_of(c, m->refs.refs[i].owner);
                     /* Only the test's dangling reference has no owner. */
                     CHECK(owner >= 0 || strstr(m->refs.refs[i].owner, "nowhere"));
-                    if (owner >= 0)
+                    CHECK(m->epoch == c->epoch[s]);
+                    if (owner >= 0) {
+                        CHECK(m->refs.refs[i].epoch == c->epoch[owner]);
                         send_to(c, owner, &fr);
+                    }
                 }
             }
             if (m->type == want) {
@@ -461,6 +471,7 @@ static void test_klein_distilled(void)
                          .len = 16 * 32 * 4};
     snprintf(r.owner, sizeof r.owner, "denoise-nowhere-1");
     snprintf(r.slab, sizeof r.slab, "/kiln-denoise-999999999-0");
+    r.epoch = 1, r.gen = 1, r.off = 64;
     kiln_ref_map_put(&dangling->job.in, "latents", &r, NULL);
     send_to(&c, KILN_STAGE_DECODE, dangling);
     kiln_msg *dg = wait_done(&c, dangling->job.job);
@@ -486,6 +497,70 @@ static void test_klein_base_cfg(void)
     if (start(&c, model, layers, endpoint))
         return;
     run_requests(&c, &q, (const char *[]){"cfg"}, 1);
+    stop(&c);
+}
+
+/* The exit status of child `pid` within timeout_ms, or -1. */
+static int wait_exit(pid_t pid, double timeout_ms)
+{
+    double until = kiln_now_ms() + timeout_ms;
+    while (kiln_now_ms() < until) {
+        int status = 0;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (r < 0)
+            return -1;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+/* Messages for another incarnation of a replica id are not its own: a job
+ * addressed to another epoch is dropped unanswered, a `fenced` for
+ * another epoch is ignored; `fenced` for its own makes it stop, answer
+ * nothing more and exit with 75 (restart me), its slabs gone. */
+static void test_fenced_worker(void)
+{
+    char model[512], endpoint[300];
+    snprintf(model, sizeof model, "%s/oracle/ckpt/klein-tiny", shared);
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/bus-fence", tmpdir);
+    cluster c;
+    if (start(&c, model, "1,2,3", endpoint))
+        return;
+    request q = {.prompt = "fenced", .n = 1, .width = 64, .height = 64, .steps = 1, .max_seq = 16,
+                 .guidance = 1.0f, .seed = 1};
+    ref_file rf = {0};
+    kiln_msg *e = encode_job(&c, &q, &rf);
+    kiln_err err = {0};
+    e->epoch = c.epoch[KILN_STAGE_ENCODE] ^ 1;
+    CHECK(kiln_bus_send_msg(c.bus, c.id[KILN_STAGE_ENCODE], e, &err) == KILN_OK);
+    kiln_msg *d = wait_for(&c, KILN_MSG_DONE, NULL, 1500);
+    CHECKF(d == NULL, "a job for another epoch was answered");
+    kiln_msg_free(d);
+    send_to(&c, KILN_STAGE_ENCODE, e);
+    d = wait_done(&c, e->job.job);
+    CHECK(d && d->done.ok && d->epoch == c.epoch[KILN_STAGE_ENCODE]);
+    if (d) {
+        kiln_msg fr = {.type = KILN_MSG_FREE};
+        for (int i = 0; i < d->done.out.n; i++)
+            if (d->done.out.items[i].ref.kind == KILN_REF_SHM)
+                fr.refs.refs[fr.refs.n++] = d->done.out.items[i].ref;
+        if (fr.refs.n)
+            send_to(&c, KILN_STAGE_ENCODE, &fr);
+    }
+    kiln_msg_free(d);
+    free(e);
+    kiln_msg fenced = {.type = KILN_MSG_FENCED, .epoch = c.epoch[KILN_STAGE_ENCODE] ^ 1};
+    CHECK(kiln_bus_send_msg(c.bus, c.id[KILN_STAGE_ENCODE], &fenced, &err) == KILN_OK);
+    pid_t enc = c.pid[KILN_STAGE_ENCODE];
+    CHECKF(wait_exit(enc, 1000) == -1, "the encoder exited on a fenced for another epoch");
+    send_to(&c, KILN_STAGE_ENCODE, &fenced);
+    int st = wait_exit(enc, 20000);
+    CHECKF(st == 75, "a fenced encoder exited with %d, want 75", st);
+    CHECKF(slabs_of(enc) == 0, "the fenced encoder left shm slabs behind");
+    c.pid[KILN_STAGE_ENCODE] = -1;
     stop(&c);
 }
 
@@ -529,6 +604,7 @@ int main(void)
     RUN(test_bad_options);
     RUN(test_klein_distilled);
     RUN(test_klein_base_cfg);
+    RUN(test_fenced_worker);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd))

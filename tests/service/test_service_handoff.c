@@ -1,0 +1,473 @@
+/* Hand-off safety (docs/ARCHITECTURE.md, "Fencing" and "Tensor
+ * references"): whatever replicas and peers on the bus do, no client gets
+ * another request's bytes, and no range leaks.  `kiln serve` with two
+ * denoisers on the tiny klein checkpoint (CPU backend), under traffic:
+ * - a misbehaving replica registers on the bus and takes denoise jobs: it
+ *   releases its inputs twice, releases them again under another
+ *   (registered) id and under an unregistered one, sends the gateway a
+ *   `free` and garbage, and answers with references it did not make.  The
+ *   repeats and forgeries are refused and counted, it is fenced, its jobs
+ *   run again elsewhere;
+ * - a real denoiser is paused (SIGSTOP) mid-batch for 6 s, past the 2 s
+ *   heartbeat bound: it is fenced, its jobs run again on the other one;
+ *   resumed, it finds itself fenced, exits with 75 and kiln serve restarts
+ *   it; the service is ready again within a stated bound.
+ * Every 200 is byte-identical to `kiln generate` for that request, every
+ * other answer a 503 OpenAI error; at the end every worker reports no job
+ * held and no range in use, and no slab is left. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/bus.h"
+#include "common/log.h"
+#include "tests/service/svc_util.h"
+#include "tests/test.h"
+
+#define FORGE_STEPS "6"
+#define FORGE_SEED 800
+#define N_FORGE 10
+#define PAUSE_STEPS "16"
+#define PAUSE_SEED 900
+#define N_PAUSE 12
+#define PAUSE_MS 6000
+/* From SIGCONT until both denoisers serve again: the paused one hears it
+ * was fenced, drains (at most 5 s) and exits, kiln serve restarts it after
+ * 250 ms and it loads the model.  Generous for a loaded 2-core CI machine
+ * under sanitizers; OPERATIONS.md states the bound without them. */
+#define READY_AGAIN_MS 45000
+
+static const char *const proc_env[] = {"KILN_LOG=debug", "OMP_NUM_THREADS=1", NULL};
+
+static pid_t serve = -1;
+static int port;
+static char bus_ep[160];
+
+/* ---- requests ---- */
+
+/* Request i of a series: its own prompt, so that no two requests share
+ * embeddings (a mix-up must show in the image), and seed base + i. */
+static void body(char *buf, size_t cap, const char *prompt, int base, int i, const char *steps)
+{
+    snprintf(buf, cap,
+             "{\"prompt\":\"%s %d\",\"size\":\"64x64\",\"seed\":%d,"
+             "\"num_inference_steps\":%s,\"max_sequence_length\":32}",
+             prompt, i, base + i, steps);
+}
+
+typedef struct client {
+    int fd;
+    kiln_buf in;
+    int answered, status;
+    char ref[32]; /* the CLI's image for it, under tmpdir */
+} client;
+
+static void send_one(client *c, const char *json, const char *ref)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->ref, sizeof c->ref, "%s", ref);
+    kiln_buf wire = {0};
+    gwc_format(&wire, "POST", "/v1/images/generations", "application/json", json, strlen(json), 0);
+    c->fd = gwc_connect(port);
+    CHECKF(c->fd >= 0 && gwc_send(c->fd, wire.data, wire.len, 5000) == 0, "request %s not sent",
+           ref);
+    kiln_buf_free(&wire);
+}
+
+/* Reads c's answer if it is there: a 200 must carry the CLI's image, and
+ * anything else must be a 503 OpenAI error.  Counts into *ok / *unavail. */
+static void poll_answer(client *c, int wait_ms, int *ok, int *unavail)
+{
+    if (c->answered || c->fd < 0)
+        return;
+    struct pollfd pf = {.fd = c->fd, .events = POLLIN};
+    if (poll(&pf, 1, wait_ms) <= 0)
+        return;
+    gwc_response r = {0};
+    c->answered = 1;
+    if (gwc_read_response(c->fd, &c->in, &r, 10000)) {
+        CHECKF(0, "%s: no well-formed answer", c->ref);
+        c->status = -1;
+    } else if ((c->status = r.status) == 200) {
+        svc_images im;
+        CHECKF(svc_parse_images(&r, &im) == 0 && im.n == 1 &&
+                   svc_same_file(svc_tmp(c->ref), &im.files[0]),
+               "%s: a 200 whose image is not the CLI's for that request", c->ref);
+        svc_images_free(&im);
+        ++*ok;
+    } else {
+        char why[512] = "";
+        CHECKF(r.status == 503 && svc_error_body(&r, "stage_unavailable", why, sizeof why) == 0,
+               "%s: status %d %s: %.*s", c->ref, r.status, why,
+               (int)(r.body.len > 300 ? 300 : r.body.len), r.body.data ? (char *)r.body.data : "");
+        ++*unavail;
+    }
+    gwc_response_free(&r);
+    kiln_buf_free(&c->in);
+    close(c->fd);
+    c->fd = -1;
+}
+
+static int all_answered(const client *cs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!cs[i].answered)
+            return 0;
+    return 1;
+}
+
+static double metric_now(const char *prefix)
+{
+    kiln_buf m = {0};
+    double v = svc_metrics(port, &m) == 0 ? svc_metric((const char *)m.data, prefix) : -1;
+    kiln_buf_free(&m);
+    return v;
+}
+
+/* ---- a replica that misbehaves, driven from this process ---- */
+
+typedef struct fake {
+    kiln_bus *bus;
+    char id[64];
+    uint64_t epoch;
+    double next_hb;
+    int fenced;
+    int n_jobs;
+    kiln_msg *jobs[16];
+} fake;
+
+static void fake_send(fake *f, kiln_msg *m)
+{
+    kiln_err err = {0};
+    m->epoch = f->epoch;
+    CHECKF(kiln_bus_send_msg(f->bus, NULL, m, &err) == KILN_OK, "%s: %s", f->id, err.msg);
+}
+
+static int fake_open(fake *f, const char *id, uint64_t epoch)
+{
+    memset(f, 0, sizeof *f);
+    snprintf(f->id, sizeof f->id, "%s", id);
+    f->epoch = epoch;
+    kiln_err err = {0};
+    f->bus = kiln_bus_connect(bus_ep, id, &err);
+    CHECKF(f->bus != NULL, "%s", err.msg);
+    return f->bus ? 0 : -1;
+}
+
+static void fake_hello(fake *f, int credits)
+{
+    kiln_msg m = {.type = KILN_MSG_HELLO,
+                  .hello = {.stage = KILN_STAGE_DENOISE, .replica = f->id, .model = "klein-tiny",
+                            .host = "mallory", .max_batch = 4,
+                            .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+    fake_send(f, &m);
+    if (credits) {
+        m = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = credits};
+        fake_send(f, &m);
+    }
+}
+
+/* Heartbeats and incoming messages for ms milliseconds: jobs are kept,
+ * `fenced` for its epoch noted. */
+static void fake_pump(fake *f, int ms)
+{
+    double until = kiln_now_ms() + ms;
+    kiln_buf frame = {0};
+    do {
+        kiln_err err = {0};
+        if (!f->fenced && kiln_now_ms() >= f->next_hb) {
+            kiln_msg hb = {.type = KILN_MSG_HB};
+            fake_send(f, &hb);
+            f->next_hb = kiln_now_ms() + 250;
+        }
+        kiln_bus_wait(f->bus, -1, 10, &err);
+        while (kiln_bus_recv(f->bus, NULL, 0, &frame, &err) > 0) {
+            kiln_msg *m = kiln_msg_decode(frame.data, frame.len, &err);
+            if (m && m->type == KILN_MSG_JOB && f->n_jobs < 16) {
+                f->jobs[f->n_jobs++] = m;
+                continue;
+            }
+            if (m && m->type == KILN_MSG_FENCED && m->epoch == f->epoch)
+                f->fenced = 1;
+            kiln_msg_free(m);
+        }
+    } while (kiln_now_ms() < until);
+    kiln_buf_free(&frame);
+}
+
+static void fake_release(fake *f, const kiln_ref_map *in)
+{
+    kiln_msg *m = calloc(1, sizeof *m);
+    m->type = KILN_MSG_RELEASE;
+    for (int i = 0; i < in->n; i++)
+        if (in->items[i].ref.kind == KILN_REF_SHM)
+            m->refs.refs[m->refs.n++] = in->items[i].ref;
+    if (m->refs.n)
+        fake_send(f, m);
+    free(m);
+}
+
+static void fake_close(fake *f)
+{
+    for (int i = 0; i < f->n_jobs; i++)
+        kiln_msg_free(f->jobs[i]);
+    kiln_bus_close(f->bus);
+    f->bus = NULL;
+}
+
+/* ---- the service ---- */
+
+static int start_serve(void)
+{
+    port = svc_free_port();
+    char port_s[16];
+    snprintf(port_s, sizeof port_s, "%d", port);
+    snprintf(bus_ep, sizeof bus_ep, "ipc://%s/bus", svc.tmpdir);
+    const char *argv[] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port", port_s,
+                          "--bus", bus_ep, "--min-size", "64", "--max-size", "128",
+                          "--text-encoder-out-layers", "1,2,3", "--denoisers", "2", NULL};
+    serve = svc_spawn(argv, proc_env, svc_tmp("serve.log"));
+    double v;
+    return serve > 0 && svc_wait_ready(port, 90000) == 0 &&
+                   svc_wait_metric(port, "kiln_replicas{stage=\"denoise\"}", 2, 60000, &v) == 0
+               ? 0
+               : -1;
+}
+
+/* The misbehaving replica of the file comment. */
+static void test_misbehaving_replica(void)
+{
+    fake m1, m2, m3;
+    if (fake_open(&m1, "denoise-mallory-1", 0x6d616c6c6f727931ull) ||
+        fake_open(&m2, "denoise-mallory-2", 0x6d616c6c6f727932ull) ||
+        fake_open(&m3, "mallory-3", 0x6d616c6c6f727933ull))
+        return;
+    /* One credit more than a real denoiser's 8: the next denoise job is
+     * its own. */
+    fake_hello(&m1, 9);
+    fake_hello(&m2, 0);
+    fake_pump(&m1, 300);
+    fake_pump(&m2, 50);
+    client cs[N_FORGE];
+    char json[256], ref[32];
+    body(json, sizeof json, "forge", FORGE_SEED, 0, FORGE_STEPS);
+    send_one(&cs[0], json, "forge-0.png");
+    double until = kiln_now_ms() + SVC_T_REQ;
+    while (!m1.n_jobs && kiln_now_ms() < until)
+        fake_pump(&m1, 20), fake_pump(&m2, 1);
+    CHECKF(m1.n_jobs == 1, "the misbehaving replica got no job");
+    if (!m1.n_jobs)
+        goto out;
+    /* Its input goes back once (a legitimate early release), and the
+     * range is free for the next request's embeddings at once. */
+    const kiln_ref_map *in = &m1.jobs[0]->job.in;
+    fake_release(&m1, in);
+    /* Requests keep coming, so that freed embedding ranges are handed out
+     * again while denoisers read them in place; meanwhile the stale
+     * reference is released over and over, by the replica it was handed
+     * to and by others. */
+    int ok = 0, unavail = 0, forged = 0;
+    for (int i = 1; i < N_FORGE; i++) {
+        body(json, sizeof json, "forge", FORGE_SEED, i, FORGE_STEPS);
+        snprintf(ref, sizeof ref, "forge-%d.png", i);
+        send_one(&cs[i], json, ref);
+        for (int k = 0; k < 10; k++, forged++) {
+            fake_pump(&m1, 15), fake_pump(&m2, 1);
+            fake_release(&m1, in);
+            fake_release(&m2, in);
+            fake_release(&m3, in);
+        }
+    }
+    /* Messages the gateway never takes from a replica, and garbage. */
+    kiln_msg *fr = calloc(1, sizeof *fr);
+    fr->type = KILN_MSG_FREE;
+    fr->refs.n = 1;
+    fr->refs.refs[0] = in->items[0].ref;
+    fake_send(&m1, fr);
+    free(fr);
+    static const uint8_t junk[] = {0x82, 0xa1, 't', 0xa4, 'd', 'o', 'n', 'e', 0xc1};
+    kiln_err err = {0};
+    CHECK(kiln_bus_send(m3.bus, NULL, junk, sizeof junk, &err) == KILN_OK);
+    /* It answers every job it took with references it did not make (the
+     * embeddings it was handed, passed off as latents): fenced, and the
+     * jobs run again elsewhere. */
+    fake_pump(&m1, 200);
+    for (int i = 0; i < m1.n_jobs; i++) {
+        kiln_msg *d = calloc(1, sizeof *d);
+        d->type = KILN_MSG_DONE;
+        d->done = (kiln_msg_done){.job = m1.jobs[i]->job.job, .ok = 1};
+        kiln_tensor_ref lat = m1.jobs[i]->job.in.items[0].ref;
+        kiln_ref_map_put(&d->done.out, "latents", &lat, NULL);
+        fake_send(&m1, d);
+        free(d);
+    }
+    until = kiln_now_ms() + SVC_T_REQ;
+    while (!all_answered(cs, N_FORGE) && kiln_now_ms() < until) {
+        fake_pump(&m1, 10), fake_pump(&m2, 10);
+        for (int i = 0; i < N_FORGE; i++)
+            poll_answer(&cs[i], 0, &ok, &unavail);
+    }
+    CHECKF(all_answered(cs, N_FORGE), "requests still unanswered");
+    CHECKF(ok == N_FORGE, "%d of %d requests got their image (%d got 503)", ok, N_FORGE, unavail);
+    CHECKF(m1.fenced, "the misbehaving replica was not told it is fenced");
+    CHECKF(metric_now("kiln_bus_rejected_total{reason=\"not_handed\"}") >= forged * 2,
+           "repeated and foreign releases were not refused");
+    CHECK(metric_now("kiln_bus_rejected_total{reason=\"unregistered\"}") >= forged);
+    CHECK(metric_now("kiln_bus_rejected_total{reason=\"foreign_ref\"}") >= 1);
+    KILN_LOG_INFO("handoff: the misbehaving replica took %d job(s); %d 200s",
+                  m1.n_jobs, ok);
+out:
+    fake_close(&m1), fake_close(&m2), fake_close(&m3);
+    for (int i = 0; i < N_FORGE; i++)
+        if (cs[i].fd >= 0 && !cs[i].answered)
+            close(cs[i].fd);
+    char last[128];
+    CHECKF(svc_wait_idle(port, 30000, last, sizeof last) == 0, "jobs left: %s", last);
+}
+
+static void round_of(client *cs, int first, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char json[256], ref[32];
+        body(json, sizeof json, "pause", PAUSE_SEED, first + i, PAUSE_STEPS);
+        snprintf(ref, sizeof ref, "pause-%d.png", first + i);
+        send_one(&cs[first + i], json, ref);
+    }
+}
+
+static void collect(client *cs, int first, int n, int *ok, int *unavail)
+{
+    double until = kiln_now_ms() + SVC_T_REQ;
+    while (!all_answered(cs + first, n) && kiln_now_ms() < until)
+        for (int i = first; i < first + n; i++)
+            poll_answer(&cs[i], 20, ok, unavail);
+    CHECKF(all_answered(cs + first, n), "requests still unanswered");
+}
+
+/* The paused denoiser of the file comment. */
+static void test_pause_denoiser(void)
+{
+    const char *log = svc_tmp("serve.log");
+    client cs[N_PAUSE];
+    int ok = 0, unavail = 0;
+    size_t from = svc_log_size(log);
+    round_of(cs, 0, N_PAUSE / 2);
+    pid_t kids[2];
+    int n_kids = svc_children(serve, "kiln-denoiser", kids, 2);
+    pid_t victim = svc_batch_started(log, from, kids, n_kids, 60000);
+    CHECKF(victim > 0, "no denoiser started a batch");
+    if (victim <= 0)
+        return;
+    double lost_before = metric_now("kiln_events_total{event=\"replica_lost\"}");
+    kill(victim, SIGSTOP);
+    svc_sleep_ms(PAUSE_MS);
+    kill(victim, SIGCONT);
+    double t_resume = kiln_now_ms();
+    collect(cs, 0, N_PAUSE / 2, &ok, &unavail);
+    CHECK(metric_now("kiln_events_total{event=\"replica_lost\"}") >= lost_before + 1);
+    /* Resumed, it is told it was fenced and exits to be restarted. */
+    char exited[96];
+    snprintf(exited, sizeof exited, "(pid %ld) exited with status 75", (long)victim);
+    CHECKF(svc_wait_log(log, exited, 1, READY_AGAIN_MS) == 0,
+           "the paused denoiser did not exit with 75 once resumed");
+    double v;
+    CHECKF(svc_wait_metric(port, "kiln_replicas{stage=\"denoise\"}", 2, READY_AGAIN_MS, &v) == 0 &&
+               svc_wait_ready(port, 1000) == 0,
+           "%g live denoisers %.0f ms after the pause ended", v, kiln_now_ms() - t_resume);
+    double ready_ms = kiln_now_ms() - t_resume;
+    CHECKF(ready_ms < READY_AGAIN_MS, "ready again only after %.0f ms", ready_ms);
+    CHECKF(metric_now("kiln_bus_rejected_total{reason=\"fenced\"}") >= 1,
+           "nothing of the fenced denoiser's was refused");
+    /* And the service is whole: every request of the next round is served. */
+    int ok2 = 0, unavail2 = 0;
+    round_of(cs, N_PAUSE / 2, N_PAUSE / 2);
+    collect(cs, N_PAUSE / 2, N_PAUSE / 2, &ok2, &unavail2);
+    CHECKF(ok2 == N_PAUSE / 2, "after the restart %d of %d requests got their image", ok2,
+           N_PAUSE / 2);
+    KILN_LOG_INFO("handoff: denoiser %ld paused %d ms: %d images and %d 503s; both denoisers "
+                  "ready %.1f s after it resumed; then %d of %d images", (long)victim, PAUSE_MS,
+                  ok, unavail, ready_ms / 1000, ok2, N_PAUSE / 2);
+    char last[128];
+    CHECKF(svc_wait_idle(port, 30000, last, sizeof last) == 0, "jobs left: %s", last);
+}
+
+/* Every worker that exited (the fenced one included) reported no job held
+ * and no range in use. */
+static void check_exit_reports(void)
+{
+    kiln_buf b = {0};
+    svc_read_log(svc_tmp("serve.log"), &b);
+    int n = 0;
+    for (const char *p = b.data ? (const char *)b.data : ""; (p = strstr(p, ": at exit: ")); p++) {
+        const char *nl = strchr(p, '\n');
+        int len = nl ? (int)(nl - p) : (int)strlen(p);
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", len, p);
+        CHECKF(strstr(line, ": at exit: 0 job(s) held, shm ") &&
+                   strstr(line, " with 0 range(s) in use, cuda_ipc 0 slab(s) with 0 range(s)"),
+               "a worker held something at exit: %s", line);
+        n++;
+    }
+    kiln_buf_free(&b);
+    CHECKF(n >= 5, "%d at-exit reports (want the 4 workers and the restarted one)", n);
+}
+
+/* `kiln generate` with one --prompt per request: image i is prompt
+ * "<name> i" with seed base + i, into <name>-<i>.png. */
+static int cli_series(const char *name, int base, int n, const char *steps)
+{
+    char seed[16], out[64], prompts[16][32];
+    const char *args[64];
+    int k = 0;
+    snprintf(seed, sizeof seed, "%d", base);
+    for (int i = 0; i < n && i < 16; i++) {
+        snprintf(prompts[i], sizeof prompts[i], "%s %d", name, i);
+        args[k++] = "--prompt", args[k++] = prompts[i];
+    }
+    const char *rest[] = {"--seed", seed, "--width", "64", "--height", "64", "--steps", steps,
+                          "--max-sequence-length", "32", NULL};
+    for (int i = 0; rest[i]; i++)
+        args[k++] = rest[i];
+    args[k] = NULL;
+    snprintf(out, sizeof out, "%s.png", name);
+    return svc_cli("generate", args, svc_tmp(out));
+}
+
+static int cli_references(void)
+{
+    return cli_series("forge", FORGE_SEED, N_FORGE, FORGE_STEPS) == 0 &&
+                   cli_series("pause", PAUSE_SEED, N_PAUSE, PAUSE_STEPS) == 0
+               ? 0
+               : -1;
+}
+
+int main(void)
+{
+    if (svc_init("handoff"))
+        return 1;
+    if (cli_references() || start_serve()) {
+        fprintf(stderr, "kiln generate or kiln serve failed (logs in %s)\n", svc.tmpdir);
+        svc_stop(serve, 60000);
+        svc_cleanup(1);
+        return 1;
+    }
+    pid_t workers[8];
+    int n_workers = svc_children(serve, "kiln-encoder", workers, 8);
+    n_workers += svc_children(serve, "kiln-denoiser", workers + n_workers, 8 - n_workers);
+    n_workers += svc_children(serve, "kiln-decoder", workers + n_workers, 8 - n_workers);
+    RUN(test_misbehaving_replica);
+    RUN(test_pause_denoiser);
+    int st = svc_stop(serve, 60000);
+    CHECKF(st == 0, "kiln serve exit status %d", st);
+    check_exit_reports();
+    for (int i = 0; i < n_workers; i++)
+        CHECKF(svc_shm_slabs(workers[i]) == 0, "worker %ld left slabs", (long)workers[i]);
+    int rc = test_finish();
+    svc_cleanup(rc != 0);
+    return rc;
+}
