@@ -69,6 +69,7 @@ typedef enum kiln_msg_type {
     KILN_MSG_CANCEL,
     KILN_MSG_FREE,
     KILN_MSG_FENCED,
+    KILN_MSG_GONE,
     KILN_MSG_TYPE_END /* one past the last type */
 } kiln_msg_type;
 
@@ -211,6 +212,13 @@ typedef struct kiln_msg_refs {
     kiln_tensor_ref refs[KILN_PROTO_MAX_REFS];
 } kiln_msg_refs;
 
+/* gone: an incarnation of another replica is dead; its references will
+ * not be handed out again, so mappings of its slabs can go. */
+typedef struct kiln_msg_gone {
+    const char *replica;  /* its id */
+    uint64_t incarnation; /* its epoch, != 0 */
+} kiln_msg_gone;
+
 typedef struct kiln_job_encode {
     int n_prompts; /* 1..KILN_PROTO_MAX_PROMPTS */
     const char *prompts[KILN_PROTO_MAX_PROMPTS];
@@ -263,6 +271,7 @@ typedef struct kiln_msg {
         kiln_msg_refs refs; /* release and free */
         kiln_msg_job job;
         uint64_t cancel_job; /* cancel */
+        kiln_msg_gone gone;
         /* fenced: no fields; the epoch it names is declared dead */
     };
 } kiln_msg;

@@ -236,6 +236,11 @@ kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err)
         head(&pk, m, 1);
         kv_u64(&pk, "job", m->cancel_job);
         break;
+    case KILN_MSG_GONE:
+        head(&pk, m, 2);
+        kv_str(&pk, "replica", m->gone.replica);
+        kv_u64(&pk, "incarnation", m->gone.incarnation);
+        break;
     case KILN_MSG_TYPE_END: break; /* refused by kiln_msg_check */
     }
     if (!s.failed && out->len - start > KILN_PROTO_MAX_FRAME)

@@ -18,11 +18,13 @@
 typedef struct pool_slab {
     kiln_slab s;
     kiln_slab_ranges ranges;
+    int retired; /* lost (kind->alive): no new ranges; unmade once empty */
 } pool_slab;
 
 typedef struct mapping {
     kiln_slab_map m;
     int refs;
+    int doomed; /* its owner incarnation is gone: unmapped at the last close */
     uint64_t last_use;
 } mapping;
 
@@ -34,6 +36,7 @@ typedef struct kiln_slab_table {
     uint64_t epoch;    /* the owner's incarnation, in every reference */
     uint64_t next_gen; /* the last generation handed out */
     int refused;       /* frees refused */
+    int lost;          /* slabs retired by kind->alive */
     char stage[STAGE_MAX];
     int device;
     size_t slab_bytes, max_bytes, total;
@@ -132,7 +135,8 @@ static kiln_status new_slab(kiln_slab_table *tab, size_t size, pool_slab **out, 
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
     }
     p->s.size = size;
-    kiln_status st = tab->kind->make(&p->s, tab->stage, tab->device, err);
+    p->s.fd = -1;
+    kiln_status st = tab->kind->make(&p->s, tab->stage, tab->epoch, tab->device, err);
     if (st) {
         kiln_slab_ranges_release(&p->ranges);
         free(p);
@@ -144,6 +148,37 @@ static kiln_status new_slab(kiln_slab_table *tab, size_t size, pool_slab **out, 
     return KILN_OK;
 }
 
+/* Unmakes slab i of the table (its ranges all came back). */
+static void drop_slab(kiln_slab_table *tab, int i)
+{
+    pool_slab *p = tab->slabs[i];
+    tab->kind->unmake(&p->s, tab->device);
+    tab->total -= p->s.size;
+    kiln_slab_ranges_release(&p->ranges);
+    free(p);
+    memmove(&tab->slabs[i], &tab->slabs[i + 1], (size_t)(tab->n_slabs - i - 1) * sizeof *tab->slabs);
+    tab->n_slabs--;
+}
+
+static int slab_empty(const pool_slab *p)
+{
+    int live;
+    kiln_slab_ranges_used(&p->ranges, &live);
+    return live == 0;
+}
+
+/* A slab consumers can no longer open (its name was unlinked by a cleaner,
+ * systemd-logind's RemoveIPC, another namespace...) hands out nothing more:
+ * the references already out still work for consumers that mapped it, the
+ * others answer not_found and their jobs run again, from a new slab. */
+static void retire(kiln_slab_table *tab, pool_slab *p)
+{
+    p->retired = 1;
+    tab->lost++;
+    KILN_LOG_WARN("%s pool: slab %s can no longer be opened by consumers (its name is gone): "
+                  "retired, new ranges come from a new slab", tab->what, p->s.name);
+}
+
 static kiln_status table_alloc(kiln_transport *t, size_t bytes, kiln_tensor_ref *ref, void **ptr,
                                kiln_err *err)
 {
@@ -152,9 +187,18 @@ static kiln_status table_alloc(kiln_transport *t, size_t bytes, kiln_tensor_ref 
     pthread_mutex_lock(&tab->mu);
     uint64_t gen = ++tab->next_gen;
     pool_slab *p = NULL;
-    for (int i = 0; i < tab->n_slabs && !p; i++)
-        if (!kiln_slab_ranges_take(&tab->slabs[i]->ranges, len, gen, &off))
-            p = tab->slabs[i];
+    for (int i = 0; i < tab->n_slabs && !p; i++) {
+        pool_slab *q = tab->slabs[i];
+        if (!q->retired && tab->kind->alive && !tab->kind->alive(&q->s))
+            retire(tab, q);
+        if (q->retired) {
+            if (slab_empty(q))
+                drop_slab(tab, i--);
+            continue;
+        }
+        if (!kiln_slab_ranges_take(&q->ranges, len, gen, &off))
+            p = q;
+    }
     kiln_status st = KILN_OK;
     if (!p) {
         size_t size = len > tab->slab_bytes ? round_up(len, MIB) : tab->slab_bytes;
@@ -188,10 +232,11 @@ static kiln_status table_free(kiln_transport *t, const kiln_tensor_ref *ref, kil
     int rc = 1;
     pthread_mutex_lock(&tab->mu);
     pool_slab *p = NULL;
+    int at = -1;
     if (!strcmp(ref->owner, tab->owner) && ref->epoch == tab->epoch && ref->off >= HDR)
         for (int i = 0; i < tab->n_slabs && !p; i++)
             if (!strcmp(tab->slabs[i]->s.name, ref->slab))
-                p = tab->slabs[i];
+                p = tab->slabs[at = i];
     if (p)
         rc = kiln_slab_ranges_give(&p->ranges, ref->off - HDR, range_len(ref->len), ref->gen);
     if (!rc) {
@@ -200,6 +245,8 @@ static kiln_status table_free(kiln_transport *t, const kiln_tensor_ref *ref, kil
         kiln_err herr = {0};
         if (put_header(tab, p->s.base + ref->off - HDR, &dead, &herr))
             KILN_LOG_WARN("%s free: clearing a range header: %s", tab->what, herr.msg);
+        if (p->retired && slab_empty(p))
+            drop_slab(tab, at);
     } else if (rc > 0) {
         tab->refused++;
     }
@@ -231,7 +278,7 @@ static mapping *find_map(kiln_slab_table *tab, const kiln_tensor_ref *ref)
 {
     for (int i = 0; i < tab->n_maps; i++) {
         const kiln_slab_map *m = &tab->maps[i].m;
-        if (!strcmp(m->name, ref->slab) &&
+        if (!strcmp(m->name, ref->slab) && m->epoch == ref->epoch &&
             (!tab->kind->handle_keyed || !memcmp(m->handle, ref->handle, sizeof m->handle)))
             return &tab->maps[i];
     }
@@ -248,6 +295,7 @@ static kiln_status map_slab(kiln_slab_table *tab, const kiln_tensor_ref *ref, ma
     mapping *m = &tab->maps[tab->n_maps];
     memset(m, 0, sizeof *m);
     snprintf(m->m.name, sizeof m->m.name, "%s", ref->slab);
+    m->m.epoch = ref->epoch;
     memcpy(m->m.handle, ref->handle, sizeof m->m.handle);
     kiln_status st = tab->kind->map(&m->m, tab->device, err);
     if (st)
@@ -323,10 +371,27 @@ static void table_close(kiln_transport *t, const kiln_tensor_ref *ref)
     if (m && m->refs > 0) {
         m->refs--;
         tab->open--;
+        if (!m->refs && m->doomed)
+            unmap_at(tab, (int)(m - tab->maps));
         evict(tab);
     } else if (!m && tab->local_open > 0) {
         tab->local_open--;
         tab->open--;
+    }
+    pthread_mutex_unlock(&tab->mu);
+}
+
+static void table_forget(kiln_transport *t, uint64_t epoch)
+{
+    kiln_slab_table *tab = t->impl;
+    pthread_mutex_lock(&tab->mu);
+    for (int i = tab->n_maps - 1; i >= 0; i--) {
+        if (tab->maps[i].m.epoch != epoch)
+            continue;
+        if (tab->maps[i].refs)
+            tab->maps[i].doomed = 1;
+        else
+            unmap_at(tab, i);
     }
     pthread_mutex_unlock(&tab->mu);
 }
@@ -361,6 +426,7 @@ static void table_stats(kiln_transport *t, kiln_transport_stats *st)
     st->mapped = tab->n_maps;
     st->open = tab->open;
     st->refused = tab->refused;
+    st->lost = tab->lost;
     pthread_mutex_unlock(&tab->mu);
 }
 
@@ -383,7 +449,8 @@ static void table_destroy(kiln_transport *t)
 
 static const kiln_transport_ops table_ops = {
     .alloc = table_alloc, .free = table_free, .open = table_open, .close = table_close,
-    .verify = table_verify, .stats = table_stats, .destroy = table_destroy,
+    .verify = table_verify, .forget = table_forget, .stats = table_stats,
+    .destroy = table_destroy,
 };
 
 kiln_transport *kiln_slab_table_create(const kiln_slab_kind *kind, const char *owner,

@@ -22,11 +22,15 @@
  * generation (1, 2, ...) and a 64-byte header in the slab just before its
  * bytes naming it (epoch, generation, length); a free must name the
  * owner, epoch, slab, offset, length and generation of a live range, and
- * clears the header.  Consumer: each slab is mapped once and the mapping
- * kept while references to it are open; beyond max_idle_maps idle
- * mappings the least recently used one is unmapped.  Opening a reference
- * and kiln_transport_verify read the header and refuse a reference whose
- * range is not that allocation any more (KILN_ERR_NOT_FOUND).
+ * clears the header.  Before a slab hands out a range, `alive` says
+ * whether consumers can still open it; a slab that lost its name is
+ * retired and a new one made.  Consumer: each slab is mapped once
+ * (keyed by name and owner epoch) and the mapping kept while references
+ * to it are open; beyond max_idle_maps idle mappings the least recently
+ * used one is unmapped, and kiln_transport_forget drops the mappings of an
+ * owner incarnation that is gone.  Opening a reference and
+ * kiln_transport_verify read the header and refuse a reference whose range
+ * is not that allocation any more (KILN_ERR_NOT_FOUND).
  *
  * Thread-safety: the kiln_transport calls may come from any thread; a
  * mutex per table guards producer and consumer state alike.  make, map and
@@ -48,9 +52,13 @@
 /* A producer slab, as its kind's hooks see it.  The table allocates it
  * and keeps its address until unmake, so a kind may keep pointers to it. */
 typedef struct kiln_slab {
-    char name[KILN_PROTO_SLAB_MAX]; /* set by make, unique among live slabs */
+    /* Set by make, unique per process instance: the kinds put the owner's
+     * epoch in it, so no other process (another PID namespace, a
+     * restart) ever makes a slab of the same name. */
+    char name[KILN_PROTO_SLAB_MAX];
     uint8_t *base;                  /* set by make: where the producer writes */
     size_t size;                    /* set by the table before make */
+    int fd;                         /* the kind's own (shm: the owner lock), -1 if none */
     /* Set by make where a consumer needs more than the name to map the
      * slab (cuda_ipc's IPC handle); copied into every reference. */
     uint8_t handle[KILN_PROTO_IPC_HANDLE];
@@ -59,6 +67,7 @@ typedef struct kiln_slab {
 /* A consumer's mapping of a peer's slab. */
 typedef struct kiln_slab_map {
     char name[KILN_PROTO_SLAB_MAX];        /* the reference's slab */
+    uint64_t epoch;                        /* the reference's owner incarnation */
     uint8_t handle[KILN_PROTO_IPC_HANDLE]; /* the reference's handle */
     const uint8_t *base;                   /* set by map */
     size_t size;                           /* set by map: the slab's bytes */
@@ -75,10 +84,12 @@ typedef struct kiln_slab_kind {
      * name, because the handle is what gets mapped (cuda_ipc). */
     int handle_keyed;
 
-    /* Makes slab s of s->size bytes: sets its name (with `stage` in it),
-     * base and, where needed, handle.  On failure it undoes its own work
-     * and sets err (KILN_ERR_NOMEM when memory ran out). */
-    kiln_status (*make)(kiln_slab *s, const char *stage, int device, kiln_err *err);
+    /* Makes slab s of s->size bytes for incarnation `epoch`: sets its name
+     * (with `stage` and the epoch in it), base, fd and, where needed,
+     * handle.  On failure it undoes its own work and sets err
+     * (KILN_ERR_NOMEM when memory ran out). */
+    kiln_status (*make)(kiln_slab *s, const char *stage, uint64_t epoch, int device,
+                        kiln_err *err);
     /* Frees what make made; reports its own failures in the log. */
     void (*unmake)(kiln_slab *s, int device);
     /* Maps slab m->name (with m->handle) for reading: sets m->base and
@@ -93,6 +104,11 @@ typedef struct kiln_slab_kind {
      * 0 when it states none or a bad one; the range is then checked before
      * anything is looked up or mapped. */
     size_t (*ref_size)(const kiln_tensor_ref *ref);
+    /* Optional: 0 once slab s can no longer be opened by consumers (shm:
+     * its name was unlinked by someone else, or now names another file).
+     * The table then retires it: no new ranges come from it, and it is
+     * unmade once its live ranges came back. */
+    int (*alive)(const kiln_slab *s);
     /* Optional, for slabs outside host memory (NULL: memcpy): copy n
      * bytes from the host into a slab at `dst` (a producer's range
      * header), and out of a slab (the producer's or a mapping) at `src`

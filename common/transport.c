@@ -73,6 +73,12 @@ void kiln_transport_close(kiln_transport *t, const kiln_tensor_ref *ref)
         t->ops->close(t, ref);
 }
 
+void kiln_transport_forget(kiln_transport *t, uint64_t epoch)
+{
+    if (t->ops->forget)
+        t->ops->forget(t, epoch);
+}
+
 void kiln_transport_stats_get(kiln_transport *t, kiln_transport_stats *st)
 {
     memset(st, 0, sizeof *st);

@@ -21,14 +21,18 @@
  * `cuda_ipc` (device slabs, in builds with the CUDA backend).  shm and
  * cuda_ipc share their slab bookkeeping (common/slab_table.h).
  *
- * shm: a producer creates slabs named /kiln-<stage>-<pid>-<n> on demand
- * (reserved with posix_fallocate, so a full /dev/shm is an error here, not
- * a SIGBUS later) and hands out 64-byte-aligned ranges first-fit from each
- * slab's free list, merging neighbours on free; a range returns to the pool
- * only when the owner frees it, naming its generation (slab_table.h).  Its slabs are unlinked when it is
- * destroyed; kiln_transport_shm_clean_stale removes those of crashed
- * processes.  A consumer maps each slab read-only once and keeps the
- * mapping (at most 64 idle mappings; one in use is never unmapped).
+ * shm: a producer creates slabs named /kiln-<stage>-<epoch>-<pid>-<n> on
+ * demand (unique per process instance: the epoch is its random
+ * incarnation), holds an flock on each for its life, reserves them with
+ * posix_fallocate (a full /dev/shm is an error here, not a SIGBUS later)
+ * and hands out 64-byte-aligned ranges first-fit from each slab's free
+ * list, merging neighbours on free; a range returns to the pool only when
+ * the owner frees it, naming its generation (slab_table.h), and a slab
+ * whose name disappears from /dev/shm is retired for a new one.  Its
+ * slabs are unlinked when it is destroyed; kiln_transport_shm_clean_stale
+ * removes those of dead processes.  A consumer maps each slab read-only
+ * once and keeps the mapping (at most 64 idle mappings; one in use is
+ * never unmapped).
  *
  * Thread-safety: every function may be called from any thread (a mutex
  * guards each transport); the memory behind an open reference may be read
@@ -54,6 +58,7 @@ typedef struct kiln_transport_stats {
     int mapped;        /* consumer: slabs mapped */
     int open;          /* consumer: references opened and not closed */
     int refused;       /* producer: frees refused (not a live range of ours) */
+    int lost;          /* producer: slabs retired because consumers could no longer open them */
 } kiln_transport_stats;
 
 typedef struct kiln_transport_ops {
@@ -75,6 +80,10 @@ typedef struct kiln_transport_ops {
      * allocation it named, KILN_ERR_NOT_FOUND once it was freed (and
      * perhaps handed out again). */
     kiln_status (*verify)(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err);
+    /* Consumer: owner incarnation `epoch` is gone; its idle mappings are
+     * dropped now, those in use when their last reference closes.  NULL
+     * where nothing is mapped (inline). */
+    void (*forget)(kiln_transport *t, uint64_t epoch);
     void (*stats)(kiln_transport *t, kiln_transport_stats *st);
     void (*destroy)(kiln_transport *t);
 } kiln_transport_ops;
@@ -104,8 +113,8 @@ kiln_transport *kiln_transport_inline_create(kiln_err *err);
  * bigger tensor gets a slab of its own) up to max_bytes (0 = 16 GiB),
  * allocated with cudaMalloc and exported once with cudaIpcGetMemHandle
  * (the handle travels in every reference; the slab label
- * "/kiln-cuda-<stage>-<pid>-<n>-<MiB>" carries its size so consumers can
- * bound-check offsets).  alloc's *ptr is device memory.
+ * "/kiln-cuda-<stage>-<epoch>-<pid>-<n>-<MiB>" carries its size so
+ * consumers can bound-check offsets).  alloc's *ptr is device memory.
  * Consumers map each slab once with cudaIpcOpenMemHandle on their own
  * `device` (peer access enabled lazily for a slab of another GPU) and keep
  * at most 16 idle mappings; a slab of the calling process itself is used
@@ -158,13 +167,19 @@ kiln_status kiln_transport_open(kiln_transport *t, const kiln_tensor_ref *ref, c
  * computed from the reference. */
 kiln_status kiln_transport_verify(kiln_transport *t, const kiln_tensor_ref *ref, kiln_err *err);
 void kiln_transport_close(kiln_transport *t, const kiln_tensor_ref *ref);
+/* See ops->forget (gone incarnations of other replicas). */
+void kiln_transport_forget(kiln_transport *t, uint64_t epoch);
 
 void kiln_transport_stats_get(kiln_transport *t, kiln_transport_stats *st);
 
-/* Removes /dev/shm/kiln-*-<pid>-* slabs whose pid no longer runs (a crashed
- * replica's); the supervisor calls it when a child dies and every replica
- * at start.  Returns the number removed, or -1 with err set when /dev/shm
- * cannot be listed. */
+/* Removes the /dev/shm/kiln-<stage>-<epoch>-<pid>-<n> slabs no process
+ * owns any more (a crashed replica's, in any PID namespace sharing
+ * /dev/shm): those whose owner lock (flock) it can take.  It never removes
+ * a slab whose owner lives, whatever its pid says, nor one it cannot open,
+ * nor a name of another form (an older kiln's, whose owner it cannot
+ * judge).  The supervisor calls it
+ * when a child dies, and every replica at start.  Returns the number
+ * removed, or -1 with err set when /dev/shm cannot be listed. */
 int kiln_transport_shm_clean_stale(kiln_err *err);
 
 #endif

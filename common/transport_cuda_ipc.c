@@ -97,7 +97,7 @@ static kiln_status cuda_fail(kiln_err *err, cudaError_t e, const char *what)
                         "cuda_ipc: %s: %s", what, cudaGetErrorString(e));
 }
 
-/* "/kiln-cuda-<stage>-<pid>-<n>-<MiB>": the size travels in the label so
+/* "/kiln-cuda-<stage>-<epoch>-<pid>-<n>-<MiB>": the size travels in the label so
  * a consumer can bound-check offsets without asking the driver.  0 for a
  * label that is not one of these. */
 static size_t label_size(const char *name)
@@ -114,10 +114,14 @@ static size_t label_size(const char *name)
 
 static size_t ref_size(const kiln_tensor_ref *ref) { return label_size(ref->slab); }
 
-static kiln_status ipc_make(kiln_slab *s, const char *stage, int device, kiln_err *err)
+static kiln_status ipc_make(kiln_slab *s, const char *stage, uint64_t epoch, int device,
+                            kiln_err *err)
 {
-    snprintf(s->name, sizeof s->name, "/kiln-cuda-%s-%ld-%u-%zu", stage, (long)getpid(),
-             atomic_fetch_add(&next_slab_id, 1), s->size / MIB);
+    /* The epoch keeps labels unique per process instance, as shm names
+     * (a label only names a slab in frees and logs: the handle maps it). */
+    snprintf(s->name, sizeof s->name, "/kiln-cuda-%s-%016llx-%ld-%u-%zu", stage,
+             (unsigned long long)epoch, (long)getpid(), atomic_fetch_add(&next_slab_id, 1),
+             s->size / MIB);
     cudaIpcMemHandle_t handle;
     device_scope sc;
     cudaError_t e = scope_enter(&sc, device);

@@ -1,14 +1,25 @@
 /* The shm transport: POSIX shared-memory slabs (the bookkeeping around
- * them is common/slab_table's), and the cleanup of crashed processes'
- * slabs. */
+ * them is common/slab_table's), and the cleanup of slabs nobody owns.
+ *
+ * Identity: a slab is named /kiln-<stage>-<epoch>-<pid>-<n>, the epoch
+ * (16 hex digits) being the owner's random incarnation, so two processes
+ * never make the same name even when they share a pid (PID namespaces:
+ * every container's stage is PID 1) or a restart reuses one; the pid is
+ * there for people reading /dev/shm.  Ownership: the owner holds an flock
+ * on each slab for its whole life.  flock lives on the file itself, so it
+ * is seen across PID namespaces where a pid means nothing, and it dies
+ * with the process however that ends: the cleanup removes exactly the
+ * slabs of this form whose lock it can take, and nothing else (a name of
+ * another form, as older kiln versions made, proves nothing about its
+ * owner, so it is left alone). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,27 +28,69 @@
 #include "slab_table.h"
 #include "transport.h"
 
+/* Where glibc's shm_open keeps "/name" (it is "/dev/shm/name" on Linux). */
+#define SHM_DIR "/dev/shm"
+
 /* Slab numbers are unique per process, so several transports of one
  * process (tests, a process running two stages) never collide. */
 static atomic_uint next_slab_id;
 
-static kiln_status shm_make(kiln_slab *s, const char *stage, int device, kiln_err *err)
+/* 1 when the path of shm object `name` still leads to the file open at fd. */
+static int same_file(int fd, const char *name)
+{
+    char path[sizeof SHM_DIR + KILN_PROTO_SLAB_MAX];
+    snprintf(path, sizeof path, SHM_DIR "%s", name);
+    struct stat a, b;
+    return !fstat(fd, &a) && !stat(path, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* Creates, locks and sizes a new slab file.  Between O_EXCL creation and
+ * the lock a cleaner may take the unlocked file for a dead owner's and
+ * remove it; the name check after locking notices, and another name is
+ * tried. */
+static kiln_status create_locked(kiln_slab *s, const char *stage, uint64_t epoch, kiln_err *err)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        snprintf(s->name, sizeof s->name, "/kiln-%s-%016llx-%ld-%u", stage,
+                 (unsigned long long)epoch, (long)getpid(), atomic_fetch_add(&next_slab_id, 1));
+        int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0 && errno == EEXIST)
+            continue;
+        if (fd < 0)
+            return kiln_err_set(err, KILN_ERR_IO, "shm_open %s: %s", s->name, strerror(errno));
+        if (flock(fd, LOCK_EX)) {
+            int e = errno;
+            shm_unlink(s->name);
+            close(fd);
+            return kiln_err_set(err, KILN_ERR_IO, "flock %s: %s", s->name, strerror(e));
+        }
+        if (same_file(fd, s->name)) {
+            s->fd = fd;
+            return KILN_OK;
+        }
+        close(fd);
+    }
+    return kiln_err_set(err, KILN_ERR_IO, "shm slab of stage %s: no name could be kept", stage);
+}
+
+static kiln_status shm_make(kiln_slab *s, const char *stage, uint64_t epoch, int device,
+                            kiln_err *err)
 {
     (void)device;
-    snprintf(s->name, sizeof s->name, "/kiln-%s-%ld-%u", stage, (long)getpid(),
-             atomic_fetch_add(&next_slab_id, 1));
-    int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        return kiln_err_set(err, KILN_ERR_IO, "shm_open %s: %s", s->name, strerror(errno));
+    kiln_status st = create_locked(s, stage, epoch, err);
+    if (st)
+        return st;
     /* fallocate reserves the pages now: a full /dev/shm fails here instead
      * of raising SIGBUS on a later write. */
-    int rc = ftruncate(fd, (off_t)s->size) ? errno : posix_fallocate(fd, 0, (off_t)s->size);
-    void *base = rc ? MAP_FAILED : mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int rc = ftruncate(s->fd, (off_t)s->size) ? errno : posix_fallocate(s->fd, 0, (off_t)s->size);
+    void *base =
+        rc ? MAP_FAILED : mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
     if (!rc && base == MAP_FAILED)
         rc = errno;
-    close(fd);
     if (rc) {
         shm_unlink(s->name);
+        close(s->fd);
+        s->fd = -1;
         return kiln_err_set(err, rc == ENOSPC ? KILN_ERR_NOMEM : KILN_ERR_IO,
                             "shm slab of %zu bytes: %s", s->size, strerror(rc));
     }
@@ -49,15 +102,19 @@ static void shm_unmake(kiln_slab *s, int device)
 {
     (void)device;
     munmap(s->base, s->size);
-    if (shm_unlink(s->name))
+    /* A lost slab's name is gone (or, by someone's doing, another file's). */
+    if (same_file(s->fd, s->name) && shm_unlink(s->name))
         KILN_LOG_WARN("shm_unlink %s: %s", s->name, strerror(errno));
+    close(s->fd); /* and with it the owner lock */
 }
+
+static int shm_alive(const kiln_slab *s) { return same_file(s->fd, s->name); }
 
 /* Read-only: a consumer cannot scribble over the producer's tensors. */
 static kiln_status shm_map(kiln_slab_map *m, int device, kiln_err *err)
 {
     (void)device;
-    int fd = shm_open(m->name, O_RDONLY, 0);
+    int fd = shm_open(m->name, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
         return kiln_err_set(err, errno == ENOENT ? KILN_ERR_NOT_FOUND : KILN_ERR_IO,
                             "shm slab %s: %s", m->name, strerror(errno));
@@ -88,6 +145,7 @@ static const kiln_slab_kind shm_kind = {
     .default_max = (size_t)4 << 30,
     .max_idle_maps = 64,
     .make = shm_make, .unmake = shm_unmake, .map = shm_map, .unmap = shm_unmap,
+    .alive = shm_alive,
 };
 
 kiln_transport *kiln_transport_shm_create(const char *owner, uint64_t epoch, const char *stage,
@@ -96,45 +154,56 @@ kiln_transport *kiln_transport_shm_create(const char *owner, uint64_t epoch, con
     return kiln_slab_table_create(&shm_kind, owner, epoch, stage, 0, slab_bytes, max_bytes, err);
 }
 
-/* "kiln-<stage>-<pid>-<n>": the pid, or -1 when the name is not ours. */
-static long slab_pid(const char *name)
+/* 1 when the field at `at` (up to the next '-' or the end) is min..max
+ * characters of `set`; *next is past it and its '-'. */
+static int field(const char *at, const char *set, size_t min, size_t max, const char **next)
 {
-    if (strncmp(name, "kiln-", 5))
-        return -1;
-    const char *last = strrchr(name, '-');
-    if (!last || last == name + 4 || !last[1])
-        return -1;
-    for (const char *p = last + 1; *p; p++)
-        if (*p < '0' || *p > '9')
-            return -1;
-    const char *pid_end = last, *pid_start = last;
-    while (pid_start > name + 5 && pid_start[-1] >= '0' && pid_start[-1] <= '9')
-        pid_start--;
-    if (pid_start == pid_end || pid_start[-1] != '-' || pid_start - 1 == name + 4)
-        return -1;
-    return strtol(pid_start, NULL, 10);
+    size_t n = strspn(at, set);
+    if (n < min || n > max || (at[n] && at[n] != '-'))
+        return 0;
+    *next = at + n + (at[n] == '-');
+    return 1;
+}
+
+/* 1 for "kiln-<stage>-<16 hex>-<pid>-<n>" (a /dev/shm entry, no '/'),
+ * the form whose owners hold its lock. */
+static int lockable_name(const char *name)
+{
+    static const char dec[] = "0123456789", hex[] = "0123456789abcdef";
+    const char *p = name + 5, *end = NULL;
+    return !strncmp(name, "kiln-", 5) &&
+           field(p, "abcdefghijklmnopqrstuvwxyz0123456789", 1, 15, &p) && *p &&
+           field(p, hex, 16, 16, &p) && *p && field(p, dec, 1, 10, &p) && *p &&
+           field(p, dec, 1, 10, &end) && !*end;
 }
 
 int kiln_transport_shm_clean_stale(kiln_err *err)
 {
-    DIR *d = opendir("/dev/shm");
+    DIR *d = opendir(SHM_DIR);
     if (!d) {
-        kiln_err_set(err, KILN_ERR_IO, "/dev/shm: %s", strerror(errno));
+        kiln_err_set(err, KILN_ERR_IO, SHM_DIR ": %s", strerror(errno));
         return -1;
     }
     int removed = 0;
     for (struct dirent *e; (e = readdir(d));) {
-        long pid = slab_pid(e->d_name);
-        if (pid <= 0 || pid == (long)getpid())
+        if (strlen(e->d_name) >= KILN_PROTO_SLAB_MAX - 1 || !lockable_name(e->d_name))
             continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-            continue;
-        char name[sizeof e->d_name + 1];
+        char name[KILN_PROTO_SLAB_MAX];
         snprintf(name, sizeof name, "/%s", e->d_name);
-        if (!shm_unlink(name)) {
-            KILN_LOG_INFO("removed stale shm slab %s of dead pid %ld", name, pid);
+        /* Not ours to judge when we may not even open it (another user's). */
+        int fd = shm_open(name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        /* Held: its owner lives, in whatever PID namespace. */
+        if (flock(fd, LOCK_EX | LOCK_NB)) {
+            close(fd);
+            continue;
+        }
+        if (same_file(fd, name) && !shm_unlink(name)) {
+            KILN_LOG_INFO("removed stale shm slab %s (no process holds it)", name);
             removed++;
         }
+        close(fd);
     }
     closedir(d);
     return removed;

@@ -239,6 +239,13 @@ static void dispatch(kiln_worker *w, const kiln_buf *f)
     case KILN_MSG_CANCEL: on_cancel(w, m->cancel_job); break;
     case KILN_MSG_FREE: on_free(w, &m->refs); break;
     case KILN_MSG_FENCED: on_fenced(w); break;
+    case KILN_MSG_GONE:
+        /* Its references will not come again: drop our mappings of its
+         * slabs (those in use when their job is done). */
+        kiln_transport_forget(w->shm, m->gone.incarnation);
+        if (w->cuda)
+            kiln_transport_forget(w->cuda, m->gone.incarnation);
+        break;
     default:
         KILN_LOG_WARN("worker: dropped an unexpected '%s' message", kiln_msg_type_name(m->type));
     }

@@ -29,6 +29,10 @@ typedef struct kiln_worker_job kiln_worker_job;
 typedef struct kiln_worker_opts {
     const char *model;   /* checkpoint folder */
     const char *bus;     /* gateway ROUTER endpoint */
+    /* --replica-id: a stable id for this replica (a StatefulSet pod's
+     * name); NULL: "<stage>-<host>-<pid>-<first 8 hex digits of the
+     * epoch>", unique per process even where every stage is PID 1. */
+    const char *replica_id;
     const char *device;  /* "cpu" or "cuda" */
     int gpu;
     int max_batch;       /* rows per batch (a bigger job runs alone) */
@@ -72,7 +76,8 @@ typedef struct kiln_stage_ops {
 
 /* Parses the common command line (--model --bus [--device] [--gpu]
  * [--max-batch] [--text-encoder-out-layers] [--prompt-cache-mb]
- * [--batch-window-ms] [--tensor-transport auto|shm|cuda_ipc]), loads the
+ * [--batch-window-ms] [--tensor-transport auto|shm|cuda_ipc]
+ * [--replica-id ID]), loads the
  * stage, serves until SIGINT/SIGTERM, and returns the exit status (0, 2 on
  * a usage error, KILN_WORKER_EXIT_CONFIG when the checkpoint or options are
  * unusable, KILN_WORKER_EXIT_RESTART when the gateway fenced this

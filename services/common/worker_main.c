@@ -17,7 +17,8 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
 {
     fprintf(f,
             "usage: %s --model DIR --bus ENDPOINT [--device cpu|cuda] [--gpu N]\n"
-            "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]%s\n"
+            "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]\n"
+            "  [--replica-id ID]%s\n"
             "Serves the %s stage of the checkpoint's pipeline to the kiln gateway at\n"
             "ENDPOINT (e.g. tcp://127.0.0.1:8001).\n",
             ops->binary,
@@ -53,9 +54,23 @@ static int parse_transport(const char *s, int *out)
     return 0;
 }
 
+/* A replica id the protocol takes (proto.h): 1..127 characters of
+ * [A-Za-z0-9._:@-]. */
+static int replica_id_ok(const char *id)
+{
+    size_t n = strlen(id);
+    if (!n || n >= KILN_PROTO_ID_MAX)
+        return 0;
+    for (const char *p = id; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              strchr("._:@-", *p)))
+            return 0;
+    return 1;
+}
+
 static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_worker_opts *o)
 {
-    enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE };
+    enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
@@ -63,6 +78,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         {"text-encoder-out-layers", required_argument, 0, O_LAYERS},
         {"tensor-transport", required_argument, 0, O_TRANSPORT},
         {"prompt-cache-mb", required_argument, 0, O_PROMPT_CACHE},
+        {"replica-id", required_argument, 0, O_REPLICA_ID},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     /* No batch window by default: an idle stage starts a job at once (a
@@ -89,6 +105,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
             bad = ops->stage != KILN_STAGE_ENCODE ||
                   kiln_parse_int(optarg, 0, 1 << 20, &o->prompt_cache_mb);
             break;
+        case O_REPLICA_ID: o->replica_id = optarg, bad = !replica_id_ok(optarg); break;
         case 'h': usage(stdout, ops); exit(0);
         default: bad = 1;
         }
@@ -172,8 +189,14 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
     if (gethostname(host, sizeof host - 1))
         snprintf(host, sizeof host, "unknown");
     sanitize(w->host, 48, host);
-    snprintf(w->replica, sizeof w->replica, "%s-%.48s-%ld", kiln_stage_name(w->ops->stage), w->host,
-             (long)getpid());
+    /* The epoch's digits make the id unique per process where the rest is
+     * not: containers of one pod (one hostname) are each PID 1. */
+    if (w->opts.replica_id)
+        snprintf(w->replica, sizeof w->replica, "%s", w->opts.replica_id);
+    else
+        snprintf(w->replica, sizeof w->replica, "%s-%.48s-%ld-%08llx",
+                 kiln_stage_name(w->ops->stage), w->host, (long)getpid(),
+                 (unsigned long long)(w->epoch >> 32));
     kiln_proto_model_id(w->opts.model, w->model, KILN_PROTO_MODEL_ID_MAX);
 
     int stale = kiln_transport_shm_clean_stale(err);

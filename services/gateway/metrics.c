@@ -41,7 +41,7 @@ static const char *part_names[KILN_PART_COUNT] = {"encode_run",    "denoise_setu
                                                   "denoise_step",  "decode_vae",
                                                   "image_encode",  "handoff"};
 static const char *event_names[KILN_EVENT_COUNT] = {"replica_lost", "redispatch", "timeout",
-                                                    "cancel"};
+                                                    "cancel", "handoff_failure"};
 static const char *reject_names[KILN_REJECT_COUNT] = {"fenced", "unregistered", "not_handed",
                                                       "foreign_ref"};
 

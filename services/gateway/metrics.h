@@ -14,7 +14,7 @@
  * kiln_batch_rows{stage} (rows of the batch a job ran in, as the replica
  * reports it), kiln_images_generated_total (rate() gives images/s),
  * kiln_events_total{event} (replica_lost: an incarnation fenced,
- * redispatch, timeout, cancel), kiln_bus_rejected_total{reason} (bus
+ * redispatch, timeout, cancel, handoff_failure), kiln_bus_rejected_total{reason} (bus
  * messages that did not count, see kiln_reject), and the gauges
  * kiln_queue_depth{stage}, kiln_inflight{stage}, kiln_replicas{stage},
  * kiln_jobs.
@@ -56,6 +56,7 @@ typedef enum kiln_event {
     KILN_EVENT_REDISPATCH,
     KILN_EVENT_TIMEOUT,
     KILN_EVENT_CANCEL,
+    KILN_EVENT_HANDOFF_FAILURE, /* a consumer could not open (or keep) its inputs */
     KILN_EVENT_COUNT
 } kiln_event;
 
@@ -74,6 +75,8 @@ typedef struct kiln_metrics_gauges {
     int inflight[KILN_STAGE_COUNT]; /* jobs sent to a replica, not done */
     int replicas[KILN_STAGE_COUNT]; /* live replicas */
     int jobs;                       /* accepted requests not yet answered */
+    int handoff_failures;           /* consumers that could not open their inputs, in all */
+    int handoff_streak[KILN_STAGE_COUNT]; /* ...in a row into a stage */
 } kiln_metrics_gauges;
 
 typedef struct kiln_metrics kiln_metrics;

@@ -69,12 +69,14 @@ static void route_ready(kiln_gateway *gw, kiln_http_conn *c)
 {
     kiln_metrics_gauges g;
     kiln_sched_gauges(gw->sched, &g);
-    char text[256];
+    char text[320];
     int ok = !gw->draining && kiln_sched_ready(gw->sched);
     snprintf(text, sizeof text,
-             "{\"status\":\"%s\",\"replicas\":{\"encode\":%d,\"denoise\":%d,\"decode\":%d}}",
+             "{\"status\":\"%s\",\"replicas\":{\"encode\":%d,\"denoise\":%d,\"decode\":%d},"
+             "\"handoff_failures\":{\"total\":%d,\"in_a_row\":{\"denoise\":%d,\"decode\":%d}}}",
              ok ? "ready" : gw->draining ? "draining" : "not_ready", g.replicas[0], g.replicas[1],
-             g.replicas[2]);
+             g.replicas[2], g.handoff_failures, g.handoff_streak[KILN_STAGE_DENOISE],
+             g.handoff_streak[KILN_STAGE_DECODE]);
     reply_text(gw, c, R_READY, ok ? 200 : 503, "application/json", text);
 }
 

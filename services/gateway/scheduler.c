@@ -70,7 +70,7 @@ int sched_live(const kiln_sched *s, kiln_stage stage)
 int kiln_sched_ready(const kiln_sched *s)
 {
     for (int i = 0; i < KILN_STAGE_COUNT; i++)
-        if (!sched_live(s, (kiln_stage)i))
+        if (!sched_live(s, (kiln_stage)i) || s->handoff_streak[i] >= SCHED_HANDOFF_STREAK)
             return 0;
     return 1;
 }
@@ -82,8 +82,10 @@ void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g)
         g->queued[i] = s->queued[i];
         g->inflight[i] = s->inflight[i];
         g->replicas[i] = sched_live(s, (kiln_stage)i);
+        g->handoff_streak[i] = s->handoff_streak[i];
     }
     g->jobs = s->n_jobs;
+    g->handoff_failures = s->handoff_failures;
 }
 
 /* Takes the job out of its queue or off its replica. */

@@ -114,7 +114,13 @@ void kiln_sched_on_unreachable(kiln_sched *s, const char *peer, double now);
 /* Marks silent replicas dead and times jobs out. */
 void kiln_sched_tick(kiln_sched *s, double now);
 
-/* 1 when every stage has at least one live replica. */
+/* Hand-offs that failed in a row into one stage before the service says it
+ * is not ready. */
+#define SCHED_HANDOFF_STREAK 3
+
+/* 1 when every stage has at least one live replica and none had its last
+ * SCHED_HANDOFF_STREAK hand-offs fail (consumers that could not open what
+ * their producer made: /dev/shm full or cleaned, an IPC namespace apart). */
 int kiln_sched_ready(const kiln_sched *s);
 
 void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g);

@@ -129,8 +129,8 @@ void sched_on_release(kiln_sched *s, sched_replica *r, const kiln_msg_refs *rel)
         if (!found) {
             refused++;
             KILN_LOG_WARN("gateway: refused a release from %s: %s %s+%llu gen %llu of %s was not "
-                          "handed to it (or was already released)", r->id, rel->refs[k].slab,
-                          kiln_ref_kind_name(rel->refs[k].kind),
+                          "handed to it (or was already released)", r->id,
+                          kiln_ref_kind_name(rel->refs[k].kind), rel->refs[k].slab,
                           (unsigned long long)rel->refs[k].off,
                           (unsigned long long)rel->refs[k].gen, rel->refs[k].owner);
         }
@@ -278,7 +278,12 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
     }
     record(s, j, d, now);
     kiln_stage stage = j->stage;
+    if (stage != KILN_STAGE_ENCODE && (d->ok || d->code != KILN_ERR_NOT_FOUND))
+        s->handoff_streak[stage] = 0;
     if (!d->ok && d->code == KILN_ERR_NOT_FOUND && stage != KILN_STAGE_ENCODE) {
+        s->handoff_failures++;
+        s->handoff_streak[stage]++;
+        kiln_metrics_event(s->metrics, KILN_EVENT_HANDOFF_FAILURE);
         sched_free_map(s, &d->out);
         kiln_msg_free(m);
         restart_lost_inputs(s, j, now);

@@ -101,6 +101,11 @@ struct kiln_sched {
     kiln_idmap jobs;
     uint64_t next_id;
     uint64_t n_dispatched; /* jobs sent so far, all stages */
+    /* Hand-offs into a stage whose consumer could not open its inputs
+     * (not_found): all of them, and in a row since the last one that
+     * worked (kiln_sched_ready). */
+    int handoff_failures;
+    int handoff_streak[KILN_STAGE_COUNT];
     /* Fenced incarnations whose records were forgotten: their late
      * messages are still answered `fenced` (a ring, oldest overwritten). */
     struct {

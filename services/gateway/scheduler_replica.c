@@ -46,6 +46,23 @@ static void send_fenced(kiln_sched *s, const char *peer, uint64_t epoch)
         KILN_LOG_DEBUG("gateway: fenced to %s: %s", peer, err.msg);
 }
 
+/* Tells every live replica that incarnation r is gone, so that consumers
+ * drop their mappings of its slabs (its references are not handed out
+ * again; mappings in use go when their job is done). */
+static void announce_gone(kiln_sched *s, const sched_replica *r)
+{
+    for (sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
+        const sched_replica *x = LINK_OWNER(l, sched_replica, node);
+        if (x == r || !x->alive)
+            continue;
+        kiln_msg m = {.type = KILN_MSG_GONE, .epoch = x->epoch,
+                      .gone = {.replica = r->id, .incarnation = r->epoch}};
+        kiln_err err = {0};
+        if (s->ops.send(s->ud, x->id, &m, &err))
+            KILN_LOG_DEBUG("gateway: gone to %s: %s", x->id, err.msg);
+    }
+}
+
 /* A job of a fenced incarnation runs again once, elsewhere, from the
  * encode stage: the references it was handed went back to their owners
  * (the fenced incarnation may still read them, so they are never handed
@@ -96,6 +113,7 @@ void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, doubl
     /* It may still be running (paused, stuck, cut off): it exits when it
      * hears this. */
     send_fenced(s, r->id, r->epoch);
+    announce_gone(s, r);
     if (sched_live(s, r->stage))
         return;
     while (!link_empty(&s->queue[r->stage]))

@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,6 +231,28 @@ pid_t svc_batch_started(const char *log, size_t from, const pid_t *pids, int n, 
     }
 }
 
+int svc_wait_registered(const char *log, pid_t pid, int timeout_ms)
+{
+    static const char key[] = "registered with the gateway as ";
+    double until = kiln_now_ms() + timeout_ms;
+    for (;;) {
+        kiln_buf b = {0};
+        svc_read_log(log, &b);
+        int found = 0;
+        for (const char *p = b.data ? (const char *)b.data : ""; !found && (p = strstr(p, key));) {
+            p += strlen(key);
+            const char *end = p + strcspn(p, " \n");
+            found = id_has_pid(p, end, pid);
+        }
+        kiln_buf_free(&b);
+        if (found)
+            return 0;
+        if (kiln_now_ms() > until)
+            return -1;
+        svc_sleep_ms(20);
+    }
+}
+
 int svc_log_port(const char *log, int timeout_ms)
 {
     static const char key[] = "on http://127.0.0.1:";
@@ -423,6 +447,118 @@ int svc_error_body(const gwc_response *r, const char *code, char *why, size_t ca
     return rc;
 }
 
+/* ---- requests in flight ---- */
+
+void svc_series_json(char *buf, size_t cap, const char *name, int base, int i, const char *steps)
+{
+    snprintf(buf, cap,
+             "{\"prompt\":\"%s %d\",\"size\":\"64x64\",\"seed\":%d,"
+             "\"num_inference_steps\":%s,\"max_sequence_length\":32}",
+             name, i, base + i, steps);
+}
+
+/* Requests first..first+k-1 of a series in one CLI run (k <= 4, so that a
+ * run stays within SVC_T_REQ on a loaded machine), renamed <name>-<i>.png. */
+static int cli_chunk(const char *name, int base, int first, int k, const char *steps)
+{
+    char seed[16], out[64], prompts[4][32];
+    const char *args[32];
+    int a = 0;
+    snprintf(seed, sizeof seed, "%d", base + first);
+    for (int i = 0; i < k; i++) {
+        snprintf(prompts[i], sizeof prompts[i], "%s %d", name, first + i);
+        args[a++] = "--prompt", args[a++] = prompts[i];
+    }
+    const char *rest[] = {"--seed", seed, "--width", "64", "--height", "64", "--steps", steps,
+                          "--max-sequence-length", "32", NULL};
+    for (int i = 0; rest[i]; i++)
+        args[a++] = rest[i];
+    args[a] = NULL;
+    snprintf(out, sizeof out, "%s-chunk%d.png", name, first);
+    if (svc_cli("generate", args, svc_tmp(out)))
+        return -1;
+    for (int i = 0; i < k; i++) {
+        char from[80], to[80], path[512];
+        /* One image is written as named, several with -<row> added. */
+        if (k == 1)
+            snprintf(from, sizeof from, "%s", out);
+        else
+            snprintf(from, sizeof from, "%s-chunk%d-%d.png", name, first, i);
+        snprintf(to, sizeof to, "%s-%d.png", name, first + i);
+        snprintf(path, sizeof path, "%s", svc_tmp(from));
+        if (rename(path, svc_tmp(to)))
+            return -1;
+    }
+    return 0;
+}
+
+int svc_cli_series(const char *name, int base, int n, const char *steps)
+{
+    for (int first = 0; first < n; first += 4)
+        if (cli_chunk(name, base, first, n - first < 4 ? n - first : 4, steps))
+            return -1;
+    return 0;
+}
+
+void svc_client_send(svc_client *c, int port, const char *json, const char *ref)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->ref, sizeof c->ref, "%s", ref);
+    kiln_buf wire = {0};
+    gwc_format(&wire, "POST", "/v1/images/generations", "application/json", json, strlen(json), 0);
+    c->fd = gwc_connect(port);
+    if (c->fd < 0 || gwc_send(c->fd, wire.data, wire.len, 5000)) {
+        c->verdict = SVC_OTHER;
+        snprintf(c->why, sizeof c->why, "not sent");
+    }
+    kiln_buf_free(&wire);
+}
+
+svc_verdict svc_client_poll(svc_client *c, int wait_ms)
+{
+    if (c->verdict != SVC_PENDING || c->fd < 0)
+        return c->verdict;
+    struct pollfd pf = {.fd = c->fd, .events = POLLIN};
+    if (poll(&pf, 1, wait_ms) <= 0)
+        return SVC_PENDING;
+    gwc_response r = {0};
+    if (gwc_read_response(c->fd, &c->in, &r, 10000)) {
+        c->verdict = SVC_OTHER;
+        snprintf(c->why, sizeof c->why, "no well-formed answer");
+    } else if (r.status == 200) {
+        svc_images im;
+        int same = svc_parse_images(&r, &im) == 0 && im.n == 1 &&
+                   svc_same_file(svc_tmp(c->ref), &im.files[0]);
+        svc_images_free(&im);
+        c->verdict = same ? SVC_IMAGE : SVC_WRONG_IMAGE;
+        if (!same)
+            snprintf(c->why, sizeof c->why, "a 200 whose image is not the CLI's %s", c->ref);
+    } else if (r.status == 503 && svc_error_body(&r, "stage_unavailable", c->why, sizeof c->why) == 0) {
+        c->verdict = SVC_UNAVAILABLE;
+    } else {
+        c->verdict = SVC_OTHER;
+        snprintf(c->why, sizeof c->why, "status %d: %.*s", r.status,
+                 (int)(r.body.len > 200 ? 200 : r.body.len), r.body.data ? (char *)r.body.data : "");
+    }
+    gwc_response_free(&r);
+    kiln_buf_free(&c->in);
+    close(c->fd);
+    c->fd = -1;
+    return c->verdict;
+}
+
+int svc_clients_wait(svc_client *cs, int n, int timeout_ms)
+{
+    double until = kiln_now_ms() + timeout_ms;
+    int pending;
+    do {
+        pending = 0;
+        for (int i = 0; i < n; i++)
+            pending += svc_client_poll(&cs[i], 10) == SVC_PENDING;
+    } while (pending && kiln_now_ms() < until);
+    return pending;
+}
+
 /* ---- the CLI ---- */
 
 int svc_cli(const char *cmd, const char *const *args, const char *out)
@@ -473,18 +609,38 @@ long svc_proc_kb(pid_t pid, const char *field)
     return v;
 }
 
-int svc_shm_slabs(pid_t pid)
+/* Counts (or unlinks, when `unlink_them`) /dev/shm/kiln-* holding `part`. */
+static int shm_scan(const char *part, int unlink_them)
 {
     DIR *d = opendir("/dev/shm");
     if (!d)
         return -1;
-    char mid[32];
-    snprintf(mid, sizeof mid, "-%ld-", (long)pid);
     int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += !strncmp(e->d_name, "kiln-", 5) && strstr(e->d_name, mid) != NULL;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, "kiln-", 5) || !strstr(e->d_name, part))
+            continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        n += !unlink_them || !shm_unlink(name);
+    }
     closedir(d);
     return n;
+}
+
+int svc_shm_slabs(pid_t pid)
+{
+    char mid[32];
+    snprintf(mid, sizeof mid, "-%ld-", (long)pid);
+    return shm_scan(mid, 0);
+}
+
+int svc_shm_slabs_with(const char *part) { return shm_scan(part, 0); }
+
+int svc_shm_unlink_of(pid_t pid)
+{
+    char mid[32];
+    snprintf(mid, sizeof mid, "-%ld-", (long)pid);
+    return shm_scan(mid, 1);
 }
 
 int svc_children(pid_t parent, const char *comm, pid_t *out, int max)

@@ -75,6 +75,9 @@ size_t svc_log_size(const char *log);
  * of" past byte `from` of the log names (its replica id holds its pid),
  * or -1 after timeout_ms. */
 pid_t svc_batch_started(const char *log, size_t from, const pid_t *pids, int n, int timeout_ms);
+/* Waits until the worker of pid logs that it registered ("registered with
+ * the gateway as <id>", the id holding its pid); 0 or -1. */
+int svc_wait_registered(const char *log, pid_t pid, int timeout_ms);
 /* The port kiln-gateway logged it listens on ("on http://127.0.0.1:P"),
  * or -1 after timeout_ms. */
 int svc_log_port(const char *log, int timeout_ms);
@@ -115,6 +118,39 @@ void svc_images_free(svc_images *im);
  * code when NULL) and whose message names no path; else -1 with why. */
 int svc_error_body(const gwc_response *r, const char *code, char *why, size_t cap);
 
+/* ---- requests in flight, each checked against the CLI ---- */
+
+/* A series: request i is prompt "<name> i", seed base + i, 64x64, `steps`
+ * steps, max_sequence_length 32, so that no two requests share
+ * embeddings; svc_cli_series writes the CLI's image i to <name>-<i>.png. */
+void svc_series_json(char *buf, size_t cap, const char *name, int base, int i, const char *steps);
+int svc_cli_series(const char *name, int base, int n, const char *steps);
+
+typedef enum svc_verdict {
+    SVC_PENDING = 0,
+    SVC_IMAGE,       /* 200 with exactly the CLI's image */
+    SVC_WRONG_IMAGE, /* 200 with anything else */
+    SVC_UNAVAILABLE, /* 503 with an OpenAI error object (stage_unavailable) */
+    SVC_OTHER,       /* any other answer, or none */
+} svc_verdict;
+
+typedef struct svc_client {
+    int fd;
+    kiln_buf in;
+    char ref[64]; /* the CLI's image for it, under tmpdir */
+    svc_verdict verdict;
+    char why[256]; /* what was wrong, for SVC_WRONG_IMAGE / SVC_OTHER */
+} svc_client;
+
+/* Sends json to /v1/images/generations on a connection of its own. */
+void svc_client_send(svc_client *c, int port, const char *json, const char *ref);
+/* Reads c's answer when it comes within wait_ms and judges it; returns its
+ * verdict (SVC_PENDING while none came). */
+svc_verdict svc_client_poll(svc_client *c, int wait_ms);
+/* Polls every pending client until all are answered or timeout_ms passed;
+ * the number still pending. */
+int svc_clients_wait(svc_client *cs, int n, int timeout_ms);
+
 /* ---- the CLI and files ---- */
 
 /* Runs `kiln <cmd> --model <tiny> --text-encoder-out-layers 1,2,3 --out
@@ -129,8 +165,13 @@ int svc_read_file(const char *path, kiln_buf *out);
 
 /* A field of /proc/<pid>/status in kB ("VmRSS", "RssAnon"), or -1. */
 long svc_proc_kb(pid_t pid, const char *field);
-/* /dev/shm/kiln-* slabs named after pid (/kiln-<stage>-<pid>-<n>). */
+/* /dev/shm/kiln-* slabs named after pid (/kiln-<stage>-<epoch>-<pid>-<n>). */
 int svc_shm_slabs(pid_t pid);
+/* /dev/shm/kiln-* slabs whose name holds `part` (an epoch's 16 digits). */
+int svc_shm_slabs_with(const char *part);
+/* Unlinks the /dev/shm/kiln-* slabs named after pid, as a cleaner or
+ * systemd-logind's RemoveIPC would; the number removed. */
+int svc_shm_unlink_of(pid_t pid);
 /* Children of `parent` whose command name is `comm`, up to max; the
  * count. */
 int svc_children(pid_t parent, const char *comm, pid_t *out, int max);

@@ -35,6 +35,7 @@ typedef struct world {
     } reps[16];
     int n_reps;
     uint64_t next_epoch, next_gen;
+    int show_gone; /* next_sent returns `gone` broadcasts too (else skips them) */
     sent out[MAX_SENT];
     int n_out, seen_out;
     int n_finished, last_status, last_images;
@@ -75,9 +76,13 @@ static void fake_finish(void *ud, void *client, const kiln_sched_result *res)
     }
 }
 
-/* The next message sent since the last call (NULL when none). */
+/* The next message sent since the last call (NULL when none); `gone`
+ * broadcasts only when the world shows them. */
 static kiln_msg *next_sent(world *w, const char **peer)
 {
+    while (w->seen_out < w->n_out && !w->show_gone &&
+           w->out[w->seen_out].m->type == KILN_MSG_GONE)
+        w->seen_out++;
     if (w->seen_out == w->n_out)
         return NULL;
     *peer = w->out[w->seen_out].peer;
@@ -295,6 +300,21 @@ static kiln_msg *to_denoise(world *w, const char *json, uint64_t *id, kiln_tenso
     kiln_msg *m = next_sent(w, to);
     CHECK(m && m->type == KILN_MSG_JOB && m->job.stage == KILN_STAGE_DENOISE && m->job.job == *id);
     return m && m->type == KILN_MSG_JOB ? m : NULL;
+}
+
+/* Job `id`, just sent to encode-a, through the encode and denoise stages
+ * of the cluster: *lat is what the decoder gets, dispatched to decode-a. */
+static void to_decode(world *w, uint64_t id, kiln_tensor_ref *lat)
+{
+    expect_sent(w, KILN_MSG_JOB, "encode-a");
+    kiln_tensor_ref emb = shm_ref(w, "encode-a", "/kiln-encode-1-0", 64);
+    done_with(w, "encode-a", id, "embeds", &emb);
+    expect_sent(w, KILN_MSG_JOB, "denoise-a");
+    *lat = shm_ref(w, "denoise-a", "/kiln-denoise-1-0", 64);
+    done_with(w, "denoise-a", id, "latents", lat);
+    expect_free(w, "encode-a", &emb);
+    kiln_msg *m = expect_sent(w, KILN_MSG_JOB, "decode-a");
+    CHECK(m && m->job.job == id);
 }
 
 static void test_flow(void)
@@ -611,14 +631,8 @@ static void test_errors_and_timeout(void)
     expect_idle(&w);
     /* The decoder returns the wrong number of images: 500. */
     CHECK(submit(&w, "{\"prompt\":\"e\",\"size\":\"64x64\",\"n\":2}", &a) == KILN_OK);
-    expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    x = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
-    done_with(&w, "encode-a", a, "embeds", &x);
-    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
-    kiln_tensor_ref lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
-    done_with(&w, "denoise-a", a, "latents", &lat);
-    expect_free(&w, "encode-a", &x);
-    expect_sent(&w, KILN_MSG_JOB, "decode-a");
+    kiln_tensor_ref lat;
+    to_decode(&w, a, &lat);
     done_images(&w, "decode-a", a, 1);
     CHECK(w.n_finished == 5 && w.last_status == 500);
     expect_free(&w, "denoise-a", &lat);
@@ -629,24 +643,18 @@ static void test_errors_and_timeout(void)
 
 /* A decoder that cannot open its input (the denoiser that made it died
  * and its slabs were removed): the job starts over from the encode stage
- * once, then fails with 503. */
+ * once, then fails with 503; hand-off failures in a row make the service
+ * not ready. */
 static void test_inputs_gone(void)
 {
     world w;
     world_init(&w, 8);
     cluster(&w);
     uint64_t id;
+    kiln_tensor_ref lat;
     CHECK(submit(&w, "{\"prompt\":\"x\",\"size\":\"64x64\"}", &id) == KILN_OK);
     for (int round = 0; round < 2; round++) {
-        expect_sent(&w, KILN_MSG_JOB, "encode-a");
-        kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
-        done_with(&w, "encode-a", id, "embeds", &emb);
-        expect_sent(&w, KILN_MSG_JOB, "denoise-a");
-        kiln_tensor_ref lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
-        done_with(&w, "denoise-a", id, "latents", &lat);
-        expect_free(&w, "encode-a", &emb);
-        kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
-        CHECK(m && m->job.job == id);
+        to_decode(&w, id, &lat);
         done_error(&w, "decode-a", id, KILN_ERR_NOT_FOUND, "shm slab /kiln-denoise-1-0: gone");
         expect_free(&w, "denoise-a", &lat);
         CHECK(w.n_finished == round);
@@ -655,6 +663,26 @@ static void test_inputs_gone(void)
     CHECKF(!strstr(w.last_message, "/kiln-"), "the message names a slab: %s", w.last_message);
     expect_quiet(&w);
     expect_idle(&w);
+    /* Two hand-offs into the decode stage failed in a row: still ready; a
+     * third makes the service say it is not, until one works again. */
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.handoff_failures == 2 && g.handoff_streak[KILN_STAGE_DECODE] == 2);
+    CHECK(kiln_sched_ready(w.s));
+    CHECK(submit(&w, "{\"prompt\":\"y\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    to_decode(&w, id, &lat);
+    done_error(&w, "decode-a", id, KILN_ERR_NOT_FOUND, "gone");
+    CHECK(!kiln_sched_ready(w.s));
+    expect_free(&w, "denoise-a", &lat);
+    expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    done_error(&w, "encode-a", id, KILN_ERR_INVALID, "bad"); /* ends it */
+    CHECK(submit(&w, "{\"prompt\":\"z\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    to_decode(&w, id, &lat);
+    done_images(&w, "decode-a", id, 1);
+    CHECK(kiln_sched_ready(w.s) && w.last_status == 200);
+    expect_free(&w, "denoise-a", &lat);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.handoff_failures == 3 && g.handoff_streak[KILN_STAGE_DECODE] == 0);
     world_free(&w);
 }
 
@@ -805,9 +833,43 @@ static void test_hello_again(void)
     world_free(&w);
 }
 
+/* A fenced incarnation is announced `gone` to every other live replica,
+ * each message addressed to its receiver's incarnation: consumers drop
+ * their mappings of its slabs. */
+static void test_gone_broadcast(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    hello(&w, "denoise-b", KILN_STAGE_DENOISE, "klein-tiny", 2);
+    w.show_gone = 1;
+    uint64_t old = epoch_of(&w, "denoise-a");
+    kiln_sched_on_unreachable(w.s, "denoise-a", w.now);
+    expect_sent(&w, KILN_MSG_FENCED, "denoise-a");
+    static const char *const others[] = {"encode-a", "decode-a", "denoise-b"};
+    int seen[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        const char *to;
+        kiln_msg *m = next_sent(&w, &to);
+        CHECK(m && m->type == KILN_MSG_GONE);
+        if (!m || m->type != KILN_MSG_GONE)
+            break;
+        CHECK(!strcmp(m->gone.replica, "denoise-a") && m->gone.incarnation == old);
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(to, others[k])) {
+                seen[k]++;
+                CHECK(m->epoch == epoch_of(&w, others[k]));
+            }
+    }
+    CHECK(seen[0] == 1 && seen[1] == 1 && seen[2] == 1);
+    expect_quiet(&w);
+    world_free(&w);
+}
+
 int main(void)
 {
     RUN(test_flow);
+    RUN(test_gone_broadcast);
     RUN(test_credits_and_admission);
     RUN(test_idle_replicas_take_turns);
     RUN(test_inputs_gone);

@@ -71,6 +71,20 @@ static void test_hello_ready_hb_cancel(void)
     CHECK(d && d->type == KILN_MSG_FENCED && d->epoch == UINT64_MAX);
     kiln_msg_free(d);
 
+    m = (kiln_msg){.type = KILN_MSG_GONE, .epoch = EPOCH,
+                   .gone = {.replica = "denoise-box-17-0badcafe", .incarnation = 99}};
+    d = roundtrip(&m);
+    CHECK(d && d->type == KILN_MSG_GONE && !strcmp(d->gone.replica, "denoise-box-17-0badcafe") &&
+          d->gone.incarnation == 99);
+    kiln_msg_free(d);
+    kiln_buf b = {0};
+    kiln_err err = {0};
+    m.gone.incarnation = 0;
+    CHECK(kiln_msg_encode(&m, &b, &err) == KILN_ERR_INVALID);
+    m.gone = (kiln_msg_gone){.replica = "bad id", .incarnation = 1};
+    CHECK(kiln_msg_encode(&m, &b, &err) == KILN_ERR_INVALID);
+    kiln_buf_free(&b);
+
     m = (kiln_msg){.type = KILN_MSG_READY, .epoch = EPOCH, .ready.credits = 7};
     d = roundtrip(&m);
     CHECK(d && d->type == KILN_MSG_READY && d->ready.credits == 7);

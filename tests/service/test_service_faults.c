@@ -205,10 +205,8 @@ static void test_kill_one_denoiser(void)
             svc_sleep_ms(50);
     }
     CHECKF(fresh > 0, "the killed denoiser was not restarted");
-    char reg[64];
-    snprintf(reg, sizeof reg, "-%ld registered", (long)fresh);
-    CHECKF(svc_wait_log(log, reg, 1, 60000) == 0, "the restarted denoiser %ld did not register",
-           (long)fresh);
+    CHECKF(svc_wait_registered(log, fresh, 60000) == 0,
+           "the restarted denoiser %ld did not register", (long)fresh);
     CHECKF(svc_wait_metric(port, "kiln_replicas{stage=\"denoise\"}", 2, 30000, &v) == 0,
            "%g live denoisers after the restart, want 2", v);
     CHECK(svc_wait_ready(port, 10000) == 0);
@@ -217,9 +215,8 @@ static void test_kill_one_denoiser(void)
      * registered before the gateway gave up on the killed one, else the
      * next job is its turn (idle replicas take turns; it had none). */
     expect_after_image(port, "after the restart");
-    char ran[64];
-    snprintf(ran, sizeof ran, "-%ld: batch of ", (long)fresh);
-    CHECKF(svc_log_count(log, ran) > 0, "the restarted denoiser did not serve");
+    CHECKF(svc_batch_started(log, 0, &fresh, 1, 0) == fresh,
+           "the restarted denoiser did not serve");
     char last[128];
     CHECKF(svc_wait_idle(port, 10000, last, sizeof last) == 0, "jobs left: %s", last);
     int st = svc_stop(serve, 60000);

@@ -16,7 +16,6 @@
  * other answer a 503 OpenAI error; at the end every worker reports no job
  * held and no range in use, and no slab is left. */
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,75 +49,26 @@ static char bus_ep[160];
 
 /* ---- requests ---- */
 
-/* Request i of a series: its own prompt, so that no two requests share
- * embeddings (a mix-up must show in the image), and seed base + i. */
-static void body(char *buf, size_t cap, const char *prompt, int base, int i, const char *steps)
+static void send_series(svc_client *c, const char *name, int base, int i, const char *steps)
 {
-    snprintf(buf, cap,
-             "{\"prompt\":\"%s %d\",\"size\":\"64x64\",\"seed\":%d,"
-             "\"num_inference_steps\":%s,\"max_sequence_length\":32}",
-             prompt, i, base + i, steps);
+    char json[256], ref[64];
+    svc_series_json(json, sizeof json, name, base, i, steps);
+    snprintf(ref, sizeof ref, "%s-%d.png", name, i);
+    svc_client_send(c, port, json, ref);
 }
 
-typedef struct client {
-    int fd;
-    kiln_buf in;
-    int answered, status;
-    char ref[32]; /* the CLI's image for it, under tmpdir */
-} client;
-
-static void send_one(client *c, const char *json, const char *ref)
+/* Every answer of cs[n] is the CLI's image or a 503 OpenAI error;
+ * counts both. */
+static void judge(svc_client *cs, int n, int *ok, int *unavail)
 {
-    memset(c, 0, sizeof *c);
-    snprintf(c->ref, sizeof c->ref, "%s", ref);
-    kiln_buf wire = {0};
-    gwc_format(&wire, "POST", "/v1/images/generations", "application/json", json, strlen(json), 0);
-    c->fd = gwc_connect(port);
-    CHECKF(c->fd >= 0 && gwc_send(c->fd, wire.data, wire.len, 5000) == 0, "request %s not sent",
-           ref);
-    kiln_buf_free(&wire);
-}
-
-/* Reads c's answer if it is there: a 200 must carry the CLI's image, and
- * anything else must be a 503 OpenAI error.  Counts into *ok / *unavail. */
-static void poll_answer(client *c, int wait_ms, int *ok, int *unavail)
-{
-    if (c->answered || c->fd < 0)
-        return;
-    struct pollfd pf = {.fd = c->fd, .events = POLLIN};
-    if (poll(&pf, 1, wait_ms) <= 0)
-        return;
-    gwc_response r = {0};
-    c->answered = 1;
-    if (gwc_read_response(c->fd, &c->in, &r, 10000)) {
-        CHECKF(0, "%s: no well-formed answer", c->ref);
-        c->status = -1;
-    } else if ((c->status = r.status) == 200) {
-        svc_images im;
-        CHECKF(svc_parse_images(&r, &im) == 0 && im.n == 1 &&
-                   svc_same_file(svc_tmp(c->ref), &im.files[0]),
-               "%s: a 200 whose image is not the CLI's for that request", c->ref);
-        svc_images_free(&im);
-        ++*ok;
-    } else {
-        char why[512] = "";
-        CHECKF(r.status == 503 && svc_error_body(&r, "stage_unavailable", why, sizeof why) == 0,
-               "%s: status %d %s: %.*s", c->ref, r.status, why,
-               (int)(r.body.len > 300 ? 300 : r.body.len), r.body.data ? (char *)r.body.data : "");
-        ++*unavail;
+    for (int i = 0; i < n; i++) {
+        CHECKF(cs[i].verdict == SVC_IMAGE || cs[i].verdict == SVC_UNAVAILABLE, "%s: %s",
+               cs[i].ref, cs[i].verdict == SVC_PENDING ? "no answer" : cs[i].why);
+        *ok += cs[i].verdict == SVC_IMAGE;
+        *unavail += cs[i].verdict == SVC_UNAVAILABLE;
+        if (cs[i].fd >= 0)
+            close(cs[i].fd);
     }
-    gwc_response_free(&r);
-    kiln_buf_free(&c->in);
-    close(c->fd);
-    c->fd = -1;
-}
-
-static int all_answered(const client *cs, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (!cs[i].answered)
-            return 0;
-    return 1;
 }
 
 static double metric_now(const char *prefix)
@@ -253,16 +203,16 @@ static void test_misbehaving_replica(void)
     fake_hello(&m2, 0);
     fake_pump(&m1, 300);
     fake_pump(&m2, 50);
-    client cs[N_FORGE];
-    char json[256], ref[32];
-    body(json, sizeof json, "forge", FORGE_SEED, 0, FORGE_STEPS);
-    send_one(&cs[0], json, "forge-0.png");
+    svc_client cs[N_FORGE];
+    send_series(&cs[0], "forge", FORGE_SEED, 0, FORGE_STEPS);
     double until = kiln_now_ms() + SVC_T_REQ;
     while (!m1.n_jobs && kiln_now_ms() < until)
         fake_pump(&m1, 20), fake_pump(&m2, 1);
     CHECKF(m1.n_jobs == 1, "the misbehaving replica got no job");
-    if (!m1.n_jobs)
+    if (!m1.n_jobs) {
+        svc_clients_wait(cs, 1, SVC_T_REQ);
         goto out;
+    }
     /* Its input goes back once (a legitimate early release), and the
      * range is free for the next request's embeddings at once. */
     const kiln_ref_map *in = &m1.jobs[0]->job.in;
@@ -273,9 +223,7 @@ static void test_misbehaving_replica(void)
      * to and by others. */
     int ok = 0, unavail = 0, forged = 0;
     for (int i = 1; i < N_FORGE; i++) {
-        body(json, sizeof json, "forge", FORGE_SEED, i, FORGE_STEPS);
-        snprintf(ref, sizeof ref, "forge-%d.png", i);
-        send_one(&cs[i], json, ref);
+        send_series(&cs[i], "forge", FORGE_SEED, i, FORGE_STEPS);
         for (int k = 0; k < 10; k++, forged++) {
             fake_pump(&m1, 15), fake_pump(&m2, 1);
             fake_release(&m1, in);
@@ -307,12 +255,9 @@ static void test_misbehaving_replica(void)
         free(d);
     }
     until = kiln_now_ms() + SVC_T_REQ;
-    while (!all_answered(cs, N_FORGE) && kiln_now_ms() < until) {
+    while (svc_clients_wait(cs, N_FORGE, 0) && kiln_now_ms() < until)
         fake_pump(&m1, 10), fake_pump(&m2, 10);
-        for (int i = 0; i < N_FORGE; i++)
-            poll_answer(&cs[i], 0, &ok, &unavail);
-    }
-    CHECKF(all_answered(cs, N_FORGE), "requests still unanswered");
+    judge(cs, N_FORGE, &ok, &unavail);
     CHECKF(ok == N_FORGE, "%d of %d requests got their image (%d got 503)", ok, N_FORGE, unavail);
     CHECKF(m1.fenced, "the misbehaving replica was not told it is fenced");
     CHECKF(metric_now("kiln_bus_rejected_total{reason=\"not_handed\"}") >= forged * 2,
@@ -323,37 +268,21 @@ static void test_misbehaving_replica(void)
                   m1.n_jobs, ok);
 out:
     fake_close(&m1), fake_close(&m2), fake_close(&m3);
-    for (int i = 0; i < N_FORGE; i++)
-        if (cs[i].fd >= 0 && !cs[i].answered)
-            close(cs[i].fd);
     char last[128];
     CHECKF(svc_wait_idle(port, 30000, last, sizeof last) == 0, "jobs left: %s", last);
 }
 
-static void round_of(client *cs, int first, int n)
+static void round_of(svc_client *cs, int first, int n)
 {
-    for (int i = 0; i < n; i++) {
-        char json[256], ref[32];
-        body(json, sizeof json, "pause", PAUSE_SEED, first + i, PAUSE_STEPS);
-        snprintf(ref, sizeof ref, "pause-%d.png", first + i);
-        send_one(&cs[first + i], json, ref);
-    }
-}
-
-static void collect(client *cs, int first, int n, int *ok, int *unavail)
-{
-    double until = kiln_now_ms() + SVC_T_REQ;
-    while (!all_answered(cs + first, n) && kiln_now_ms() < until)
-        for (int i = first; i < first + n; i++)
-            poll_answer(&cs[i], 20, ok, unavail);
-    CHECKF(all_answered(cs + first, n), "requests still unanswered");
+    for (int i = first; i < first + n; i++)
+        send_series(&cs[i], "pause", PAUSE_SEED, i, PAUSE_STEPS);
 }
 
 /* The paused denoiser of the file comment. */
 static void test_pause_denoiser(void)
 {
     const char *log = svc_tmp("serve.log");
-    client cs[N_PAUSE];
+    svc_client cs[N_PAUSE];
     int ok = 0, unavail = 0;
     size_t from = svc_log_size(log);
     round_of(cs, 0, N_PAUSE / 2);
@@ -368,7 +297,8 @@ static void test_pause_denoiser(void)
     svc_sleep_ms(PAUSE_MS);
     kill(victim, SIGCONT);
     double t_resume = kiln_now_ms();
-    collect(cs, 0, N_PAUSE / 2, &ok, &unavail);
+    svc_clients_wait(cs, N_PAUSE / 2, SVC_T_REQ);
+    judge(cs, N_PAUSE / 2, &ok, &unavail);
     CHECK(metric_now("kiln_events_total{event=\"replica_lost\"}") >= lost_before + 1);
     /* Resumed, it is told it was fenced and exits to be restarted. */
     char exited[96];
@@ -386,7 +316,8 @@ static void test_pause_denoiser(void)
     /* And the service is whole: every request of the next round is served. */
     int ok2 = 0, unavail2 = 0;
     round_of(cs, N_PAUSE / 2, N_PAUSE / 2);
-    collect(cs, N_PAUSE / 2, N_PAUSE / 2, &ok2, &unavail2);
+    svc_clients_wait(cs + N_PAUSE / 2, N_PAUSE / 2, SVC_T_REQ);
+    judge(cs + N_PAUSE / 2, N_PAUSE / 2, &ok2, &unavail2);
     CHECKF(ok2 == N_PAUSE / 2, "after the restart %d of %d requests got their image", ok2,
            N_PAUSE / 2);
     KILN_LOG_INFO("handoff: denoiser %ld paused %d ms: %d images and %d 503s; both denoisers "
@@ -417,31 +348,10 @@ static void check_exit_reports(void)
     CHECKF(n >= 5, "%d at-exit reports (want the 4 workers and the restarted one)", n);
 }
 
-/* `kiln generate` with one --prompt per request: image i is prompt
- * "<name> i" with seed base + i, into <name>-<i>.png. */
-static int cli_series(const char *name, int base, int n, const char *steps)
-{
-    char seed[16], out[64], prompts[16][32];
-    const char *args[64];
-    int k = 0;
-    snprintf(seed, sizeof seed, "%d", base);
-    for (int i = 0; i < n && i < 16; i++) {
-        snprintf(prompts[i], sizeof prompts[i], "%s %d", name, i);
-        args[k++] = "--prompt", args[k++] = prompts[i];
-    }
-    const char *rest[] = {"--seed", seed, "--width", "64", "--height", "64", "--steps", steps,
-                          "--max-sequence-length", "32", NULL};
-    for (int i = 0; rest[i]; i++)
-        args[k++] = rest[i];
-    args[k] = NULL;
-    snprintf(out, sizeof out, "%s.png", name);
-    return svc_cli("generate", args, svc_tmp(out));
-}
-
 static int cli_references(void)
 {
-    return cli_series("forge", FORGE_SEED, N_FORGE, FORGE_STEPS) == 0 &&
-                   cli_series("pause", PAUSE_SEED, N_PAUSE, PAUSE_STEPS) == 0
+    return svc_cli_series("forge", FORGE_SEED, N_FORGE, FORGE_STEPS) == 0 &&
+                   svc_cli_series("pause", PAUSE_SEED, N_PAUSE, PAUSE_STEPS) == 0
                ? 0
                : -1;
 }

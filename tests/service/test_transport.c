@@ -1,10 +1,13 @@
 /* Tensor transports: shm range allocation, reuse and merging, the consumer
  * mapping cache (in this process and another one), slab usage that stays
  * flat over many cycles, hostile references, generations (stale frees
- * and reads of ranges handed out again), unlinking and stale-slab
- * cleanup; the inline transport's ownership checks. */
+ * and reads of ranges handed out again), unlinking, slab names unique per
+ * process instance, mappings of gone incarnations dropped, slabs that lose
+ * their name retired, the owner-lock (flock) cleanup of dead processes'
+ * slabs that ignores pids; the inline transport's ownership checks. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -266,8 +269,19 @@ static void test_pool_limit(void)
     CHECK(kiln_transport_shm_create("bad id", EPOCH, "Test!", 0, 0, &err) == NULL);
 }
 
-/* A replica that dies without cleaning up leaves slabs named with its pid;
- * the cleaner removes those and leaves live processes' slabs alone. */
+static int shm_create_locked(const char *name, int lock)
+{
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0 && lock && flock(fd, LOCK_EX)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A slab's owner holds an flock on it for its life; the cleanup removes
+ * exactly the slabs whose lock it can take, whatever the pid in the name
+ * says (in another PID namespace that pid means nothing here). */
 static void test_stale_cleanup(void)
 {
     kiln_err err = {0};
@@ -290,11 +304,125 @@ static void test_stale_cleanup(void)
     kiln_tensor_ref r;
     void *p;
     CHECK(kiln_transport_alloc(mine, KILN_U8, 1, (int64_t[]){1}, &r, &p, &err) == KILN_OK);
+    /* Another namespace's owner, alive, whose pid is dead here; and a dead
+     * owner whose pid is alive here (ours). */
+    char held[64], dead[64];
+    snprintf(held, sizeof held, "/kiln-test-00000000000000aa-%ld-0", (long)pid);
+    snprintf(dead, sizeof dead, "/kiln-test-00000000000000bb-%ld-0", (long)getpid());
+    int held_fd = shm_create_locked(held, 1);
+    int dead_fd = shm_create_locked(dead, 0);
+    CHECK(held_fd >= 0 && dead_fd >= 0);
+    if (dead_fd >= 0)
+        close(dead_fd);
     CHECK(slab_exists(name));
+    CHECK(kiln_transport_shm_clean_stale(&err) >= 2);
+    CHECK(!slab_exists(name) && !slab_exists(dead));
+    CHECK(slab_exists(r.slab) && slab_exists(held));
+    /* Its owner gone, the held one goes too. */
+    if (held_fd >= 0)
+        close(held_fd);
     CHECK(kiln_transport_shm_clean_stale(&err) >= 1);
-    CHECK(!slab_exists(name));
-    CHECK(slab_exists(r.slab));
+    CHECK(!slab_exists(held) && slab_exists(r.slab));
+    /* A name of another form (an older kiln's: pid only) proves nothing
+     * about its owner: left alone. */
+    char legacy[64];
+    snprintf(legacy, sizeof legacy, "/kiln-test-%ld-0", (long)pid);
+    int legacy_fd = shm_create_locked(legacy, 0);
+    CHECK(legacy_fd >= 0);
+    if (legacy_fd >= 0)
+        close(legacy_fd);
+    kiln_transport_shm_clean_stale(&err);
+    CHECK(slab_exists(legacy));
+    shm_unlink(legacy);
     kiln_transport_destroy(mine);
+    CHECK(!slab_exists(r.slab));
+}
+
+/* Slab names are unique per process instance, not per pid: two
+ * incarnations of one replica id in one process (as two processes that
+ * share a pid number in two PID namespaces) never share a name, and a
+ * consumer keys its mappings by name and owner epoch; a gone incarnation's
+ * mappings are dropped, the one still in use when it closes. */
+static void test_identity(void)
+{
+    kiln_err err = {0};
+    kiln_transport *a = kiln_transport_shm_create("denoise-same-1", EPOCH, "test", 4096, 0, &err);
+    kiln_transport *b = kiln_transport_shm_create("denoise-same-1", EPOCH + 1, "test", 4096, 0,
+                                                  &err);
+    kiln_transport *rx = kiln_transport_shm_create("decode-test-13", EPOCH + 2, "test", 0, 0, &err);
+    if (!a || !b || !rx)
+        return;
+    kiln_tensor_ref ra, rb;
+    uint8_t *pa, *pb;
+    CHECK(kiln_transport_alloc(a, KILN_U8, 1, (int64_t[]){8}, &ra, (void **)&pa, &err) == KILN_OK);
+    CHECK(kiln_transport_alloc(b, KILN_U8, 1, (int64_t[]){8}, &rb, (void **)&pb, &err) == KILN_OK);
+    char epoch_a[20];
+    snprintf(epoch_a, sizeof epoch_a, "-%016llx-", (unsigned long long)EPOCH);
+    CHECK(strcmp(ra.slab, rb.slab) && strstr(ra.slab, epoch_a) && !strstr(rb.slab, epoch_a));
+    pa[0] = 1, pb[0] = 2;
+    const uint8_t *qa, *qb;
+    CHECK(kiln_transport_open(rx, &ra, (const void **)&qa, &err) == KILN_OK && qa[0] == 1);
+    CHECK(kiln_transport_open(rx, &rb, (const void **)&qb, &err) == KILN_OK && qb[0] == 2);
+    kiln_transport_close(rx, &rb);
+    kiln_transport_stats st;
+    kiln_transport_stats_get(rx, &st);
+    CHECK(st.mapped == 2);
+    /* A reference naming a's slab under b's epoch is neither of them. */
+    kiln_tensor_ref mixed = ra;
+    mixed.epoch = rb.epoch;
+    const uint8_t *qm;
+    CHECK(kiln_transport_open(rx, &mixed, (const void **)&qm, &err) == KILN_ERR_NOT_FOUND);
+    kiln_transport_forget(rx, EPOCH + 1);
+    kiln_transport_forget(rx, EPOCH);
+    kiln_transport_stats_get(rx, &st);
+    CHECK(st.mapped == 1 && st.open == 1); /* a's is still open */
+    CHECK(qa[0] == 1);
+    kiln_transport_close(rx, &ra);
+    kiln_transport_stats_get(rx, &st);
+    CHECK(st.mapped == 0 && st.open == 0);
+    CHECK(kiln_transport_free(a, &ra, &err) == KILN_OK && kiln_transport_free(b, &rb, &err) == KILN_OK);
+    kiln_transport_destroy(rx);
+    kiln_transport_destroy(a);
+    kiln_transport_destroy(b);
+}
+
+/* A slab whose name disappears from /dev/shm (a cleaner, systemd-logind's
+ * RemoveIPC) hands out nothing more: the next range comes from a new slab,
+ * a consumer that mapped the old one still reads it, one that had not
+ * cannot open it, and the old slab goes once its ranges came back. */
+static void test_lost_slab(void)
+{
+    kiln_err err = {0};
+    kiln_transport *tx = kiln_transport_shm_create("encode-test-14", EPOCH, "test", 4096, 0, &err);
+    kiln_transport *rx = kiln_transport_shm_create("denoise-test-15", EPOCH + 1, "test", 0, 0, &err);
+    kiln_transport *late = kiln_transport_shm_create("denoise-test-16", EPOCH + 2, "test", 0, 0, &err);
+    if (!tx || !rx || !late)
+        return;
+    kiln_tensor_ref r1, r2, r3;
+    uint8_t *p;
+    const uint8_t *q;
+    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8}, &r1, (void **)&p, &err) == KILN_OK);
+    p[0] = 7;
+    CHECK(kiln_transport_open(rx, &r1, (const void **)&q, &err) == KILN_OK && q[0] == 7);
+    CHECK(shm_unlink(r1.slab) == 0);
+    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8}, &r2, (void **)&p, &err) == KILN_OK);
+    CHECK(strcmp(r1.slab, r2.slab) != 0 && slab_exists(r2.slab));
+    kiln_transport_stats st;
+    kiln_transport_stats_get(tx, &st);
+    CHECK(st.lost == 1 && st.slabs == 2 && st.live == 2);
+    CHECK(q[0] == 7 && kiln_transport_verify(rx, &r1, &err) == KILN_OK);
+    CHECK(kiln_transport_open(late, &r1, (const void **)&q, &err) == KILN_ERR_NOT_FOUND);
+    kiln_transport_close(rx, &r1);
+    CHECK(kiln_transport_free(tx, &r1, &err) == KILN_OK);
+    kiln_transport_stats_get(tx, &st);
+    CHECK(st.slabs == 1 && st.live == 1);
+    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){8}, &r3, (void **)&p, &err) == KILN_OK);
+    CHECK(!strcmp(r3.slab, r2.slab));
+    CHECK(kiln_transport_free(tx, &r2, &err) == KILN_OK && kiln_transport_free(tx, &r3, &err) == KILN_OK);
+    kiln_transport_destroy(late);
+    kiln_transport_destroy(rx);
+    kiln_transport_destroy(tx);
+    CHECK(!slab_exists(r2.slab));
 }
 
 static void test_inline(void)
@@ -329,6 +457,8 @@ int main(void)
     RUN(test_mapping_cache);
     RUN(test_pool_limit);
     RUN(test_stale_cleanup);
+    RUN(test_identity);
+    RUN(test_lost_slab);
     RUN(test_inline);
     return test_finish();
 }
