@@ -271,6 +271,9 @@ typedef struct kiln_msg {
         kiln_msg_refs refs; /* release and free */
         kiln_msg_job job;
         uint64_t cancel_job; /* cancel */
+        /* hb: the replica's progress counter (denoising steps, batches and
+         * jobs finished so far); it moves while the backend works. */
+        uint64_t progress;
         kiln_msg_gone gone;
         /* fenced: no fields; the epoch it names is declared dead */
     };

@@ -46,7 +46,9 @@ typedef struct kiln_denoise_job {
      * KILN_ERR_CANCELLED. */
     int (*cancelled)(void *user);
     /* Optional: told when step `step` (0 .. steps-1) is about to be queued,
-     * for timing (the service reports setup and per-step time). */
+     * for timing (the service reports setup and per-step time) and as
+     * proof of progress (a service replica whose steps stand still while it
+     * has work is fenced). */
     void (*on_step)(void *user, int step);
     void *user;
 } kiln_denoise_job;

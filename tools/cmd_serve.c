@@ -21,18 +21,22 @@ static void usage(FILE *f)
             "  [--gpus N] [--min-size PX] [--max-size PX] [--text-encoder-out-layers A,B,C]\n"
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
             "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--prompt-cache-mb N]\n"
+            "  [--progress-timeout-s S]\n"
             "Starts kiln-gateway on port P (default 8000) and the stage replicas (one of\n"
             "each by default), connected over the bus (default tcp://127.0.0.1:<P+1>).\n"
             "With --gpus N, replica i of each stage runs on GPU i %% N; --<stage>-gpu G pins\n"
             "every replica of that stage to GPU G instead.  Each encoder keeps up to N MiB\n"
             "(default 256, 0: off) of prompt embeddings in host memory.  A crashed child is\n"
-            "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n");
+            "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n"
+            "A replica with work whose backend makes no progress for S seconds (default 60)\n"
+            "is fenced and restarted.\n");
 }
 
 typedef struct serve_opts {
     const char *model, *bus, *device, *layers;
     const char *min_size, *max_size;
     const char *prompt_cache_mb; /* NULL: the encoder's default */
+    const char *progress_timeout_s; /* NULL: the gateway's default */
     int port, gpus, max_batch;
     int replicas[3]; /* encoders, denoisers, decoders */
     int stage_gpu[3]; /* -1: round robin over --gpus */
@@ -41,7 +45,7 @@ typedef struct serve_opts {
 static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
-           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE };
+           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_PROGRESS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
@@ -54,6 +58,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"denoiser-gpu", required_argument, 0, O_DEN_GPU},
         {"decoder-gpu", required_argument, 0, O_DEC_GPU},
         {"prompt-cache-mb", required_argument, 0, O_PROMPT_CACHE},
+        {"progress-timeout-s", required_argument, 0, O_PROGRESS},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     *o = (serve_opts){.device = "cpu", .port = 8000, .gpus = 1, .max_batch = 4,
@@ -80,6 +85,9 @@ static int parse(int argc, char **argv, serve_opts *o)
         case O_DEC_GPU: bad = kiln_parse_int(optarg, 0, 63, &o->stage_gpu[2]); break;
         case O_PROMPT_CACHE:
             o->prompt_cache_mb = optarg, bad = kiln_parse_int(optarg, 0, 1 << 20, &unused);
+            break;
+        case O_PROGRESS:
+            o->progress_timeout_s = optarg, bad = kiln_parse_int(optarg, 1, 1000000, &unused);
             break;
         case 'h': usage(stdout); exit(0);
         default: bad = 1;
@@ -114,6 +122,8 @@ static kiln_status add_gateway(kiln_supervisor *s, const serve_opts *o, const ch
         argv[k++] = "--min-size", argv[k++] = o->min_size;
     if (o->max_size)
         argv[k++] = "--max-size", argv[k++] = o->max_size;
+    if (o->progress_timeout_s)
+        argv[k++] = "--progress-timeout-s", argv[k++] = o->progress_timeout_s;
     return kiln_supervisor_add(s, "kiln-gateway", KILN_CHILD_FRONT, argv, err);
 }
 

@@ -298,11 +298,14 @@ static void *bus_main(void *arg)
             _exit(KILN_WORKER_EXIT_RESTART);
         }
         if (now >= next_hb && !worker_halted(w)) {
-            kiln_msg hb = {.type = KILN_MSG_HB};
+            kiln_msg hb = {.type = KILN_MSG_HB, .progress = atomic_load(&w->progress)};
             worker_send(w, &hb);
             next_hb = now + WORKER_HB_MS;
         }
-        int ev = kiln_bus_wait(w->bus, w->efd, (int)(next_hb - now) + 1, &err);
+        /* A halted incarnation sends no heartbeats but must still wake to
+         * end the process in time. */
+        int wait_ms = worker_halted(w) ? 100 : (int)(next_hb - now) + 1;
+        int ev = kiln_bus_wait(w->bus, w->efd, wait_ms > 0 ? wait_ms : 0, &err);
         if (ev < 0) {
             KILN_LOG_ERROR("worker: %s", err.msg);
             struct timespec ts = {0, 50 * 1000 * 1000};
@@ -419,7 +422,11 @@ void worker_serve(kiln_worker *w)
             kiln_worker_timing(batch[i], "batch_rows", rows);
         KILN_LOG_DEBUG("%s %s: batch of %d job(s), %d row(s)", w->ops->binary, w->replica, live,
                        rows);
+        w->steps_at_batch = w->steps;
         w->ops->run(w->state, w, batch, live);
+        /* A stage that reports no steps made one with the whole batch. */
+        if (w->steps == w->steps_at_batch)
+            kiln_worker_step(w);
     }
 }
 

@@ -133,6 +133,13 @@ kiln_status kiln_worker_output_host(kiln_worker *w, kiln_worker_job *j, const ch
                                     const void *data, kiln_err *err);
 /* Appends encoded image `row` (the job takes the buffer's memory). */
 kiln_status kiln_worker_output_image(kiln_worker_job *j, int row, kiln_buf *img, kiln_err *err);
+/* The backend thread finished one step of a batch (a denoising step).
+ * Steps are the gateway's proof that a busy replica is alive (a replica
+ * with work whose steps stand still is fenced, docs/ARCHITECTURE.md); the
+ * worker counts a whole batch as one step for stages that report none, and
+ * counts answered jobs too.  KILN_FAULT_INJECT acts here.  Backend thread
+ * only. */
+void kiln_worker_step(kiln_worker *w);
 /* Records a stage timing reported in done.ms. */
 void kiln_worker_timing(kiln_worker_job *j, const char *name, double ms);
 

@@ -22,6 +22,12 @@
 /* Why an incarnation ends before its time (kiln_worker.halt). */
 enum { WORKER_RUNNING = 0, WORKER_FENCED };
 
+/* KILN_FAULT_INJECT for this stage (worker_fault.c): after how many steps
+ * (kiln_worker_step) the backend thread stalls for good; 0: never. */
+typedef struct worker_fault {
+    uint64_t stall_at;
+} worker_fault;
+
 typedef struct job_input {
     kiln_tensor_ref ref; /* a copy: the message may be freed first */
     kiln_transport *tx;  /* the transport it was opened with */
@@ -82,6 +88,12 @@ struct kiln_worker {
      * ranges and exits with KILN_WORKER_EXIT_RESTART. */
     atomic_int halt;
     double halt_at;
+    /* What the backend finished (steps, batches, jobs answered), sent with
+     * every hb: the gateway's proof that a replica with work is alive. */
+    atomic_uint_fast64_t progress;
+    uint64_t steps;          /* kiln_worker_step calls (backend thread) */
+    uint64_t steps_at_batch; /* steps when the running batch started */
+    worker_fault fault;
     pthread_t bus_thread;
     int bus_started;
     kiln_bus *bus;
@@ -98,6 +110,12 @@ int worker_halted(kiln_worker *w);
 /* Removes a job from the held table (any thread). */
 void worker_unhold(kiln_worker *w, kiln_worker_job *j);
 void worker_job_free(kiln_worker_job *j);
+
+/* Reads KILN_FAULT_INJECT (a test aid, docs/OPERATIONS.md) into w->fault:
+ * -1 with a message on stderr when it is malformed. */
+int worker_fault_setup(kiln_worker *w);
+/* Progress that is not a step: a job answered (any thread). */
+void worker_progress(kiln_worker *w);
 
 kiln_status worker_start(kiln_worker *w, kiln_err *err);
 /* Runs batches until stop, then fails queued jobs and winds down. */

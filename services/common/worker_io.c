@@ -275,6 +275,7 @@ static kiln_status collect_images(kiln_worker_job *j, kiln_err *err)
 
 void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const kiln_err *err)
 {
+    worker_progress(w);
     worker_unhold(w, j);
     kiln_worker_release_inputs(w, j);
     kiln_err local = {0};

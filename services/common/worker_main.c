@@ -251,6 +251,8 @@ int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops)
     int rc = parse_args(argc, argv, ops, &w.opts);
     if (rc)
         return rc;
+    if (worker_fault_setup(&w))
+        return 2;
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL)) {

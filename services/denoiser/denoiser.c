@@ -129,6 +129,7 @@ static kiln_status gather(kiln_backend *be, prep *ps, int n, int neg, int64_t B,
 }
 
 typedef struct batch_ctx {
+    kiln_worker *w;
     prep *ps;
     int n;
     double t_first_step; /* when step 0 was queued: the end of the setup */
@@ -139,6 +140,7 @@ static void batch_step(void *user, int step)
     batch_ctx *c = user;
     if (step == 0)
         c->t_first_step = kiln_now_ms();
+    kiln_worker_step(c->w);
 }
 
 /* The loop stops only when every job of the batch is cancelled; a
@@ -197,7 +199,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         st = gather(be, ps, live, 0, B, &emb, &err);
     if (!st && cfg && B > 1)
         st = gather(be, ps, live, 1, B, &neg, &err);
-    batch_ctx ctx = {ps, live, 0};
+    batch_ctx ctx = {w, ps, live, 0};
     kiln_denoise_job job = {
         .B = B, .embeds = own_emb ? &emb : &ps[0].emb,
         .neg_embeds = cfg ? (B > 1 ? &neg : &ps[0].neg) : NULL,

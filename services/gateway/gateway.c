@@ -53,6 +53,10 @@ static void shutdown_now(kiln_gateway *gw)
 static void on_tick(uv_timer_t *t)
 {
     kiln_gateway *gw = t->data;
+    /* Liveness is judged on what the replicas said, so everything that
+     * arrived is read first (after a stall of the gateway the timer may
+     * fire before the async handle that delivers their messages). */
+    kiln_gw_bus_drain(gw->bus);
     double now = kiln_now_ms();
     kiln_sched_tick(gw->sched, now);
     if (gw->draining) {
@@ -107,6 +111,7 @@ static int start(kiln_gateway *gw, kiln_err *err)
         return -1;
     kiln_sched_opts so = {.model_id = gw->model_id, .queue_max = o->queue_max,
                           .heartbeat_timeout_ms = o->heartbeat_timeout_ms,
+                          .progress_timeout_ms = o->progress_timeout_s * 1000.0,
                           .job_timeout_ms = o->request_timeout_s * 1000.0};
     kiln_sched_ops ops = {.send = kiln_gw_send, .finish = kiln_gw_finish};
     if (!(gw->sched = kiln_sched_create(&so, &ops, gw, gw->metrics, err)))

@@ -35,6 +35,7 @@ typedef struct kiln_gw_options {
     int header_timeout_ms, read_timeout_ms, idle_timeout_ms, write_timeout_ms;
     double request_timeout_s;
     double heartbeat_timeout_ms;
+    double progress_timeout_s;
     double drain_s;
 } kiln_gw_options;
 
@@ -44,7 +45,8 @@ typedef struct kiln_gw_options {
                        .max_connections = 1024, .queue_max = 128, .header_timeout_ms = 10000,   \
                        .read_timeout_ms = 60000, .idle_timeout_ms = 60000,                     \
                        .write_timeout_ms = 60000, .request_timeout_s = 300,                    \
-                       .heartbeat_timeout_ms = 2000, .drain_s = 30})
+                       .heartbeat_timeout_ms = 2000, .progress_timeout_s = 60,          \
+                       .drain_s = 30})
 
 typedef struct kiln_gateway {
     uv_loop_t *loop;

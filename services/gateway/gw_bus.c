@@ -169,9 +169,8 @@ static void *bus_thread(void *arg)
     return NULL;
 }
 
-static void on_async(uv_async_t *h)
+void kiln_gw_bus_drain(kiln_gw_bus *b)
 {
-    kiln_gw_bus *b = h->data;
     if (b->stopped)
         return;
     for (bus_item *it = take_all(b, &b->in), *next; it; it = next) {
@@ -185,6 +184,8 @@ static void on_async(uv_async_t *h)
         free_items(it);
     }
 }
+
+static void on_async(uv_async_t *h) { kiln_gw_bus_drain(h->data); }
 
 static void on_closed(uv_handle_t *h)
 {

@@ -15,8 +15,8 @@
  * route (the peer disconnected) or whose peer queue is full is dropped and
  * reported as on_lost(peer).
  *
- * Thread-safety: kiln_gw_bus_send and kiln_gw_bus_stop are for the loop
- * thread only; callbacks run on the loop thread.
+ * Thread-safety: kiln_gw_bus_send, kiln_gw_bus_drain and kiln_gw_bus_stop
+ * are for the loop thread only; callbacks run on the loop thread.
  */
 #ifndef KILN_GW_BUS_H
 #define KILN_GW_BUS_H
@@ -40,6 +40,11 @@ kiln_gw_bus *kiln_gw_bus_start(uv_loop_t *loop, const char *endpoint, kiln_gw_bu
 /* Encodes m and queues it for `peer`.  KILN_ERR_INVALID when the message
  * does not encode (kiln_msg_encode's checks), _NOMEM. */
 kiln_status kiln_gw_bus_send(kiln_gw_bus *b, const char *peer, const kiln_msg *m, kiln_err *err);
+
+/* Delivers now (on_msg / on_lost, on this thread) every message the bus
+ * thread has received so far, as the async handle would later.  Loop
+ * thread only. */
+void kiln_gw_bus_drain(kiln_gw_bus *b);
 
 /* Stops and joins the thread, closes the socket (queued outgoing messages
  * are dropped) and the async handle; the memory goes in its close

@@ -15,12 +15,14 @@ static void usage(FILE *f)
             "  [--min-size PX] [--max-size PX] [--max-body-mb N] [--max-header-kb N]\n"
             "  [--max-connections N] [--queue-max N] [--request-timeout-s S]\n"
             "  [--header-timeout-ms MS] [--read-timeout-ms MS] [--idle-timeout-ms MS]\n"
-            "  [--write-timeout-ms MS] [--heartbeat-timeout-ms MS] [--drain-s S]\n"
+            "  [--write-timeout-ms MS] [--heartbeat-timeout-ms MS] [--progress-timeout-s S]\n"
+            "  [--drain-s S]\n"
             "Defaults: --host 0.0.0.0 --port 8000 --bus tcp://127.0.0.1:<port+1>\n"
             "--min-size 256 --max-size 2048 --max-body-mb 64 --max-header-kb 16\n"
             "--max-connections 1024 --queue-max 128 --request-timeout-s 300\n"
             "--header-timeout-ms 10000 --read-timeout-ms 60000 --idle-timeout-ms 60000\n"
-            "--write-timeout-ms 60000 --heartbeat-timeout-ms 2000 --drain-s 30\n");
+            "--write-timeout-ms 60000 --heartbeat-timeout-ms 2000 --progress-timeout-s 60\n"
+            "--drain-s 30\n");
 }
 
 static int num(const char *s, double lo, double hi, double *out)
@@ -37,7 +39,7 @@ static int num(const char *s, double lo, double hi, double *out)
 int main(int argc, char **argv)
 {
     enum { O_MIN = 256, O_MAX, O_BODY, O_HEADER, O_CONNS, O_QUEUE, O_REQ_TIMEOUT, O_HDR_TIMEOUT,
-           O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_WRITE_TIMEOUT, O_HB, O_DRAIN };
+           O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_WRITE_TIMEOUT, O_HB, O_PROGRESS, O_DRAIN };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"port", required_argument, 0, 'p'},
@@ -55,6 +57,7 @@ int main(int argc, char **argv)
         {"idle-timeout-ms", required_argument, 0, O_IDLE_TIMEOUT},
         {"write-timeout-ms", required_argument, 0, O_WRITE_TIMEOUT},
         {"heartbeat-timeout-ms", required_argument, 0, O_HB},
+        {"progress-timeout-s", required_argument, 0, O_PROGRESS},
         {"drain-s", required_argument, 0, O_DRAIN},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -81,6 +84,7 @@ int main(int argc, char **argv)
         case O_IDLE_TIMEOUT: bad = num(optarg, 1, 1e9, &v), o.idle_timeout_ms = (int)v; break;
         case O_WRITE_TIMEOUT: bad = num(optarg, 1, 1e9, &v), o.write_timeout_ms = (int)v; break;
         case O_HB: bad = num(optarg, 1, 1e9, &v), o.heartbeat_timeout_ms = v; break;
+        case O_PROGRESS: bad = num(optarg, 1, 1e6, &v), o.progress_timeout_s = v; break;
         case O_DRAIN: bad = num(optarg, 0, 1e6, &v), o.drain_s = v; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -253,6 +253,8 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
     sched_detach(s, j);
     r->credits--;
     r->last_job = ++s->n_dispatched;
+    if (!r->n_inflight)
+        r->progress_at = now; /* work starts now: it must progress from here */
     j->state = JOB_RUNNING;
     j->on = r;
     j->t_dispatch = now;
@@ -347,11 +349,15 @@ void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
         switch (m->type) {
         case KILN_MSG_READY: r->credits += m->ready.credits; break;
         case KILN_MSG_DONE:
+            r->progress_at = now;
             sched_on_done(s, r, m, now);
             m = NULL; /* taken */
             break;
         case KILN_MSG_RELEASE: sched_on_release(s, r, &m->refs); break;
-        case KILN_MSG_HB: break;
+        case KILN_MSG_HB:
+            if (m->progress != r->progress)
+                r->progress = m->progress, r->progress_at = now;
+            break;
         default:
             KILN_LOG_WARN("gateway: unexpected %s message from %s", kiln_msg_type_name(m->type),
                           peer);
@@ -361,13 +367,35 @@ void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
     sched_dispatch(s, now);
 }
 
+/* The gateway was not running for `gap` ms: nobody's silence counts. */
+static void forgive(kiln_sched *s, double gap)
+{
+    KILN_LOG_WARN("gateway: its own tick came %.0f ms late (the process did not run): nobody is "
+                  "judged on it", gap);
+    for (sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
+        sched_replica *r = LINK_OWNER(l, sched_replica, node);
+        r->last_seen += gap;
+        r->progress_at += gap;
+    }
+}
+
 void kiln_sched_tick(kiln_sched *s, double now)
 {
+    double gap = s->last_tick > 0 ? now - s->last_tick : 0;
+    s->last_tick = now;
+    if (gap > SCHED_LATE_TICK_MS)
+        forgive(s, gap);
     for (sched_link *l = s->replicas.next, *next; l != &s->replicas; l = next) {
         next = l->next;
         sched_replica *r = LINK_OWNER(l, sched_replica, node);
-        if (r->alive && now - r->last_seen > s->opts.heartbeat_timeout_ms)
+        if (r->alive && now - r->last_seen > s->opts.heartbeat_timeout_ms) {
             sched_replica_fence(s, r, "stopped heartbeating", now);
+        } else if (r->alive && r->n_inflight && now - r->progress_at > s->opts.progress_timeout_ms) {
+            char why[96];
+            snprintf(why, sizeof why, "made no progress for %.0f s with work",
+                     (now - r->progress_at) / 1000);
+            sched_replica_fence(s, r, why, now);
+        }
     }
     sched_replica_gc(s, now);
     /* Every job has the same timeout, so submission order is deadline

@@ -8,7 +8,7 @@
  *   if (kiln_sched_submit(s, &req, client, now, &id, &err)) -> 429 / 503
  *   ... later ops.finish(ud, client, &result) is called exactly once ...
  *   kiln_sched_cancel(s, id, now);   // the client went away: no finish
- *   kiln_sched_tick(s, now);         // every ~250 ms: heartbeats, timeouts
+ *   kiln_sched_tick(s, now);         // every 250 ms: heartbeats, progress, timeouts
  *
  * A request becomes one job that flows encode -> denoise -> decode.  Each
  * stage has a FIFO queue in the gateway; a job is sent to a live replica
@@ -22,9 +22,10 @@
  * it comes from the consumer they were handed to, once per reference (a
  * `done` returns what is left).
  *
- * Failures: a replica incarnation silent for heartbeat_timeout_ms,
- * unreachable on the bus, reconnected, replaced by a new incarnation under
- * its id, or answering with references it did not make, is fenced
+ * Failures: a replica incarnation silent for heartbeat_timeout_ms, with
+ * jobs but no progress for progress_timeout_ms, unreachable on the bus,
+ * reconnected, replaced by a new incarnation under its id, or answering
+ * with references it did not make, is fenced
  * (scheduler_impl.h, sched_replica_fence): nothing it sends counts any
  * more, each of its in-flight jobs runs again once from the encode stage
  * on fresh references when the stages still have live replicas, else
@@ -54,6 +55,9 @@ typedef struct kiln_sched_opts {
     const char *model_id;      /* replicas serving another model are refused */
     int queue_max;             /* per stage: admission refuses (429) beyond it */
     double heartbeat_timeout_ms; /* 2000 */
+    /* A replica with jobs in flight whose progress (hb.progress, dones)
+     * stands still this long is fenced: its backend hangs. */
+    double progress_timeout_ms;  /* 60000 */
     double job_timeout_ms;       /* 300000 */
 } kiln_sched_opts;
 
@@ -111,7 +115,16 @@ void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
 /* The bus could not route a message to `peer`: it is gone. */
 void kiln_sched_on_unreachable(kiln_sched *s, const char *peer, double now);
 
-/* Marks silent replicas dead and times jobs out. */
+/* A tick more than this after the one before means the gateway itself did
+ * not run meanwhile (SIGSTOP, a frozen cgroup, a loaded host): it judges
+ * nobody on it. */
+#define SCHED_LATE_TICK_MS 1000.0
+
+/* Fences silent and stalled replicas and times jobs out; call it every
+ * 250 ms, after handing the scheduler every bus message that arrived.  A
+ * late tick (SCHED_LATE_TICK_MS) fences nobody: the replicas' silence
+ * while the gateway did not run is not theirs, so their clocks move on by
+ * the gap. */
 void kiln_sched_tick(kiln_sched *s, double now);
 
 /* Hand-offs that failed in a row into one stage before the service says it

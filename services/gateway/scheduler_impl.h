@@ -45,6 +45,8 @@ typedef struct sched_replica {
     int credits;
     int max_batch;
     double last_seen;
+    uint64_t progress;  /* the last hb.progress */
+    double progress_at; /* when it last moved (or work arrived on an idle replica) */
     sched_link inflight; /* jobs running here */
     int n_inflight;
     sched_link handoffs; /* sched_handoff: references handed to this incarnation */
@@ -106,6 +108,7 @@ struct kiln_sched {
      * worked (kiln_sched_ready). */
     int handoff_failures;
     int handoff_streak[KILN_STAGE_COUNT];
+    double last_tick; /* 0 before the first */
     /* Fenced incarnations whose records were forgotten: their late
      * messages are still answered `fenced` (a ring, oldest overwritten). */
     struct {

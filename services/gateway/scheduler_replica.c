@@ -186,6 +186,8 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
     r->credits = 0;
     r->max_batch = h->max_batch;
     r->last_seen = now;
+    r->progress = 0;
+    r->progress_at = now;
 }
 
 void sched_replica_gc(kiln_sched *s, double now)

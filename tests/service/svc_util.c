@@ -293,6 +293,29 @@ int svc_get_status(int port, const char *path)
     return st;
 }
 
+pid_t svc_serve(int denoisers, const char *const *extra, const char *const *env, int *port)
+{
+    static char port_s[16], bus[160], n[16];
+    *port = svc_free_port();
+    snprintf(port_s, sizeof port_s, "%d", *port);
+    snprintf(bus, sizeof bus, "ipc://%s/bus", svc.tmpdir);
+    snprintf(n, sizeof n, "%d", denoisers);
+    const char *argv[48] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port", port_s,
+                            "--bus", bus, "--min-size", "64", "--max-size", "128",
+                            "--text-encoder-out-layers", "1,2,3", "--denoisers", n};
+    int k = 16;
+    for (int i = 0; extra && extra[i] && k < 47; i++)
+        argv[k++] = extra[i];
+    argv[k] = NULL;
+    pid_t pid = svc_spawn(argv, env, svc_tmp("serve.log"));
+    double v;
+    return pid > 0 && svc_wait_ready(*port, 90000) == 0 &&
+                   svc_wait_metric(*port, "kiln_replicas{stage=\"denoise\"}", denoisers, 60000,
+                                   &v) == 0
+               ? pid
+               : -1;
+}
+
 int svc_post_json(int port, const char *path, const char *json, gwc_response *r, int timeout_ms)
 {
     return gwc_request(port, "POST", path, "application/json", json, strlen(json), r, timeout_ms);
@@ -545,6 +568,35 @@ svc_verdict svc_client_poll(svc_client *c, int wait_ms)
     close(c->fd);
     c->fd = -1;
     return c->verdict;
+}
+
+int svc_series_run(int port, const char *name, int base, int first, int n, const char *steps,
+                   svc_client *cs)
+{
+    for (int i = 0; i < n; i++) {
+        char json[256], ref[64];
+        svc_series_json(json, sizeof json, name, base, first + i, steps);
+        snprintf(ref, sizeof ref, "%s-%d.png", name, first + i);
+        svc_client_send(&cs[i], port, json, ref);
+    }
+    svc_clients_wait(cs, n, SVC_T_REQ);
+    int images = 0;
+    for (int i = 0; i < n; i++) {
+        images += cs[i].verdict == SVC_IMAGE;
+        if (cs[i].fd >= 0)
+            close(cs[i].fd), cs[i].fd = -1;
+        if (cs[i].verdict == SVC_PENDING)
+            snprintf(cs[i].why, sizeof cs[i].why, "no answer");
+    }
+    return images;
+}
+
+const svc_client *svc_series_bad(const svc_client *cs, int n, int allow_503)
+{
+    for (int i = 0; i < n; i++)
+        if (cs[i].verdict != SVC_IMAGE && !(allow_503 && cs[i].verdict == SVC_UNAVAILABLE))
+            return &cs[i];
+    return NULL;
 }
 
 int svc_clients_wait(svc_client *cs, int n, int timeout_ms)

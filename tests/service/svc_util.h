@@ -84,6 +84,12 @@ int svc_log_port(const char *log, int timeout_ms);
 /* A port nobody listens on right now (the kernel's pick, released). */
 int svc_free_port(void);
 
+/* `kiln serve` on the tiny checkpoint (sizes 64..128, the tiny text
+ * encoder layers, bus ipc://<tmpdir>/bus, its log in <tmpdir>/serve.log)
+ * with `--denoisers n` and extra[] (NULL-terminated) added, waited until
+ * /readyz says ready with n denoisers.  Its pid (*port set), or -1. */
+pid_t svc_serve(int denoisers, const char *const *extra, const char *const *env, int *port);
+
 /* One GET on a new connection: the status, or -1. */
 int svc_get_status(int port, const char *path);
 int svc_post_json(int port, const char *path, const char *json, gwc_response *r, int timeout_ms);
@@ -141,6 +147,15 @@ typedef struct svc_client {
     svc_verdict verdict;
     char why[256]; /* what was wrong, for SVC_WRONG_IMAGE / SVC_OTHER */
 } svc_client;
+
+/* Sends requests first..first+n-1 of a series at once (n <= 16) and waits
+ * for their answers (SVC_T_REQ); cs[n] holds them, judged.  Returns the
+ * number of SVC_IMAGE. */
+int svc_series_run(int port, const char *name, int base, int first, int n, const char *steps,
+                   svc_client *cs);
+/* The first of cs[n] answered otherwise than with its image (or, when
+ * allow_503, a 503 OpenAI error), or NULL. */
+const svc_client *svc_series_bad(const svc_client *cs, int n, int allow_503);
 
 /* Sends json to /v1/images/generations on a connection of its own. */
 void svc_client_send(svc_client *c, int port, const char *json, const char *ref);

@@ -32,6 +32,7 @@ typedef struct world {
     struct {
         char id[KILN_PROTO_ID_MAX];
         uint64_t epoch;
+        uint64_t progress; /* what its next hb reports (hb moves it on) */
     } reps[16];
     int n_reps;
     uint64_t next_epoch, next_gen;
@@ -161,10 +162,33 @@ static void hello(world *w, const char *id, kiln_stage st, const char *model, in
     }
 }
 
+/* A heartbeat of a replica whose backend moves on. */
 static void hb(world *w, const char *id)
 {
     kiln_msg m = {.type = KILN_MSG_HB};
+    for (int i = 0; i < w->n_reps; i++)
+        if (!strcmp(w->reps[i].id, id))
+            m.progress = ++w->reps[i].progress;
     deliver(w, id, &m);
+}
+
+/* A heartbeat of a replica whose backend stands still. */
+static void hb_stuck(world *w, const char *id)
+{
+    kiln_msg m = {.type = KILN_MSG_HB, .progress = 0};
+    deliver(w, id, &m);
+}
+
+/* Lets ms pass as the gateway does, a tick every 250 ms, while the
+ * replicas in talking[] (NULL-terminated) heartbeat. */
+static void advance(world *w, double ms, const char *const *talking)
+{
+    for (double t = 0; t < ms; t += 250) {
+        w->now += 250;
+        for (int i = 0; talking && talking[i]; i++)
+            hb(w, talking[i]);
+        kiln_sched_tick(w->s, w->now);
+    }
 }
 
 /* A new allocation of the current incarnation of `owner`. */
@@ -232,7 +256,8 @@ static void world_init(world *w, int queue_max)
     kiln_err err = {0};
     w->metrics = kiln_metrics_create(&err);
     kiln_sched_opts o = {.model_id = "klein-tiny", .queue_max = queue_max,
-                         .heartbeat_timeout_ms = 2000, .job_timeout_ms = 60000};
+                         .heartbeat_timeout_ms = 2000, .progress_timeout_ms = 3000,
+                         .job_timeout_ms = 60000};
     kiln_sched_ops ops = {.send = fake_send, .finish = fake_finish};
     w->s = kiln_sched_create(&o, &ops, w, w->metrics, &err);
     CHECK(w->s != NULL);
@@ -480,11 +505,7 @@ static void test_replica_loss(void)
         goto out;
     const char *second = strcmp(first, "denoise-a") == 0 ? "denoise-b" : "denoise-a";
     /* 2.5 s later only the other replicas have spoken. */
-    w.now += 2500;
-    hb(&w, "encode-a");
-    hb(&w, second);
-    hb(&w, "decode-a");
-    kiln_sched_tick(w.s, w.now);
+    advance(&w, 2500, (const char *[]){"encode-a", second, "decode-a", NULL});
     expect_free(&w, "encode-a", &emb);
     m = expect_sent(&w, KILN_MSG_FENCED, first);
     CHECK(m && m->epoch == epoch_of(&w, first));
@@ -514,10 +535,7 @@ static void test_replica_loss(void)
     kiln_sched_gauges(w.s, &g);
     CHECK(g.replicas[1] == 1 && g.inflight[1] == 1);
     /* The second dies too: one re-run only, so 503. */
-    w.now += 2500;
-    hb(&w, "encode-a");
-    hb(&w, "decode-a");
-    kiln_sched_tick(w.s, w.now);
+    advance(&w, 2500, (const char *[]){"encode-a", "decode-a", NULL});
     CHECK(w.n_finished == 1 && w.last_status == 503);
     CHECK(strstr(w.last_message, "denoise") != NULL);
     expect_free(&w, "encode-a", &emb2);
@@ -620,11 +638,7 @@ static void test_errors_and_timeout(void)
     /* Timeout: 504 and the replica is told to stop. */
     CHECK(submit(&w, "{\"prompt\":\"d\",\"size\":\"64x64\"}", &a) == KILN_OK);
     expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    for (int i = 0; i < 31; i++) {
-        w.now += 2000;
-        hb(&w, "encode-a"), hb(&w, "denoise-a"), hb(&w, "decode-a");
-        kiln_sched_tick(w.s, w.now);
-    }
+    advance(&w, 62000, (const char *[]){"encode-a", "denoise-a", "decode-a", NULL});
     CHECK(w.n_finished == 4 && w.last_status == 504);
     kiln_msg *m = expect_sent(&w, KILN_MSG_CANCEL, "encode-a");
     CHECK(m && m->cancel_job == a);
@@ -866,9 +880,87 @@ static void test_gone_broadcast(void)
     world_free(&w);
 }
 
+/* Liveness on progress: a replica whose heartbeats go on but whose
+ * backend stands still while it has work is fenced after the progress
+ * timeout (3 s here), its job re-run; one that progresses, or stands
+ * still without work, is not. */
+static void test_progress_stall(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    hello(&w, "denoise-b", KILN_STAGE_DENOISE, "klein-tiny", 2);
+    uint64_t a;
+    kiln_tensor_ref emb;
+    const char *stuck;
+    to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a, &emb, &stuck);
+    const char *other = strcmp(stuck, "denoise-a") ? "denoise-a" : "denoise-b";
+    for (int i = 0; i < 11; i++) { /* 2.75 s: within the bound */
+        w.now += 250;
+        hb(&w, "encode-a"), hb(&w, "decode-a"), hb_stuck(&w, other), hb_stuck(&w, stuck);
+        kiln_sched_tick(w.s, w.now);
+    }
+    expect_quiet(&w);
+    for (int i = 0; i < 2; i++) {
+        w.now += 250;
+        hb(&w, "encode-a"), hb(&w, "decode-a"), hb_stuck(&w, other), hb_stuck(&w, stuck);
+        kiln_sched_tick(w.s, w.now);
+    }
+    expect_free(&w, "encode-a", &emb);
+    expect_sent(&w, KILN_MSG_FENCED, stuck);
+    kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    CHECK(m && m->job.job == a);
+    expect_quiet(&w);
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[1] == 1); /* the idle one, standing still, is fine */
+    /* Its re-run progresses on the other: no fence however long it runs. */
+    kiln_tensor_ref emb2 = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 256);
+    done_with(&w, "encode-a", a, "embeds", &emb2);
+    expect_sent(&w, KILN_MSG_JOB, other);
+    advance(&w, 10000, (const char *[]){"encode-a", "decode-a", other, NULL});
+    expect_quiet(&w);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[1] == 1 && g.inflight[1] == 1);
+    world_free(&w);
+}
+
+/* A gateway that did not run for 8 s (SIGSTOP) judges nobody on the tick
+ * that comes late: the replicas' heartbeats of those seconds are queued
+ * behind it.  After it, silence counts again as usual. */
+static void test_gateway_stall(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    uint64_t a;
+    kiln_tensor_ref emb;
+    const char *den;
+    to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a, &emb, &den);
+    advance(&w, 1000, (const char *[]){"encode-a", "denoise-a", "decode-a", NULL});
+    w.now += 8000; /* the gateway stopped */
+    kiln_sched_tick(w.s, w.now);
+    expect_quiet(&w);
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[0] == 1 && g.replicas[1] == 1 && g.replicas[2] == 1 && g.inflight[1] == 1);
+    /* Their queued heartbeats arrive; then the denoiser really goes
+     * silent: fenced after the usual 2 s. */
+    advance(&w, 1000, (const char *[]){"encode-a", "denoise-a", "decode-a", NULL});
+    expect_quiet(&w);
+    advance(&w, 1750, (const char *[]){"encode-a", "decode-a", NULL});
+    expect_quiet(&w);
+    advance(&w, 500, (const char *[]){"encode-a", "decode-a", NULL});
+    expect_free(&w, "encode-a", &emb);
+    expect_sent(&w, KILN_MSG_FENCED, "denoise-a");
+    world_free(&w);
+}
+
 int main(void)
 {
     RUN(test_flow);
+    RUN(test_progress_stall);
+    RUN(test_gateway_stall);
     RUN(test_gone_broadcast);
     RUN(test_credits_and_admission);
     RUN(test_idle_replicas_take_turns);

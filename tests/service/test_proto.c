@@ -90,9 +90,9 @@ static void test_hello_ready_hb_cancel(void)
     CHECK(d && d->type == KILN_MSG_READY && d->ready.credits == 7);
     kiln_msg_free(d);
 
-    m = (kiln_msg){.type = KILN_MSG_HB, .epoch = EPOCH};
+    m = (kiln_msg){.type = KILN_MSG_HB, .epoch = EPOCH, .progress = 1ull << 40};
     d = roundtrip(&m);
-    CHECK(d && d->type == KILN_MSG_HB);
+    CHECK(d && d->type == KILN_MSG_HB && d->progress == 1ull << 40);
     kiln_msg_free(d);
 
     m = (kiln_msg){.type = KILN_MSG_CANCEL, .epoch = EPOCH, .cancel_job = UINT64_MAX};
@@ -351,11 +351,15 @@ static void test_malformed(void)
     msgpack_sbuffer_destroy(&sbuf);
     /* Every message names an incarnation: without `epoch`, or with 0, it
      * is refused. */
-    begin(); msgpack_pack_map(&pk, 1); pstr("t"); pstr("hb");
+    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("hb"); pstr("progress");
+    msgpack_pack_uint64(&pk, 1);
     CHECK(!decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
-    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("hb"); pstr("epoch");
-    msgpack_pack_uint64(&pk, 0);
+    begin(); msgpack_pack_map(&pk, 3); pstr("t"); pstr("hb"); pstr("epoch");
+    msgpack_pack_uint64(&pk, 0); pstr("progress"); msgpack_pack_uint64(&pk, 1);
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+    begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("hb"); pepoch(); /* no progress */
     CHECK(!decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
     begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("fenced"); pepoch();

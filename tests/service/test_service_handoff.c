@@ -174,19 +174,9 @@ static void fake_close(fake *f)
 
 static int start_serve(void)
 {
-    port = svc_free_port();
-    char port_s[16];
-    snprintf(port_s, sizeof port_s, "%d", port);
     snprintf(bus_ep, sizeof bus_ep, "ipc://%s/bus", svc.tmpdir);
-    const char *argv[] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port", port_s,
-                          "--bus", bus_ep, "--min-size", "64", "--max-size", "128",
-                          "--text-encoder-out-layers", "1,2,3", "--denoisers", "2", NULL};
-    serve = svc_spawn(argv, proc_env, svc_tmp("serve.log"));
-    double v;
-    return serve > 0 && svc_wait_ready(port, 90000) == 0 &&
-                   svc_wait_metric(port, "kiln_replicas{stage=\"denoise\"}", 2, 60000, &v) == 0
-               ? 0
-               : -1;
+    serve = svc_serve(2, NULL, proc_env, &port);
+    return serve > 0 ? 0 : -1;
 }
 
 /* The misbehaving replica of the file comment. */

@@ -149,21 +149,9 @@ static double metric_now(const char *prefix)
 static int series(const char *name, int base, int first, int n, const char *steps, int allow_503)
 {
     svc_client cs[16];
-    for (int i = 0; i < n; i++) {
-        char json[256], ref[64];
-        svc_series_json(json, sizeof json, name, base, first + i, steps);
-        snprintf(ref, sizeof ref, "%s-%d.png", name, first + i);
-        svc_client_send(&cs[i], port, json, ref);
-    }
-    svc_clients_wait(cs, n, SVC_T_REQ);
-    int images = 0;
-    for (int i = 0; i < n; i++) {
-        CHECKF(cs[i].verdict == SVC_IMAGE || (allow_503 && cs[i].verdict == SVC_UNAVAILABLE),
-               "%s: %s", cs[i].ref, cs[i].verdict == SVC_PENDING ? "no answer" : cs[i].why);
-        images += cs[i].verdict == SVC_IMAGE;
-        if (cs[i].fd >= 0)
-            close(cs[i].fd);
-    }
+    int images = svc_series_run(port, name, base, first, n, steps, cs);
+    const svc_client *bad = svc_series_bad(cs, n, allow_503);
+    CHECKF(!bad, "%s: %s", bad ? bad->ref : "", bad ? bad->why : "");
     return images;
 }
 
