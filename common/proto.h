@@ -64,6 +64,7 @@ typedef enum kiln_msg_type {
     KILN_MSG_HB,
     KILN_MSG_DONE,
     KILN_MSG_RELEASE,
+    KILN_MSG_BYE,
     /* gateway -> replica */
     KILN_MSG_JOB,
     KILN_MSG_CANCEL,
@@ -275,6 +276,9 @@ typedef struct kiln_msg {
          * jobs finished so far); it moves while the backend works. */
         uint64_t progress;
         kiln_msg_gone gone;
+        /* bye: why this incarnation stops now (its device is lost); its
+         * jobs will not be answered.  For logs, never for clients. */
+        const char *bye_reason;
         /* fenced: no fields; the epoch it names is declared dead */
     };
 } kiln_msg;

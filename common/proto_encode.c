@@ -239,6 +239,10 @@ kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err)
         head(&pk, m, 1);
         kv_u64(&pk, "job", m->cancel_job);
         break;
+    case KILN_MSG_BYE:
+        head(&pk, m, 1);
+        kv_str(&pk, "reason", m->bye_reason);
+        break;
     case KILN_MSG_GONE:
         head(&pk, m, 2);
         kv_str(&pk, "replica", m->gone.replica);

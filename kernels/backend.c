@@ -51,9 +51,23 @@ kiln_status kiln_be_check(kiln_backend *be, kiln_err *err)
     kiln_status st = be->error.code;
     if (st && err)
         *err = be->error;
-    kiln_err_clear(&be->error);
+    if (!kiln_be_lost(be))
+        kiln_err_clear(&be->error);
     return st;
 }
+
+void kiln_be_lose(kiln_backend *be, const char *fmt, ...)
+{
+    char msg[KILN_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    kiln_err_set(&be->error, KILN_ERR_DEVICE, "device lost: %s", msg);
+    __atomic_store_n(&be->lost, 1, __ATOMIC_RELEASE);
+}
+
+int kiln_be_lost(const kiln_backend *be) { return __atomic_load_n(&be->lost, __ATOMIC_ACQUIRE); }
 
 void kiln_be_fail(kiln_backend *be, kiln_status code, const char *fmt, ...)
 {

@@ -17,6 +17,10 @@
  *   is a bug in the caller) is recorded as a sticky error in the backend
  *   instance and every later op becomes a no-op until kiln_be_check() reports
  *   and clears it.  So model code checks once per block or forward.
+ * - A failure that leaves the device unusable (CUDA's sticky errors: an
+ *   illegal address, a launch failure, ...; the process must end to use the
+ *   GPU again) marks the backend *lost*: kiln_be_check reports it forever and
+ *   kiln_be_lost says so, so a service replica can stop and be restarted.
  * - Output tensors are allocated by the caller.  An op may write its output in
  *   place over an input only where the op says so.
  * - A backend instance belongs to one thread at a time (it owns a stream and
@@ -179,6 +183,7 @@ struct kiln_backend {
     kiln_dtype act_dtype; /* dtype of activations and weights */
     int device;           /* GPU index, 0 for the CPU */
     kiln_err error;       /* sticky error, see kiln_be_check */
+    int lost;             /* set once (kiln_be_lose); read with kiln_be_lost */
     void *impl;
 };
 
@@ -195,14 +200,23 @@ void kiln_backend_destroy(kiln_backend *be);
 kiln_status kiln_backend_mem_info(kiln_backend *be, size_t *used_bytes, size_t *total_bytes,
                                   kiln_err *err);
 
-/* Reports the sticky error (copying it into err) and clears it.  Returns
- * KILN_OK when every op since the last check succeeded. */
+/* Reports the sticky error (copying it into err) and clears it, unless the
+ * backend is lost.  Returns KILN_OK when every op since the last check
+ * succeeded. */
 kiln_status kiln_be_check(kiln_backend *be, kiln_err *err);
 
 /* Records a sticky error from inside an implementation or a model; the first
  * one wins until kiln_be_check() clears it. */
 void kiln_be_fail(kiln_backend *be, kiln_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Marks the backend lost: its device cannot be used again by this process.
+ * The error (KILN_ERR_DEVICE, "device lost: " and the message) replaces any
+ * other and stays: every later op is a no-op and every kiln_be_check
+ * reports it.  The backend's thread only, like every op. */
+void kiln_be_lose(kiln_backend *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 1 once the backend is lost.  Any thread. */
+int kiln_be_lost(const kiln_backend *be);
 
 /* Thin wrappers so model code reads as a sequence of ops.  Each is a no-op
  * while the backend holds a sticky error. */

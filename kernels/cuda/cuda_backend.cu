@@ -8,13 +8,50 @@
 #include "cuda_internal.cuh"
 
 
+/* The errors after which "any further CUDA work will return the same
+ * error; to continue using CUDA, the process must be terminated and
+ * relaunched" (driver_types.h), and uncorrectable hardware errors. */
+static int sticky(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorContained:
+    case cudaErrorExternalDevice:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorUnknown:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 int cuda_ok(kiln_backend *be, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return 1;
-    kiln_be_fail(be, KILN_ERR_DEVICE, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-                 cudaGetErrorName(e));
+    if (sticky(e))
+        kiln_be_lose(be, "cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    else
+        kiln_be_fail(be, KILN_ERR_DEVICE, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+                     cudaGetErrorName(e));
     return 0;
+}
+
+void cuda_check_context(kiln_backend *be, const char *what)
+{
+    cudaError_t e = cudaStreamQuery(cuda_stream(be));
+    if (e != cudaSuccess && e != cudaErrorNotReady && sticky(e))
+        kiln_be_lose(be, "cuda: after %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 int cuda_launched(kiln_backend *be, const char *kernel)

@@ -288,6 +288,7 @@ int cudnn_execute(kiln_backend *be, const cudnn_plan *p, int n, const int64_t *u
     if (pack)
         c->destroy_desc(pack);
     if (s) {
+        cuda_check_context(be, what);
         kiln_be_fail(be, KILN_ERR_DEVICE, "cuda: cuDNN %s: %s", what, c->error_string(s));
         return -1;
     }

@@ -46,9 +46,14 @@ typedef struct cuda_impl {
 static inline cuda_impl *cuda_of(kiln_backend *be) { return (cuda_impl *)be->impl; }
 static inline cudaStream_t cuda_stream(kiln_backend *be) { return cuda_of(be)->stream; }
 
-/* Records `e` as the sticky KILN_ERR_DEVICE error; returns 1 when e is
+/* Records `e` as the sticky KILN_ERR_DEVICE error, or loses the backend
+ * (kiln_be_lose) when e leaves the context unusable; returns 1 when e is
  * cudaSuccess (so calls read `if (!cuda_ok(be, cudaX(...), "cudaX")) return;`). */
 int cuda_ok(kiln_backend *be, cudaError_t e, const char *what);
+/* After a library (cuBLASLt, cuDNN) reports a failure: loses the backend
+ * when the context is gone (a sticky error on the stream), so the failure
+ * is not taken for one the next request might not hit. */
+void cuda_check_context(kiln_backend *be, const char *what);
 /* Checks the launch of the kernel just queued (bad configuration, missing
  * kernel image).  Returns 1 when it was queued. */
 int cuda_launched(kiln_backend *be, const char *kernel);

@@ -38,6 +38,7 @@ static int lt_ok(kiln_backend *be, cublasStatus_t s, const char *what)
 {
     if (s == CUBLAS_STATUS_SUCCESS)
         return 1;
+    cuda_check_context(be, what);
     kiln_be_fail(be, KILN_ERR_DEVICE, "cublasLt: %s: %s", what, cublasLtGetStatusString(s));
     return 0;
 }

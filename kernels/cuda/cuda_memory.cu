@@ -29,11 +29,15 @@ kiln_status cuda_alloc(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim
     if (!bytes || !cuda_enter(be))
         return be->error.code;
     cudaError_t e = cudaMalloc(&t->data, bytes);
-    if (e != cudaSuccess) {
+    if (e == cudaErrorMemoryAllocation) {
         t->data = NULL;
         cudaGetLastError(); /* an allocation failure is not sticky in the runtime */
-        kiln_be_fail(be, e == cudaErrorMemoryAllocation ? KILN_ERR_NOMEM : KILN_ERR_DEVICE,
-                     "cuda: cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
+        kiln_be_fail(be, KILN_ERR_NOMEM, "cuda: cudaMalloc(%zu bytes): %s", bytes,
+                     cudaGetErrorString(e));
+        return be->error.code;
+    }
+    if (!cuda_ok(be, e, "cudaMalloc")) { /* an earlier fault may surface here */
+        t->data = NULL;
         return be->error.code;
     }
     return KILN_OK;

@@ -193,17 +193,21 @@ static void on_free(kiln_worker *w, const kiln_msg_refs *r)
     }
 }
 
-/* The gateway declared this incarnation dead: whatever it finishes now is
- * not wanted (its jobs run again elsewhere), so it stops, answers nothing
- * and exits to be started afresh (kiln_worker_main, worker_shutdown). */
-static void on_fenced(kiln_worker *w)
+void worker_halt(kiln_worker *w, int why, const char *reason)
 {
     int expected = WORKER_RUNNING;
-    if (!atomic_compare_exchange_strong(&w->halt, &expected, WORKER_FENCED))
+    if (why == WORKER_FAULTED) {
+        /* Said before the halt, while messages still go out: the gateway
+         * re-runs our jobs at once instead of after a timeout. */
+        if (atomic_load(&w->halt) != WORKER_RUNNING)
+            return;
+        kiln_msg bye = {.type = KILN_MSG_BYE, .bye_reason = reason};
+        worker_send(w, &bye);
+    }
+    if (!atomic_compare_exchange_strong(&w->halt, &expected, why))
         return;
-    w->halt_at = kiln_now_ms();
-    KILN_LOG_ERROR("%s: the gateway fenced %s epoch %016llx (declared it dead); stopping to be "
-                   "restarted", w->ops->binary, w->replica, (unsigned long long)w->epoch);
+    KILN_LOG_ERROR("%s: %s epoch %016llx: %s; stopping to be restarted", w->ops->binary,
+                   w->replica, (unsigned long long)w->epoch, reason);
     pthread_mutex_lock(&w->mu);
     for (int i = 0; i < w->n_held; i++)
         atomic_store(&w->held[i]->cancelled, 1); /* a running denoise stops at its next step */
@@ -238,7 +242,11 @@ static void dispatch(kiln_worker *w, const kiln_buf *f)
         break;
     case KILN_MSG_CANCEL: on_cancel(w, m->cancel_job); break;
     case KILN_MSG_FREE: on_free(w, &m->refs); break;
-    case KILN_MSG_FENCED: on_fenced(w); break;
+    case KILN_MSG_FENCED:
+        /* The gateway declared this incarnation dead: whatever it finishes
+         * now is not wanted (its jobs run again elsewhere). */
+        worker_halt(w, WORKER_FENCED, "fenced by the gateway (declared dead)");
+        break;
     case KILN_MSG_GONE:
         /* Its references will not come again: drop our mappings of its
          * slabs (those in use when their job is done). */
@@ -280,7 +288,7 @@ static void *bus_main(void *arg)
 {
     kiln_worker *w = arg;
     kiln_buf f = {0};
-    double next_hb = kiln_now_ms();
+    double next_hb = kiln_now_ms(), halted_at = 0;
     while (!atomic_load(&w->bus_stop)) {
         kiln_err err = {0};
         if (kiln_worker_signalled && !atomic_load(&w->stop)) {
@@ -288,7 +296,9 @@ static void *bus_main(void *arg)
             begin_stop(w);
         }
         double now = kiln_now_ms();
-        if (worker_halted(w) && now - w->halt_at > WORKER_HALT_EXIT_MS) {
+        if (worker_halted(w) && !halted_at)
+            halted_at = now;
+        if (halted_at && now - halted_at > WORKER_HALT_EXIT_MS) {
             /* The backend thread did not wind down (stuck in the device or
              * a kernel): end the process; the slabs it leaves are removed
              * by the next start-up or the supervisor (their owner lock
@@ -427,6 +437,8 @@ void worker_serve(kiln_worker *w)
         /* A stage that reports no steps made one with the whole batch. */
         if (w->steps == w->steps_at_batch)
             kiln_worker_step(w);
+        if (kiln_be_lost(w->be))
+            worker_halt(w, WORKER_FAULTED, "its device is lost");
     }
 }
 

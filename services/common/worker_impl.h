@@ -12,7 +12,8 @@
 #include "worker.h"
 
 #define WORKER_HB_MS 250
-/* A halted incarnation (fenced) waits this long for consumers to return
+/* A halted incarnation (fenced, or its device lost) waits this long for
+ * consumers to return
  * the ranges they still read before it exits; the bus thread ends the
  * process WORKER_HALT_EXIT_MS after the halt whatever the backend thread
  * is doing (it may be stuck in the device). */
@@ -20,12 +21,13 @@
 #define WORKER_HALT_EXIT_MS 10000
 
 /* Why an incarnation ends before its time (kiln_worker.halt). */
-enum { WORKER_RUNNING = 0, WORKER_FENCED };
+enum { WORKER_RUNNING = 0, WORKER_FENCED, WORKER_FAULTED };
 
 /* KILN_FAULT_INJECT for this stage (worker_fault.c): after how many steps
- * (kiln_worker_step) the backend thread stalls for good; 0: never. */
+ * (kiln_worker_step) the backend thread stalls for good, or its backend is
+ * lost; 0: never. */
 typedef struct worker_fault {
-    uint64_t stall_at;
+    uint64_t stall_at, lost_at;
 } worker_fault;
 
 typedef struct job_input {
@@ -83,11 +85,11 @@ struct kiln_worker {
 
     atomic_int stop;     /* shutting down: no new batches */
     atomic_int bus_stop; /* the bus thread flushes and exits */
-    /* WORKER_FENCED once the gateway declared this incarnation dead:
-     * nothing it does counts any more, so it sends no replies, drains its
-     * ranges and exits with KILN_WORKER_EXIT_RESTART. */
+    /* WORKER_FENCED once the gateway declared this incarnation dead,
+     * WORKER_FAULTED once its backend was lost (it said `bye`): nothing it
+     * does counts any more, so it sends no replies, drains its ranges and
+     * exits with KILN_WORKER_EXIT_RESTART. */
     atomic_int halt;
-    double halt_at;
     /* What the backend finished (steps, batches, jobs answered), sent with
      * every hb: the gateway's proof that a replica with work is alive. */
     atomic_uint_fast64_t progress;
@@ -107,6 +109,10 @@ extern volatile sig_atomic_t kiln_worker_signalled;
 kiln_status worker_send(kiln_worker *w, kiln_msg *m);
 /* 1 once the incarnation is halted (any thread). */
 int worker_halted(kiln_worker *w);
+/* Halts the incarnation (WORKER_FENCED or WORKER_FAULTED; the first halt
+ * wins): no new work, the held jobs cancelled, no more replies; a faulted
+ * one first says `bye` with `why`.  Any thread. */
+void worker_halt(kiln_worker *w, int why, const char *reason);
 /* Removes a job from the held table (any thread). */
 void worker_unhold(kiln_worker *w, kiln_worker_job *j);
 void worker_job_free(kiln_worker_job *j);

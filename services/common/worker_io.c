@@ -276,6 +276,11 @@ static kiln_status collect_images(kiln_worker_job *j, kiln_err *err)
 void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const kiln_err *err)
 {
     worker_progress(w);
+    /* A job that failed because the device is gone is not the request's
+     * failure: the incarnation says bye and stops, and the gateway runs the
+     * job elsewhere instead of answering 500. */
+    if (st && st != KILN_ERR_CANCELLED && kiln_be_lost(w->be))
+        worker_halt(w, WORKER_FAULTED, err && err->msg[0] ? err->msg : "its device is lost");
     worker_unhold(w, j);
     kiln_worker_release_inputs(w, j);
     kiln_err local = {0};
@@ -294,7 +299,7 @@ void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const 
         st = collect_images(j, &local), err = &local;
     kiln_msg_done *d = &j->done->done;
     if (worker_halted(w)) {
-        /* Fenced: the gateway runs this job elsewhere and ignores us. */
+        /* Fenced or faulted: the gateway runs this job elsewhere. */
         for (int i = 0; i < j->n_out; i++)
             kiln_transport_free(j->out[i].tx, &j->out[i].ref, NULL);
         worker_job_free(j);

@@ -61,8 +61,14 @@ typedef struct kiln_api_error {
     kiln_err err;                  /* message safe to show the client */
 } kiln_api_error;
 
+#define KILN_REQUEST_ID_MAX 24 /* "req_" + 16 hex digits, with the NUL */
+
 typedef struct kiln_api_request {
     kiln_api_kind kind;
+    /* The id the gateway gives the request (routes.c; empty until then):
+     * in its X-Request-Id header, in 5xx messages, and in the log lines
+     * about it, so that a client's report leads to the details. */
+    char request_id[KILN_REQUEST_ID_MAX];
     /* Resolved: width, height, n, steps, guidance, max_sequence_length,
      * format, compression.  Its string pointers point at the fields below;
      * refs is NULL (the decoded pixels were only needed to validate). */

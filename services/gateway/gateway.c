@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "common/checkpoint.h"
@@ -106,6 +107,8 @@ static int start(kiln_gateway *gw, kiln_err *err)
     gw->api.limits.max_side = o->max_size;
     gw->api.image_limits = KILN_IMAGE_LIMITS_DEFAULT;
     gw->started = (int64_t)time(NULL);
+    if (getrandom(&gw->request_base, sizeof gw->request_base, 0) != (ssize_t)sizeof gw->request_base)
+        gw->request_base = (uint64_t)gw->started << 20; /* still unique enough for logs */
 
     if (!(gw->metrics = kiln_metrics_create(err)))
         return -1;

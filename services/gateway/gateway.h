@@ -63,6 +63,9 @@ typedef struct kiln_gateway {
     unsigned handles; /* which of tick, sigint, sigterm are initialised */
     int draining, closing;
     double drain_deadline;
+    /* Request ids: "req_" + 16 hex digits of request_base + n, unique
+     * across this gateway's restarts with a random base. */
+    uint64_t request_base, n_requests;
 } kiln_gateway;
 
 /* Runs the gateway; returns the process exit status (0 after a clean

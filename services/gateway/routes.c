@@ -26,6 +26,7 @@ typedef struct gw_pending {
     kiln_gateway *gw;
     kiln_http_conn *conn; /* NULL once the client went away */
     const char *route;
+    char id[KILN_REQUEST_ID_MAX]; /* the request id (X-Request-Id) */
     pending_state state;
     uv_work_t work;
     kiln_api_kind kind;
@@ -63,6 +64,28 @@ static void reply_text(kiln_gateway *gw, kiln_http_conn *c, const char *route, i
         return;
     }
     reply(gw, c, route, status, ctype, NULL, &body);
+}
+
+/* The extra headers of an answer to image request p: its X-Request-Id,
+ * then `more` (or nothing). */
+static const char *pending_headers(const gw_pending *p, const char *more, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "X-Request-Id: %s\r\n%s", p->id, more ? more : "");
+    return buf;
+}
+
+/* An error answer to image request p on connection c, naming the request
+ * (5xx: "internal error" and its id, the detail in the log). */
+static void pending_error(gw_pending *p, kiln_http_conn *c, int status, const char *msg,
+                          const char *param, const char *code, const char *more)
+{
+    char hdr[128], text[KILN_ERR_MSG_MAX + 64];
+    if (status == 500)
+        snprintf(text, sizeof text, "internal error (request %s)", p->id);
+    else
+        snprintf(text, sizeof text, "%s", msg);
+    reply_error(p->gw, c, p->route, status, text, param, code,
+                pending_headers(p, more, hdr, sizeof hdr));
 }
 
 static void route_ready(kiln_gateway *gw, kiln_http_conn *c)
@@ -146,41 +169,43 @@ static void parse_done(uv_work_t *w, int status)
     kiln_gateway *gw = p->gw;
     kiln_http_conn *c = p->conn;
     if (!c || status) { /* the client left while we parsed */
-        if (c)
-            reply_error(gw, c, p->route, 500, "internal error", NULL, "server_error", NULL);
+        if (c) {
+            KILN_LOG_ERROR("gateway: request %s: the worker pool failed (%d)", p->id, status);
+            pending_error(p, c, 500, NULL, NULL, "server_error", NULL);
+        }
         pending_free(p);
         return;
     }
     if (p->st) {
         if (p->e.status >= 500)
-            KILN_LOG_ERROR("gateway: parsing a request: %s", p->e.err.msg);
-        reply_error(gw, c, p->route, p->e.status, p->e.status >= 500 ? "internal error"
-                                                                       : p->e.err.msg,
-                    p->e.param, p->e.code, NULL);
+            KILN_LOG_ERROR("gateway: request %s: parsing: %s", p->id, p->e.err.msg);
+        pending_error(p, c, p->e.status, p->e.err.msg, p->e.param, p->e.code, NULL);
         pending_free(p);
         return;
     }
     if (!p->req.seed_given && random_seed(&p->req.req.seed)) {
-        KILN_LOG_ERROR("gateway: getrandom failed");
-        reply_error(gw, c, p->route, 500, "internal error", NULL, "server_error", NULL);
+        KILN_LOG_ERROR("gateway: request %s: getrandom failed", p->id);
+        pending_error(p, c, 500, NULL, NULL, "server_error", NULL);
         pending_free(p);
         return;
     }
     if (gw->draining) {
-        reply_error(gw, c, p->route, 503, "the server is shutting down", NULL, "shutting_down",
-                    NULL);
+        pending_error(p, c, 503, "the server is shutting down", NULL, "shutting_down", NULL);
         pending_free(p);
         return;
     }
     kiln_err err = {0};
     double now = kiln_now_ms();
+    snprintf(p->req.request_id, sizeof p->req.request_id, "%s", p->id);
     if (kiln_sched_submit(gw->sched, &p->req, p, now, &p->job, &err)) {
         int st = err.code == KILN_ERR_BUSY ? 429 : err.code == KILN_ERR_UNAVAILABLE ? 503
                  : err.code == KILN_ERR_INVALID ? 400 : 500;
         const char *code = st == 429 ? "queue_full" : st == 503 ? "stage_unavailable"
                            : st == 400 ? "invalid_value" : "server_error";
-        reply_error(gw, c, p->route, st, st == 500 ? "internal error" : err.msg, NULL, code,
-                    st == 429 || st == 503 ? "Retry-After: 1\r\n" : NULL);
+        if (st == 500)
+            KILN_LOG_ERROR("gateway: request %s: admission: %s", p->id, err.msg);
+        pending_error(p, c, st, err.msg, NULL, code,
+                      st == 429 || st == 503 ? "Retry-After: 1\r\n" : NULL);
         pending_free(p);
         return;
     }
@@ -203,6 +228,8 @@ static void route_images(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request 
     p->gw = gw;
     p->conn = c;
     p->route = route;
+    snprintf(p->id, sizeof p->id, "req_%016llx",
+             (unsigned long long)(gw->request_base + ++gw->n_requests));
     p->kind = kind;
     p->state = P_PARSING;
     memcpy(p->content_type, req->content_type, sizeof p->content_type);
@@ -211,9 +238,9 @@ static void route_images(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request 
     p->work.data = p;
     int rc = uv_queue_work(gw->loop, &p->work, parse_work, parse_done);
     if (rc) {
-        KILN_LOG_ERROR("gateway: uv_queue_work: %s", uv_strerror(rc));
+        KILN_LOG_ERROR("gateway: request %s: uv_queue_work: %s", p->id, uv_strerror(rc));
+        pending_error(p, c, 500, NULL, NULL, "server_error", NULL);
         pending_free(p);
-        reply_error(gw, c, route, 500, "internal error", NULL, "server_error", NULL);
         return;
     }
     kiln_http_set_pending(c, p);
@@ -302,9 +329,14 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
     kiln_gateway *gw = ud;
     gw_pending *p = client;
     kiln_http_conn *c = p->conn;
+    char hdr[128];
     if (res->status != 200) {
+        /* The scheduler's messages are safe to show (its 500s already say
+         * "internal error" and the id). */
         reply_error(gw, c, p->route, res->status, res->message, NULL, res->code,
-                    res->status == 429 || res->status == 503 ? "Retry-After: 1\r\n" : NULL);
+                    pending_headers(p, res->status == 429 || res->status == 503
+                                           ? "Retry-After: 1\r\n" : NULL,
+                                    hdr, sizeof hdr));
         pending_free(p);
         return;
     }
@@ -316,9 +348,11 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
     if (kiln_api_images_json(&body, (int64_t)time(NULL), imgs, res->n_images, q->format, q->width,
                              q->height, NULL)) {
         kiln_buf_free(&body);
-        reply_error(gw, c, p->route, 500, "internal error", NULL, "server_error", NULL);
+        KILN_LOG_ERROR("gateway: request %s: out of memory writing the answer", p->id);
+        pending_error(p, c, 500, NULL, NULL, "server_error", NULL);
     } else {
-        reply(gw, c, p->route, 200, "application/json", NULL, &body);
+        reply(gw, c, p->route, 200, "application/json", pending_headers(p, NULL, hdr, sizeof hdr),
+              &body);
     }
     pending_free(p);
 }

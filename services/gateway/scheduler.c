@@ -132,15 +132,26 @@ static void send_cancel(kiln_sched *s, sched_job *j)
 
 void sched_fail(kiln_sched *s, sched_job *j, int status, const char *code, const char *fmt, ...)
 {
-    char msg[KILN_ERR_MSG_MAX];
+    char detail[KILN_ERR_MSG_MAX], msg[KILN_ERR_MSG_MAX + 64];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
     /* A replica still running the job is told to stop; the inputs it was
      * handed come back with its done (its handoff outlives the job). */
     send_cancel(s, j);
-    KILN_LOG_INFO("gateway: job %llu failed (%d): %s", (unsigned long long)j->id, status, msg);
+    const char *rid = j->req.request_id[0] ? j->req.request_id : "without id";
+    if (status >= 500 && status != 503 && status != 504) {
+        /* Faults: the client learns that there was one and how to name it;
+         * what happened stays in the log under that name. */
+        KILN_LOG_ERROR("gateway: request %s (job %llu) failed (%d): %s", rid,
+                       (unsigned long long)j->id, status, detail);
+        snprintf(msg, sizeof msg, "internal error (request %s)", rid);
+    } else {
+        KILN_LOG_INFO("gateway: request %s (job %llu) failed (%d): %s", rid,
+                      (unsigned long long)j->id, status, detail);
+        snprintf(msg, sizeof msg, status >= 500 ? "%s (request %s)" : "%s", detail, rid);
+    }
     if (j->client) {
         kiln_sched_result res = {.status = status, .message = msg, .code = code};
         s->ops.finish(s->ud, j->client, &res);
@@ -358,6 +369,12 @@ void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
             if (m->progress != r->progress)
                 r->progress = m->progress, r->progress_at = now;
             break;
+        case KILN_MSG_BYE: {
+            char why[300];
+            snprintf(why, sizeof why, "said bye (%.200s)", m->bye_reason);
+            sched_replica_fence(s, r, why, now);
+            break;
+        }
         default:
             KILN_LOG_WARN("gateway: unexpected %s message from %s", kiln_msg_type_name(m->type),
                           peer);

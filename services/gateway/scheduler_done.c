@@ -293,16 +293,20 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
         const char *code;
         int status = status_of(d->code, &code);
         sched_free_map(s, &d->out);
-        if (status >= 500)
-            KILN_LOG_ERROR("gateway: job %llu: %s stage failed on %s: %s: %s",
-                           (unsigned long long)j->id, kiln_stage_name(stage), r->id,
-                           kiln_status_name(d->code), d->message ? d->message : "");
         sched_detach(s, j);
-        if (status == 400)
+        if (status < 500 && status != 429) /* the client's doing: it may know why */
             sched_fail(s, j, status, code, "%s", d->message ? d->message : "invalid request");
-        else
-            sched_fail(s, j, status, code, "the %s stage failed: %s", timing_phase_name(stage),
-                       d->message ? d->message : kiln_status_name(d->code));
+        else if (status == 500) /* sched_fail keeps the detail to the log */
+            sched_fail(s, j, status, code, "the %s stage failed on %s: %s: %s",
+                       timing_phase_name(stage), r->id, kiln_status_name(d->code),
+                       d->message ? d->message : "");
+        else {
+            KILN_LOG_WARN("gateway: request %s: the %s stage answered %s on %s: %s",
+                          j->req.request_id, timing_phase_name(stage), kiln_status_name(d->code),
+                          r->id, d->message ? d->message : "");
+            sched_fail(s, j, status, code, "the %s stage is %s", timing_phase_name(stage),
+                       status == 429 ? "busy" : "unavailable");
+        }
         kiln_msg_free(m);
         return;
     }

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/bus.h"
 #include "common/log.h"
 #include "services/gateway/base64.h"
 
@@ -609,6 +610,91 @@ int svc_clients_wait(svc_client *cs, int n, int timeout_ms)
             pending += svc_client_poll(&cs[i], 10) == SVC_PENDING;
     } while (pending && kiln_now_ms() < until);
     return pending;
+}
+
+/* ---- a replica on the bus ---- */
+
+int svc_fake_send(svc_fake *f, kiln_msg *m)
+{
+    kiln_err err = {0};
+    m->epoch = f->epoch;
+    if (kiln_bus_send_msg(f->bus, NULL, m, &err) == KILN_OK)
+        return 0;
+    fprintf(stderr, "%s: %s\n", f->id, err.msg);
+    return -1;
+}
+
+int svc_fake_open(svc_fake *f, const char *endpoint, const char *id, uint64_t epoch)
+{
+    memset(f, 0, sizeof *f);
+    snprintf(f->id, sizeof f->id, "%s", id);
+    f->epoch = epoch;
+    kiln_err err = {0};
+    f->bus = kiln_bus_connect(endpoint, id, &err);
+    if (!f->bus)
+        fprintf(stderr, "%s: %s\n", id, err.msg);
+    return f->bus ? 0 : -1;
+}
+
+void svc_fake_hello(svc_fake *f, kiln_stage stage, int credits)
+{
+    kiln_msg m = {.type = KILN_MSG_HELLO,
+                  .hello = {.stage = stage, .replica = f->id, .model = "klein-tiny",
+                            .host = "mallory", .max_batch = 4,
+                            .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+    svc_fake_send(f, &m);
+    if (credits) {
+        m = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = credits};
+        svc_fake_send(f, &m);
+    }
+}
+
+void svc_fake_pump(svc_fake *f, int ms)
+{
+    double until = kiln_now_ms() + ms;
+    kiln_buf frame = {0};
+    do {
+        kiln_err err = {0};
+        if (!f->fenced && kiln_now_ms() >= f->next_hb) {
+            kiln_msg hb = {.type = KILN_MSG_HB};
+            svc_fake_send(f, &hb);
+            f->next_hb = kiln_now_ms() + 250;
+        }
+        kiln_bus_wait(f->bus, -1, 10, &err);
+        while (kiln_bus_recv(f->bus, NULL, 0, &frame, &err) > 0) {
+            kiln_msg *m = kiln_msg_decode(frame.data, frame.len, &err);
+            if (m && m->type == KILN_MSG_JOB && f->n_jobs < 16) {
+                f->jobs[f->n_jobs++] = m;
+                continue;
+            }
+            if (m && m->type == KILN_MSG_FENCED && m->epoch == f->epoch)
+                f->fenced = 1;
+            kiln_msg_free(m);
+        }
+    } while (kiln_now_ms() < until);
+    kiln_buf_free(&frame);
+}
+
+void svc_fake_release(svc_fake *f, const kiln_ref_map *in)
+{
+    kiln_msg *m = calloc(1, sizeof *m);
+    if (!m)
+        return;
+    m->type = KILN_MSG_RELEASE;
+    for (int i = 0; i < in->n; i++)
+        if (in->items[i].ref.kind == KILN_REF_SHM)
+            m->refs.refs[m->refs.n++] = in->items[i].ref;
+    if (m->refs.n)
+        svc_fake_send(f, m);
+    free(m);
+}
+
+void svc_fake_close(svc_fake *f)
+{
+    for (int i = 0; i < f->n_jobs; i++)
+        kiln_msg_free(f->jobs[i]);
+    kiln_bus_close(f->bus);
+    f->bus = NULL;
 }
 
 /* ---- the CLI ---- */

@@ -27,6 +27,8 @@
 #include <sys/types.h>
 
 #include "common/buf.h"
+#include "common/bus.h"
+#include "common/proto.h"
 #include "tests/service/gw_client.h"
 
 #define SVC_T_REQ 120000 /* ms for one image request on a loaded CI machine */
@@ -165,6 +167,33 @@ svc_verdict svc_client_poll(svc_client *c, int wait_ms);
 /* Polls every pending client until all are answered or timeout_ms passed;
  * the number still pending. */
 int svc_clients_wait(svc_client *cs, int n, int timeout_ms);
+
+/* ---- a replica on the bus driven from the test (it may misbehave) ---- */
+
+typedef struct svc_fake {
+    kiln_bus *bus;
+    char id[64];
+    uint64_t epoch;
+    double next_hb;
+    int fenced; /* it was told so (no more heartbeats) */
+    int n_jobs;
+    kiln_msg *jobs[16]; /* the jobs it received, owned */
+} svc_fake;
+
+/* Connects a DEALER with routing id `id` to the bus at `endpoint`; its
+ * messages carry `epoch`.  0, or -1 (logged). */
+int svc_fake_open(svc_fake *f, const char *endpoint, const char *id, uint64_t epoch);
+/* Stamps m with the fake's epoch and sends it; 0 or -1. */
+int svc_fake_send(svc_fake *f, kiln_msg *m);
+/* Registers as a replica of `stage` serving the tiny checkpoint, with
+ * `credits` (0: no `ready`). */
+void svc_fake_hello(svc_fake *f, kiln_stage stage, int credits);
+/* Heartbeats and receives for ms milliseconds: jobs are kept, `fenced`
+ * for its epoch noted. */
+void svc_fake_pump(svc_fake *f, int ms);
+/* Sends `release` for the shm references of a job's inputs. */
+void svc_fake_release(svc_fake *f, const kiln_ref_map *in);
+void svc_fake_close(svc_fake *f);
 
 /* ---- the CLI and files ---- */
 

@@ -293,6 +293,8 @@ static kiln_status submit(world *w, const char *json, uint64_t *id)
     CHECKF(kiln_api_parse(KILN_API_GENERATE, NULL, json, strlen(json), &c, &r, &e) == KILN_OK,
            "%s", e.err.msg);
     kiln_err err = {0};
+    static int n_submitted;
+    snprintf(r.request_id, sizeof r.request_id, "req_t%d", ++n_submitted);
     kiln_status st = kiln_sched_submit(w->s, &r, w, w->now, id, &err);
     if (st) {
         CHECK(err.msg[0] != '\0');
@@ -537,7 +539,7 @@ static void test_replica_loss(void)
     /* The second dies too: one re-run only, so 503. */
     advance(&w, 2500, (const char *[]){"encode-a", "decode-a", NULL});
     CHECK(w.n_finished == 1 && w.last_status == 503);
-    CHECK(strstr(w.last_message, "denoise") != NULL);
+    CHECK(strstr(w.last_message, "denoise") != NULL && strstr(w.last_message, "(request req_t"));
     expect_free(&w, "encode-a", &emb2);
     expect_sent(&w, KILN_MSG_FENCED, second);
     /* No denoiser is left: admission answers 503. */
@@ -626,20 +628,32 @@ static void test_errors_and_timeout(void)
     CHECK(strcmp(w.last_message, "prompt has too many tokens") == 0);
     CHECK(submit(&w, "{\"prompt\":\"b\",\"size\":\"64x64\"}", &a) == KILN_OK);
     expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    done_error(&w, "encode-a", a, KILN_ERR_DEVICE, "cuda failure");
+    done_error(&w, "encode-a", a, KILN_ERR_DEVICE, "cudaStreamSynchronize(upload) at /work/x.cu");
     CHECK(w.n_finished == 2 && w.last_status == 500);
+    /* A 500 says that there was a fault and names the request; the detail
+     * stays in the log. */
+    CHECKF(!strncmp(w.last_message, "internal error (request req_t", 29) &&
+               !strstr(w.last_message, "cuda") && !strstr(w.last_message, "/work"),
+           "500 message: %s", w.last_message);
+    CHECK(submit(&w, "{\"prompt\":\"b2\",\"size\":\"64x64\"}", &a) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    done_error(&w, "encode-a", a, KILN_ERR_NOMEM, "shm slab of 8 bytes in /dev/shm: no space");
+    CHECKF(w.last_status == 503 && strstr(w.last_message, "unavailable (request req_t") &&
+               !strstr(w.last_message, "/dev/shm"),
+           "503 message: %s", w.last_message);
     /* A done without the output the next stage needs is a fault. */
     CHECK(submit(&w, "{\"prompt\":\"c\",\"size\":\"64x64\"}", &a) == KILN_OK);
     expect_sent(&w, KILN_MSG_JOB, "encode-a");
     kiln_tensor_ref x = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
     done_with(&w, "encode-a", a, "wrong", &x);
-    CHECK(w.n_finished == 3 && w.last_status == 500);
+    CHECK(w.n_finished == 4 && w.last_status == 500);
     expect_free(&w, "encode-a", &x);
     /* Timeout: 504 and the replica is told to stop. */
     CHECK(submit(&w, "{\"prompt\":\"d\",\"size\":\"64x64\"}", &a) == KILN_OK);
     expect_sent(&w, KILN_MSG_JOB, "encode-a");
     advance(&w, 62000, (const char *[]){"encode-a", "denoise-a", "decode-a", NULL});
-    CHECK(w.n_finished == 4 && w.last_status == 504);
+    CHECK(w.n_finished == 5 && w.last_status == 504);
+    CHECK(strstr(w.last_message, "(request req_t") != NULL);
     kiln_msg *m = expect_sent(&w, KILN_MSG_CANCEL, "encode-a");
     CHECK(m && m->cancel_job == a);
     expect_idle(&w);
@@ -648,7 +662,7 @@ static void test_errors_and_timeout(void)
     kiln_tensor_ref lat;
     to_decode(&w, a, &lat);
     done_images(&w, "decode-a", a, 1);
-    CHECK(w.n_finished == 5 && w.last_status == 500);
+    CHECK(w.n_finished == 6 && w.last_status == 500);
     expect_free(&w, "denoise-a", &lat);
     expect_quiet(&w);
     expect_idle(&w);
@@ -956,9 +970,37 @@ static void test_gateway_stall(void)
     world_free(&w);
 }
 
+/* A replica whose device is lost says bye: fenced at once, its job runs
+ * again elsewhere, and its reason stays in the log. */
+static void test_bye(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    hello(&w, "denoise-b", KILN_STAGE_DENOISE, "klein-tiny", 2);
+    uint64_t a;
+    kiln_tensor_ref emb;
+    const char *gone;
+    to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a, &emb, &gone);
+    kiln_msg bye = {.type = KILN_MSG_BYE, .bye_reason = "device lost: cuda: illegal address"};
+    deliver(&w, gone, &bye);
+    expect_free(&w, "encode-a", &emb);
+    expect_sent(&w, KILN_MSG_FENCED, gone);
+    kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    CHECK(m && m->job.job == a);
+    kiln_tensor_ref emb2 = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 256);
+    done_with(&w, "encode-a", a, "embeds", &emb2);
+    const char *other = strcmp(gone, "denoise-a") ? "denoise-a" : "denoise-b";
+    expect_sent(&w, KILN_MSG_JOB, other);
+    expect_quiet(&w);
+    CHECK(w.n_finished == 0);
+    world_free(&w);
+}
+
 int main(void)
 {
     RUN(test_flow);
+    RUN(test_bye);
     RUN(test_progress_stall);
     RUN(test_gateway_stall);
     RUN(test_gone_broadcast);

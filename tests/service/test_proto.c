@@ -71,6 +71,11 @@ static void test_hello_ready_hb_cancel(void)
     CHECK(d && d->type == KILN_MSG_FENCED && d->epoch == UINT64_MAX);
     kiln_msg_free(d);
 
+    m = (kiln_msg){.type = KILN_MSG_BYE, .epoch = EPOCH, .bye_reason = "device lost"};
+    d = roundtrip(&m);
+    CHECK(d && d->type == KILN_MSG_BYE && !strcmp(d->bye_reason, "device lost"));
+    kiln_msg_free(d);
+
     m = (kiln_msg){.type = KILN_MSG_GONE, .epoch = EPOCH,
                    .gone = {.replica = "denoise-box-17-0badcafe", .incarnation = 99}};
     d = roundtrip(&m);

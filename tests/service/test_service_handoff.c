@@ -79,97 +79,6 @@ static double metric_now(const char *prefix)
     return v;
 }
 
-/* ---- a replica that misbehaves, driven from this process ---- */
-
-typedef struct fake {
-    kiln_bus *bus;
-    char id[64];
-    uint64_t epoch;
-    double next_hb;
-    int fenced;
-    int n_jobs;
-    kiln_msg *jobs[16];
-} fake;
-
-static void fake_send(fake *f, kiln_msg *m)
-{
-    kiln_err err = {0};
-    m->epoch = f->epoch;
-    CHECKF(kiln_bus_send_msg(f->bus, NULL, m, &err) == KILN_OK, "%s: %s", f->id, err.msg);
-}
-
-static int fake_open(fake *f, const char *id, uint64_t epoch)
-{
-    memset(f, 0, sizeof *f);
-    snprintf(f->id, sizeof f->id, "%s", id);
-    f->epoch = epoch;
-    kiln_err err = {0};
-    f->bus = kiln_bus_connect(bus_ep, id, &err);
-    CHECKF(f->bus != NULL, "%s", err.msg);
-    return f->bus ? 0 : -1;
-}
-
-static void fake_hello(fake *f, int credits)
-{
-    kiln_msg m = {.type = KILN_MSG_HELLO,
-                  .hello = {.stage = KILN_STAGE_DENOISE, .replica = f->id, .model = "klein-tiny",
-                            .host = "mallory", .max_batch = 4,
-                            .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
-    fake_send(f, &m);
-    if (credits) {
-        m = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = credits};
-        fake_send(f, &m);
-    }
-}
-
-/* Heartbeats and incoming messages for ms milliseconds: jobs are kept,
- * `fenced` for its epoch noted. */
-static void fake_pump(fake *f, int ms)
-{
-    double until = kiln_now_ms() + ms;
-    kiln_buf frame = {0};
-    do {
-        kiln_err err = {0};
-        if (!f->fenced && kiln_now_ms() >= f->next_hb) {
-            kiln_msg hb = {.type = KILN_MSG_HB};
-            fake_send(f, &hb);
-            f->next_hb = kiln_now_ms() + 250;
-        }
-        kiln_bus_wait(f->bus, -1, 10, &err);
-        while (kiln_bus_recv(f->bus, NULL, 0, &frame, &err) > 0) {
-            kiln_msg *m = kiln_msg_decode(frame.data, frame.len, &err);
-            if (m && m->type == KILN_MSG_JOB && f->n_jobs < 16) {
-                f->jobs[f->n_jobs++] = m;
-                continue;
-            }
-            if (m && m->type == KILN_MSG_FENCED && m->epoch == f->epoch)
-                f->fenced = 1;
-            kiln_msg_free(m);
-        }
-    } while (kiln_now_ms() < until);
-    kiln_buf_free(&frame);
-}
-
-static void fake_release(fake *f, const kiln_ref_map *in)
-{
-    kiln_msg *m = calloc(1, sizeof *m);
-    m->type = KILN_MSG_RELEASE;
-    for (int i = 0; i < in->n; i++)
-        if (in->items[i].ref.kind == KILN_REF_SHM)
-            m->refs.refs[m->refs.n++] = in->items[i].ref;
-    if (m->refs.n)
-        fake_send(f, m);
-    free(m);
-}
-
-static void fake_close(fake *f)
-{
-    for (int i = 0; i < f->n_jobs; i++)
-        kiln_msg_free(f->jobs[i]);
-    kiln_bus_close(f->bus);
-    f->bus = NULL;
-}
-
 /* ---- the service ---- */
 
 static int start_serve(void)
@@ -182,22 +91,22 @@ static int start_serve(void)
 /* The misbehaving replica of the file comment. */
 static void test_misbehaving_replica(void)
 {
-    fake m1, m2, m3;
-    if (fake_open(&m1, "denoise-mallory-1", 0x6d616c6c6f727931ull) ||
-        fake_open(&m2, "denoise-mallory-2", 0x6d616c6c6f727932ull) ||
-        fake_open(&m3, "mallory-3", 0x6d616c6c6f727933ull))
+    svc_fake m1, m2, m3;
+    if (svc_fake_open(&m1, bus_ep, "denoise-mallory-1", 0x6d616c6c6f727931ull) ||
+        svc_fake_open(&m2, bus_ep, "denoise-mallory-2", 0x6d616c6c6f727932ull) ||
+        svc_fake_open(&m3, bus_ep, "mallory-3", 0x6d616c6c6f727933ull))
         return;
     /* One credit more than a real denoiser's 8: the next denoise job is
      * its own. */
-    fake_hello(&m1, 9);
-    fake_hello(&m2, 0);
-    fake_pump(&m1, 300);
-    fake_pump(&m2, 50);
+    svc_fake_hello(&m1, KILN_STAGE_DENOISE, 9);
+    svc_fake_hello(&m2, KILN_STAGE_DENOISE, 0);
+    svc_fake_pump(&m1, 300);
+    svc_fake_pump(&m2, 50);
     svc_client cs[N_FORGE];
     send_series(&cs[0], "forge", FORGE_SEED, 0, FORGE_STEPS);
     double until = kiln_now_ms() + SVC_T_REQ;
     while (!m1.n_jobs && kiln_now_ms() < until)
-        fake_pump(&m1, 20), fake_pump(&m2, 1);
+        svc_fake_pump(&m1, 20), svc_fake_pump(&m2, 1);
     CHECKF(m1.n_jobs == 1, "the misbehaving replica got no job");
     if (!m1.n_jobs) {
         svc_clients_wait(cs, 1, SVC_T_REQ);
@@ -206,7 +115,7 @@ static void test_misbehaving_replica(void)
     /* Its input goes back once (a legitimate early release), and the
      * range is free for the next request's embeddings at once. */
     const kiln_ref_map *in = &m1.jobs[0]->job.in;
-    fake_release(&m1, in);
+    svc_fake_release(&m1, in);
     /* Requests keep coming, so that freed embedding ranges are handed out
      * again while denoisers read them in place; meanwhile the stale
      * reference is released over and over, by the replica it was handed
@@ -215,10 +124,10 @@ static void test_misbehaving_replica(void)
     for (int i = 1; i < N_FORGE; i++) {
         send_series(&cs[i], "forge", FORGE_SEED, i, FORGE_STEPS);
         for (int k = 0; k < 10; k++, forged++) {
-            fake_pump(&m1, 15), fake_pump(&m2, 1);
-            fake_release(&m1, in);
-            fake_release(&m2, in);
-            fake_release(&m3, in);
+            svc_fake_pump(&m1, 15), svc_fake_pump(&m2, 1);
+            svc_fake_release(&m1, in);
+            svc_fake_release(&m2, in);
+            svc_fake_release(&m3, in);
         }
     }
     /* Messages the gateway never takes from a replica, and garbage. */
@@ -226,7 +135,7 @@ static void test_misbehaving_replica(void)
     fr->type = KILN_MSG_FREE;
     fr->refs.n = 1;
     fr->refs.refs[0] = in->items[0].ref;
-    fake_send(&m1, fr);
+    svc_fake_send(&m1, fr);
     free(fr);
     static const uint8_t junk[] = {0x82, 0xa1, 't', 0xa4, 'd', 'o', 'n', 'e', 0xc1};
     kiln_err err = {0};
@@ -234,19 +143,19 @@ static void test_misbehaving_replica(void)
     /* It answers every job it took with references it did not make (the
      * embeddings it was handed, passed off as latents): fenced, and the
      * jobs run again elsewhere. */
-    fake_pump(&m1, 200);
+    svc_fake_pump(&m1, 200);
     for (int i = 0; i < m1.n_jobs; i++) {
         kiln_msg *d = calloc(1, sizeof *d);
         d->type = KILN_MSG_DONE;
         d->done = (kiln_msg_done){.job = m1.jobs[i]->job.job, .ok = 1};
         kiln_tensor_ref lat = m1.jobs[i]->job.in.items[0].ref;
         kiln_ref_map_put(&d->done.out, "latents", &lat, NULL);
-        fake_send(&m1, d);
+        svc_fake_send(&m1, d);
         free(d);
     }
     until = kiln_now_ms() + SVC_T_REQ;
     while (svc_clients_wait(cs, N_FORGE, 0) && kiln_now_ms() < until)
-        fake_pump(&m1, 10), fake_pump(&m2, 10);
+        svc_fake_pump(&m1, 10), svc_fake_pump(&m2, 10);
     judge(cs, N_FORGE, &ok, &unavail);
     CHECKF(ok == N_FORGE, "%d of %d requests got their image (%d got 503)", ok, N_FORGE, unavail);
     CHECKF(m1.fenced, "the misbehaving replica was not told it is fenced");
@@ -257,7 +166,7 @@ static void test_misbehaving_replica(void)
     KILN_LOG_INFO("handoff: the misbehaving replica took %d job(s); %d 200s",
                   m1.n_jobs, ok);
 out:
-    fake_close(&m1), fake_close(&m2), fake_close(&m3);
+    svc_fake_close(&m1), svc_fake_close(&m2), svc_fake_close(&m3);
     char last[128];
     CHECKF(svc_wait_idle(port, 30000, last, sizeof last) == 0, "jobs left: %s", last);
 }

@@ -241,6 +241,35 @@ static void test_arena_reuse(void)
     kiln_arena_destroy(a);
 }
 
+/* A lost backend (its device unusable, kiln_be_lose) fails every op and
+ * every check from then on, whatever error came first; an ordinary error
+ * clears when checked. */
+static void test_lost(void)
+{
+    kiln_err err = {0};
+    kiln_backend *b = kiln_backend_create("cpu", 0, &err);
+    if (!b)
+        return;
+    kiln_tensor x, y;
+    CHECK(kiln_be_alloc(b, &x, KILN_F32, 1, (int64_t[]){4}) == KILN_OK);
+    CHECK(kiln_be_alloc(b, &y, KILN_F32, 1, (int64_t[]){4}) == KILN_OK);
+    kiln_be_fail(b, KILN_ERR_INTERNAL, "an ordinary error");
+    CHECK(!kiln_be_lost(b));
+    kiln_be_lose(b, "cuda: %s", "an illegal address");
+    CHECK(kiln_be_lost(b));
+    for (int i = 0; i < 3; i++) {
+        CHECK(kiln_be_check(b, &err) == KILN_ERR_DEVICE &&
+              !strcmp(err.msg, "device lost: cuda: an illegal address"));
+        ((float *)y.data)[0] = 5;
+        kiln_be_silu(b, &y, &x); /* a no-op now */
+        CHECK(((float *)y.data)[0] == 5);
+    }
+    kiln_tensor z;
+    CHECK(kiln_be_alloc(b, &z, KILN_F32, 1, (int64_t[]){4}) == KILN_ERR_DEVICE && !z.data);
+    kiln_be_free(b, &x), kiln_be_free(b, &y);
+    kiln_backend_destroy(b);
+}
+
 int main(void)
 {
     kiln_err err = {0};
@@ -257,6 +286,7 @@ int main(void)
     RUN(test_conv_matches_linear);
     RUN(test_elementwise_and_movement);
     RUN(test_arena_reuse);
+    RUN(test_lost);
     kiln_backend_destroy(be);
     return test_finish();
 }
