@@ -77,6 +77,10 @@ size_t svc_log_size(const char *log);
  * of" past byte `from` of the log names (its replica id holds its pid),
  * or -1 after timeout_ms. */
 pid_t svc_batch_started(const char *log, size_t from, const pid_t *pids, int n, int timeout_ms);
+/* The workers' ": at exit:" reports in the log: their number; *bad (cap
+ * bytes) receives the first one that holds a job or a range in use, or
+ * stays empty. */
+int svc_exit_reports(const char *log, char *bad, size_t cap);
 /* Waits until the worker of pid logs that it registered ("registered with
  * the gateway as <id>", the id holding its pid); 0 or -1. */
 int svc_wait_registered(const char *log, pid_t pid, int timeout_ms);

@@ -176,6 +176,12 @@ int main(void)
     RUN(test_device_lost_heals);
     RUN(test_internal_error);
     CHECKF(svc_stop(serve, 60000) == 0, "kiln serve did not stop cleanly");
+    /* Every worker that exited, the one whose device was lost included,
+     * reported no job held and no range in use. */
+    char bad[512];
+    int reports = svc_exit_reports(svc_tmp("serve.log"), bad, sizeof bad);
+    CHECKF(!bad[0], "a worker held something at exit: %s", bad);
+    CHECKF(reports >= 5, "%d at-exit reports (want the 4 workers and the restarted one)", reports);
     /* Every denoiser faulty: a second service. */
     rename(svc_tmp("serve.log"), svc_tmp("serve-1.log"));
     serve = start("denoise:device_lost_after_steps=1");
