@@ -4,6 +4,7 @@
 
 #include "api_impl.h"
 #include "base64.h"
+#include "json_guard.h"
 
 #define INVALID(e, param, ...) api_fail(e, KILN_ERR_INVALID, param, "invalid_value", __VA_ARGS__)
 
@@ -44,6 +45,15 @@ static kiln_status add_json_image(api_draft *d, const char *param, const cJSON *
 
 kiln_status api_read_json(api_draft *d, const void *body, size_t len, kiln_api_error *e)
 {
+    static const kiln_json_guard_limits lim = {.max_nodes = KILN_API_JSON_MAX_NODES,
+                                               .max_depth = KILN_API_JSON_MAX_DEPTH};
+    char field[KILN_API_PARAM_MAX];
+    kiln_err gerr = {0};
+    kiln_status gst = kiln_json_guard(body, len, &lim, field, sizeof field, &gerr);
+    if (gst)
+        return api_fail(e, KILN_ERR_INVALID, field,
+                        gst == KILN_ERR_INVALID ? "invalid_value" : "invalid_json", "%s",
+                        gerr.msg);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root) {

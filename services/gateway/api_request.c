@@ -410,12 +410,25 @@ static void draft_free(api_draft *d)
         kiln_buf_free(&d->images[i]);
 }
 
+size_t kiln_api_body_limit(const kiln_api_config *cfg, kiln_api_kind kind)
+{
+    size_t text = 2 * 6 * cfg->limits.max_prompt_bytes + (64u << 10);
+    if (kind == KILN_API_EDIT || text > cfg->max_body_bytes)
+        return cfg->max_body_bytes;
+    return text;
+}
+
 kiln_status kiln_api_parse(kiln_api_kind kind, const char *content_type, const void *body,
                            size_t len, const kiln_api_config *cfg, kiln_api_request *out,
                            kiln_api_error *e)
 {
     memset(out, 0, sizeof *out);
     memset(e, 0, sizeof *e);
+    size_t limit = kiln_api_body_limit(cfg, kind);
+    if (len > limit)
+        return api_fail(e, KILN_ERR_TOO_LARGE, "", "too_large",
+                        "request body is too large: at most %zu bytes%s", limit,
+                        kind == KILN_API_EDIT ? "" : " (only edits carry images)");
     api_draft d = {.kind = kind, .format = KILN_IMAGE_PNG};
     const char *ct = content_type ? content_type : "";
     while (*ct == ' ' || *ct == '\t')

@@ -41,6 +41,11 @@
 
 #define KILN_API_PARAM_MAX 32
 #define KILN_API_MODEL_MAX 128
+/* JSON bodies: values (cJSON nodes) and nesting a request may hold.  A
+ * request has about twenty fields and at most KILN_MAX_REFS images; the
+ * rest is room for ignored OpenAI fields. */
+#define KILN_API_JSON_MAX_NODES 1024
+#define KILN_API_JSON_MAX_DEPTH 16
 
 typedef enum kiln_api_kind {
     KILN_API_GENERATE = 0, /* /v1/images/generations */
@@ -52,6 +57,7 @@ typedef struct kiln_api_config {
     kiln_model_traits traits;
     kiln_limits limits;
     kiln_image_limits image_limits; /* uploads larger than this are refused */
+    size_t max_body_bytes;          /* edits; generations get kiln_api_body_limit's share */
 } kiln_api_config;
 
 typedef struct kiln_api_error {
@@ -93,5 +99,13 @@ kiln_status kiln_api_parse(kiln_api_kind kind, const char *content_type, const v
 
 /* Accepts a zeroed or already freed request. */
 void kiln_api_request_free(kiln_api_request *r);
+
+/* The largest body a request of `kind` can need: edits carry images (up
+ * to cfg->max_body_bytes); a generation holds text only, a prompt and a
+ * negative prompt of at most limits.max_prompt_bytes each, in JSON's
+ * escapes at worst 6 bytes per byte (\u00XX), plus room for the other
+ * fields.  kiln_api_parse refuses more with 413; the HTTP server does so
+ * from Content-Length, before reading. */
+size_t kiln_api_body_limit(const kiln_api_config *cfg, kiln_api_kind kind);
 
 #endif

@@ -106,6 +106,7 @@ static int start(kiln_gateway *gw, kiln_err *err)
     gw->api.limits.min_side = o->min_size;
     gw->api.limits.max_side = o->max_size;
     gw->api.image_limits = KILN_IMAGE_LIMITS_DEFAULT;
+    gw->api.max_body_bytes = o->max_body_bytes;
     gw->started = (int64_t)time(NULL);
     if (getrandom(&gw->request_base, sizeof gw->request_base, 0) != (ssize_t)sizeof gw->request_base)
         gw->request_base = (uint64_t)gw->started << 20; /* still unique enough for logs */
@@ -128,7 +129,8 @@ static int start(kiln_gateway *gw, kiln_err *err)
         return -1;
     kiln_http_server_opts ho = {
         .host = o->host, .port = o->port,
-        .limits = {.max_header_bytes = o->max_header_bytes, .max_body_bytes = o->max_body_bytes},
+        .limits = {.max_header_bytes = o->max_header_bytes, .max_body_bytes = o->max_body_bytes,
+                   .body_limit = kiln_gw_body_limit, .ud = gw},
         .max_connections = o->max_connections, .header_timeout_ms = o->header_timeout_ms,
         .request_timeout_ms = o->read_timeout_ms, .idle_timeout_ms = o->idle_timeout_ms,
         .write_timeout_ms = o->write_timeout_ms,

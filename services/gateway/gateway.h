@@ -74,6 +74,8 @@ int kiln_gateway_run(const kiln_gw_options *o);
 
 /* routes.c: the HTTP side. */
 extern const kiln_http_handlers kiln_gw_http_handlers;
+/* routes.c: kiln_http_limits.body_limit (ud is the kiln_gateway). */
+size_t kiln_gw_body_limit(void *ud, const kiln_http_request *head);
 /* routes.c: the scheduler's ops (ud is the kiln_gateway). */
 kiln_status kiln_gw_send(void *ud, const char *peer, const kiln_msg *m, kiln_err *err);
 void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res);

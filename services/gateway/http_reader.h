@@ -15,8 +15,13 @@
  * order (pipelining): the caller feeds the remaining bytes only once it has
  * answered.  Limits: the request line plus headers (431, or 414 for the
  * target alone), and the body (413, refused from Content-Length before any
- * body byte arrives, or as chunks add up).  Anything http-parser refuses is
- * 400.  A request with `Expect: 100-continue` sets a flag the server reads
+ * body byte arrives, or as chunks add up).  Framing is strict HTTP/1.1
+ * (RFC 9112): the raw bytes pass http_strict.h's checks before http-parser
+ * sees them, and the callbacks refuse a missing or repeated Host (HTTP/1.1),
+ * Transfer-Encoding other than one "chunked", given twice, with
+ * Content-Length or in HTTP/1.0; all of that, and anything http-parser
+ * refuses, is 400, except a well-formed method the parser does not know
+ * (501).  A request with `Expect: 100-continue` sets a flag the server reads
  * with kiln_http_reader_take_continue once its headers are in.  A major
  * version other than 1 is 505.
  *
@@ -33,9 +38,16 @@
 #define KILN_HTTP_TARGET_MAX 2048   /* request target bytes */
 #define KILN_HTTP_CTYPE_MAX 1024    /* Content-Type value bytes */
 
+typedef struct kiln_http_request kiln_http_request;
+
 typedef struct kiln_http_limits {
     size_t max_header_bytes; /* request line + headers */
     size_t max_body_bytes;
+    /* When set, the body limit of one request, asked once its head is in
+     * (method, path and Content-Type are filled); capped by
+     * max_body_bytes.  Lets each route refuse what it can never need. */
+    size_t (*body_limit)(void *ud, const kiln_http_request *head);
+    void *ud;
 } kiln_http_limits;
 
 typedef enum kiln_http_event {
@@ -45,20 +57,21 @@ typedef enum kiln_http_event {
 } kiln_http_event;
 
 typedef enum kiln_http_method {
-    KILN_HTTP_OTHER = 0,
+    KILN_HTTP_OTHER = 0,     /* a standard method kiln's routes do not allow (405) */
     KILN_HTTP_GET,
     KILN_HTTP_HEAD,
     KILN_HTTP_POST,
+    KILN_HTTP_UNIMPLEMENTED, /* a method kiln does not implement at all (501) */
 } kiln_http_method;
 
-typedef struct kiln_http_request {
+struct kiln_http_request {
     kiln_http_method method;
     char method_name[16];
     char path[KILN_HTTP_TARGET_MAX + 1]; /* the target without its query */
     char content_type[KILN_HTTP_CTYPE_MAX + 1];
     int keep_alive; /* the client allows another request on this connection */
     kiln_buf body;  /* NUL-terminated after body.len (not counted) */
-} kiln_http_request;
+};
 
 typedef struct kiln_http_reader kiln_http_reader;
 
@@ -82,7 +95,7 @@ kiln_http_request *kiln_http_reader_request(kiln_http_reader *r);
 /* Readies the reader for the next request on the same connection. */
 void kiln_http_reader_next(kiln_http_reader *r);
 
-/* After KILN_HTTP_ERROR: the status to answer (400, 413, 414, 431, 505) and a
+/* After KILN_HTTP_ERROR: the status to answer (400, 413, 414, 431, 501, 505) and a
  * message safe to show the client. */
 int kiln_http_reader_error(const kiln_http_reader *r, const char **message);
 

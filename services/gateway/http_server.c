@@ -186,7 +186,10 @@ static void write_response(kiln_http_conn *c, int status, const char *ctype, con
 static void own_error(kiln_http_conn *c, int status, const char *msg)
 {
     kiln_buf body = {0};
-    const char *code = status == 408 ? "timeout" : status == 413 ? "too_large" : "invalid_request";
+    const char *code = status == 408   ? "timeout"
+                       : status == 413 ? "too_large"
+                       : status == 501 ? "not_implemented"
+                                       : "invalid_request";
     if (kiln_api_error_json(&body, status, msg, NULL, code, NULL))
         kiln_buf_clear(&body);
     c->close_after = 1;

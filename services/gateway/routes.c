@@ -261,6 +261,12 @@ static void on_request(void *ud, kiln_http_conn *c, kiln_http_request *req)
 {
     kiln_gateway *gw = ud;
     const char *path = req->path;
+    if (req->method == KILN_HTTP_UNIMPLEMENTED) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "the %s method is not implemented", req->method_name);
+        reply_error(gw, c, R_OTHER, 501, msg, NULL, "not_implemented", NULL);
+        return;
+    }
     int k = 0, n = (int)(sizeof routes / sizeof routes[0]);
     /* /v1/models/<id> is the models route too. */
     while (k < n && strcmp(path, routes[k].path) != 0 &&
@@ -288,6 +294,21 @@ static void on_request(void *ud, kiln_http_conn *c, kiln_http_request *req)
     case RT_READY: route_ready(gw, c); break;
     case RT_METRICS: route_metrics(gw, c); break;
     }
+}
+
+/* Bodies on routes that read none. */
+#define SMALL_BODY (64u << 10)
+
+size_t kiln_gw_body_limit(void *ud, const kiln_http_request *head)
+{
+    kiln_gateway *gw = ud;
+    if (head->method != KILN_HTTP_POST)
+        return SMALL_BODY;
+    if (strcmp(head->path, R_EDITS) == 0)
+        return kiln_api_body_limit(&gw->api, KILN_API_EDIT);
+    if (strcmp(head->path, R_GENERATIONS) == 0)
+        return kiln_api_body_limit(&gw->api, KILN_API_GENERATE);
+    return SMALL_BODY;
 }
 
 static void on_abort(void *ud, kiln_http_conn *c, void *pending)

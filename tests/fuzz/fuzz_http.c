@@ -25,7 +25,8 @@ static kiln_api_config config(void)
     kiln_api_config c = {.model_id = "klein-tiny",
                          .traits = {.cfg = 1, .default_steps = 4, .default_guidance = 4.0f},
                          .limits = KILN_LIMITS_SERVICE,
-                         .image_limits = {.max_side = 512, .max_pixels = 1 << 18}};
+                         .image_limits = {.max_side = 512, .max_pixels = 1 << 18},
+                         .max_body_bytes = 65536};
     c.limits.min_side = 64;
     c.limits.max_side = 1024;
     return c;

@@ -20,9 +20,22 @@ void gwc_response_free(gwc_response *r)
 
 int gwc_connect(int port)
 {
+    return gwc_connect_from(port, NULL);
+}
+
+int gwc_connect_from(int port, const char *local)
+{
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
+    if (local) {
+        struct sockaddr_in l = {.sin_family = AF_INET};
+        if (inet_pton(AF_INET, local, &l.sin_addr) != 1 ||
+            bind(fd, (struct sockaddr *)&l, sizeof l)) {
+            close(fd);
+            return -1;
+        }
+    }
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
@@ -55,8 +68,15 @@ int gwc_send(int fd, const void *data, size_t len, int timeout_ms)
 void gwc_format(kiln_buf *out, const char *method, const char *path, const char *ctype,
                 const void *body, size_t len, int close)
 {
-    char head[512];
-    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n", method, path);
+    gwc_format_h(out, method, path, ctype, NULL, body, len, close);
+}
+
+void gwc_format_h(kiln_buf *out, const char *method, const char *path, const char *ctype,
+                  const char *extra, const void *body, size_t len, int close)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s", method, path,
+                     extra ? extra : "");
     if (ctype)
         n += snprintf(head + n, sizeof head - (size_t)n, "Content-Type: %s\r\n", ctype);
     if (body || !strcmp(method, "POST"))
@@ -134,12 +154,19 @@ int gwc_wait_closed(int fd, int timeout_ms)
 int gwc_request(int port, const char *method, const char *path, const char *ctype,
                 const void *body, size_t len, gwc_response *r, int timeout_ms)
 {
+    return gwc_request_h(port, method, path, ctype, NULL, body, len, r, timeout_ms);
+}
+
+int gwc_request_h(int port, const char *method, const char *path, const char *ctype,
+                  const char *extra, const void *body, size_t len, gwc_response *r,
+                  int timeout_ms)
+{
     memset(r, 0, sizeof *r);
     int fd = gwc_connect(port);
     if (fd < 0)
         return -1;
     kiln_buf req = {0}, in = {0};
-    gwc_format(&req, method, path, ctype, body, len, 1);
+    gwc_format_h(&req, method, path, ctype, extra, body, len, 1);
     int rc = gwc_send(fd, req.data, req.len, timeout_ms);
     if (!rc)
         rc = gwc_read_response(fd, &in, r, timeout_ms);

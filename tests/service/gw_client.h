@@ -25,6 +25,9 @@ void gwc_response_free(gwc_response *r);
 
 /* A connected TCP socket to 127.0.0.1:port, or -1. */
 int gwc_connect(int port);
+/* The same from a given local address (e.g. "127.0.0.2": another client
+ * as far as the gateway can tell), or -1. */
+int gwc_connect_from(int port, const char *local);
 
 /* Writes all of data within timeout_ms; 0 or -1. */
 int gwc_send(int fd, const void *data, size_t len, int timeout_ms);
@@ -32,6 +35,9 @@ int gwc_send(int fd, const void *data, size_t len, int timeout_ms);
 /* Appends a request (headers + body) to `out`. */
 void gwc_format(kiln_buf *out, const char *method, const char *path, const char *ctype,
                 const void *body, size_t len, int close);
+/* The same with extra header lines ("Name: value\r\n"..., or NULL). */
+void gwc_format_h(kiln_buf *out, const char *method, const char *path, const char *ctype,
+                  const char *extra, const void *body, size_t len, int close);
 
 /* 1 when `in` starts with a complete response (moved into r and removed
  * from `in`), 0 when more bytes are needed, -1 when malformed. */
@@ -47,6 +53,10 @@ int gwc_wait_closed(int fd, int timeout_ms);
 /* One request on a new connection (Connection: close). 0 or -1. */
 int gwc_request(int port, const char *method, const char *path, const char *ctype,
                 const void *body, size_t len, gwc_response *r, int timeout_ms);
+/* The same with extra header lines (or NULL). */
+int gwc_request_h(int port, const char *method, const char *path, const char *ctype,
+                  const char *extra, const void *body, size_t len, gwc_response *r,
+                  int timeout_ms);
 
 /* Copies the value of header `name` (case-insensitive) into out; 0 when
  * present, -1 when not. */

@@ -101,6 +101,45 @@ pid_t svc_spawn(const char *const *argv, const char *const *env, const char *log
     return pid;
 }
 
+pid_t svc_spawn_service(const char *name, const char *bus, const char *const *extra,
+                        const char *const *env)
+{
+    const char *argv[48];
+    int n = 0, gateway = strcmp(name, "gateway") == 0;
+    char exe[64], log[64];
+    snprintf(exe, sizeof exe, gateway ? "services/gateway/kiln-%s" : "services/kiln-%s", name);
+    snprintf(log, sizeof log, "%s.log", name);
+    argv[n++] = svc_exe(exe);
+    argv[n++] = "--model";
+    argv[n++] = svc.model;
+    argv[n++] = "--bus";
+    argv[n++] = bus;
+    if (gateway) {
+        static const char *const net[] = {"--host", "127.0.0.1", "--port", "0", "--min-size", "64"};
+        for (size_t i = 0; i < sizeof net / sizeof net[0]; i++)
+            argv[n++] = net[i];
+    } else if (strcmp(name, "encoder") == 0) {
+        argv[n++] = "--text-encoder-out-layers";
+        argv[n++] = "1,2,3";
+    }
+    for (int i = 0; extra && extra[i] && n < 47; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    return svc_spawn(argv, env, svc_tmp(log));
+}
+
+int svc_start_service(const char *const *gateway_extra, const char *const *env, pid_t pids[4])
+{
+    static const char *const stages[] = {"encoder", "denoiser", "decoder"};
+    char bus[128];
+    snprintf(bus, sizeof bus, "ipc://%s/bus", svc.tmpdir);
+    pids[0] = svc_spawn_service("gateway", bus, gateway_extra, env);
+    int port = svc_log_port(svc_tmp("gateway.log"), 30000);
+    for (int i = 0; i < 3; i++)
+        pids[i + 1] = svc_spawn_service(stages[i], bus, NULL, env);
+    return port > 0 && svc_wait_ready(port, 60000) == 0 ? port : -1;
+}
+
 static int exit_status(int st)
 {
     return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;

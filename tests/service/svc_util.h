@@ -53,6 +53,21 @@ const char *svc_tmp(const char *name);
 
 void svc_sleep_ms(int ms);
 
+/* A service process on the tiny checkpoint and `bus`, its output in
+ * <tmpdir>/<name>.log: `name` is "gateway" (kiln-gateway on 127.0.0.1, a
+ * port the kernel picks: see svc_log_port, and --min-size 64) or a stage,
+ * "encoder" (with --text-encoder-out-layers 1,2,3), "denoiser" or
+ * "decoder"; `extra` (NULL-terminated, or NULL) is appended to its
+ * arguments and `env` as for svc_spawn.  The pid, or -1. */
+pid_t svc_spawn_service(const char *name, const char *bus, const char *const *extra,
+                        const char *const *env);
+
+/* kiln-gateway (with `gateway_extra`) and one encoder, denoiser and
+ * decoder on the bus ipc://<tmpdir>/bus, as svc_spawn_service starts them,
+ * into pids[4] in that order; waits until /readyz answers.  The gateway's
+ * port, or -1 (every process was started: stop them). */
+int svc_start_service(const char *const *gateway_extra, const char *const *env, pid_t pids[4]);
+
 /* fork + exec with stdout and stderr appended to `log`; the child gets
  * SIGTERM if this test dies.  `env` (NULL-terminated "K=V" strings, or
  * NULL) is added to its environment.  The pid, or -1. */

@@ -19,7 +19,7 @@ static const kiln_model_traits base = {.cfg = 1, .default_steps = 50, .default_g
 static kiln_api_config config(const kiln_model_traits *t)
 {
     kiln_api_config c = {.model_id = "klein-tiny", .traits = *t, .limits = KILN_LIMITS_SERVICE,
-                         .image_limits = KILN_IMAGE_LIMITS_DEFAULT};
+                         .image_limits = KILN_IMAGE_LIMITS_DEFAULT, .max_body_bytes = 64u << 20};
     c.limits.min_side = 64;
     c.limits.max_side = 1024;
     return c;
@@ -337,6 +337,90 @@ static void test_json_errors(void)
     free(json);
 }
 
+/* The JSON pre-scan: NUL and raw control characters in strings are
+ * refused naming the field, the node and nesting budgets hold whatever
+ * field carries the values, and bodies are limited by route. */
+/* Appends a C string and keeps the buffer NUL-terminated. */
+static void put(kiln_buf *b, const char *text)
+{
+    if (b->len && b->data[b->len - 1] == '\0')
+        b->len--;
+    kiln_buf_append(b, text, strlen(text) + 1, NULL);
+}
+
+static void test_json_limits(void)
+{
+    const kiln_api_kind G = KILN_API_GENERATE, E = KILN_API_EDIT;
+    expect_error("{\"prompt\":\"a\\u0000b\"}", G, 400, "prompt", "invalid_value");
+    expect_error("{\"n\":1,\"prompt\":\"\\u0000\"}", G, 400, "prompt", "invalid_value");
+    expect_error("{\"prompt\":\"a\x01b\"}", G, 400, "prompt", "invalid_json");
+    expect_error("{\"prompt\":\"a\tb\"}", G, 400, "prompt", "invalid_json");
+    expect_error("{\"prompt\":\"a\nb\"}", G, 400, "prompt", "invalid_json");
+    expect_error("{\"prompt\":\"a\",\"user\":\"\\u0000\"}", G, 400, "user", "invalid_value");
+    expect_error("{\"prompt\":\"a\",\"image\":[\"aGk=\",\"\x7f\x02\"]}", E, 400, "image",
+                 "invalid_json");
+    expect_error("{\"prompt\":\"a\",\"negative_prompt\":\"x\\u0000\"}", G, 400,
+                 "negative_prompt", "invalid_value");
+    /* An escaped backslash before "u0000" is text, and escaped control
+     * characters are fine. */
+    kiln_api_request r;
+    kiln_api_error e;
+    CHECK(parse_json("{\"prompt\":\"a\\\\u0000b\\n\\t\\u0001\"}", G, &distilled, &r, &e) ==
+          KILN_OK);
+    CHECK(r.prompt && strcmp(r.prompt, "a\\u0000b\n\t\x01") == 0);
+    kiln_api_request_free(&r);
+
+    /* Node budget: an ignored field of KILN_API_JSON_MAX_NODES values is
+     * refused, naming it; a few hundred pass. */
+    kiln_buf b = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        int count = pass ? 900 : KILN_API_JSON_MAX_NODES;
+        kiln_buf_clear(&b);
+        put(&b, "{\"prompt\":\"a\",\"junk\":[");
+        for (int i = 0; i < count; i++)
+            put(&b, i ? ",1" : "1");
+        put(&b, "]}");
+        if (pass == 0) {
+            expect_error((const char *)b.data, G, 400, "junk", "invalid_json");
+        } else {
+            CHECK(parse_json((const char *)b.data, G, &distilled, &r, &e) == KILN_OK);
+            kiln_api_request_free(&r);
+        }
+    }
+    /* Nesting. */
+    kiln_buf_clear(&b);
+    put(&b, "{\"prompt\":\"a\",\"deep\":");
+    for (int i = 0; i < KILN_API_JSON_MAX_DEPTH; i++)
+        put(&b, "[");
+    for (int i = 0; i < KILN_API_JSON_MAX_DEPTH; i++)
+        put(&b, "]");
+    put(&b, "}");
+    expect_error((const char *)b.data, G, 400, "deep", "invalid_json");
+
+    /* Body size by route: the longest legal generation (a prompt of 64 KiB
+     * written as \u escapes) fits; one byte over its limit is 413, which
+     * an edit's limit allows. */
+    kiln_api_config c = config(&distilled);
+    size_t limit = kiln_api_body_limit(&c, G);
+    CHECK(limit < (2u << 20) && kiln_api_body_limit(&c, E) == c.max_body_bytes);
+    kiln_buf_clear(&b);
+    put(&b, "{\"prompt\":\"");
+    for (int i = 0; i < 65535 / 3; i++)
+        put(&b, "\\u4e00");
+    put(&b, "\"}");
+    CHECK(parse_json((const char *)b.data, G, &distilled, &r, &e) == KILN_OK);
+    CHECK(r.prompt && strlen(r.prompt) == 65535 / 3 * 3);
+    kiln_api_request_free(&r);
+    kiln_buf_clear(&b);
+    put(&b, "{\"prompt\":\"x\"}");
+    while (b.len - 1 < limit + 1)
+        put(&b, " ");
+    expect_error((const char *)b.data, G, 413, "", "too_large");
+    CHECK(kiln_api_parse(E, "application/json", b.data, b.len - 1, &c, &r, &e) != KILN_OK &&
+          e.status == 400);
+    kiln_buf_free(&b);
+}
+
 static void test_base_checkpoint(void)
 {
     kiln_api_request r;
@@ -573,6 +657,7 @@ int main(void)
     RUN(test_default_size_limits);
     RUN(test_seeds);
     RUN(test_json_errors);
+    RUN(test_json_limits);
     RUN(test_base_checkpoint);
     RUN(test_edit_json);
     RUN(test_edit_multipart);

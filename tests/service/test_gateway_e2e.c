@@ -435,7 +435,7 @@ static void test_bad_inputs(void)
      * connection is then closed. */
     int slow_h = gwc_connect(port), slow_b = gwc_connect(port);
     const char *ph = "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nX-Slow: ";
-    const char *pb = "POST /v1/images/generations HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"pro";
+    const char *pb = "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro";
     CHECK(gwc_send(slow_h, ph, strlen(ph), 1000) == 0 && gwc_send(slow_b, pb, strlen(pb), 1000) == 0);
     double t0 = kiln_now_ms();
     sleep_ms(300);

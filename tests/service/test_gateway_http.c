@@ -2,7 +2,10 @@
  * come out one at a time and in order however the bytes are split, bodies
  * by Content-Length or chunks, keep-alive rules, the size limits (413 from
  * the declared length before any body byte, 413 for chunks adding up, 431,
- * 414), malformed requests (400), Expect: 100-continue. */
+ * 414), malformed requests (400), Expect: 100-continue, and every entry of
+ * the request smuggling corpus (tests/fuzz/http_corpus: strict RFC 9112
+ * framing) with the outcome its name gives, however it is split. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,11 +70,11 @@ static void test_pipelined(void)
 {
     static const char s[] =
         "GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n"
-        "POST /v1/images/generations?x=1 HTTP/1.1\r\nContent-Type: application/json\r\n"
+        "POST /v1/images/generations?x=1 HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
         "Content-Length: 13\r\n\r\n{\"prompt\":1}\n"
-        "POST /chunked HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "POST /chunked HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
         "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
-        "HEAD /readyz HTTP/1.1\r\nConnection: close\r\n\r\n";
+        "HEAD /readyz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
     size_t chunks[] = {0, 1, 2, 7, 64};
     for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
         got g;
@@ -97,7 +100,7 @@ static void test_keep_alive_rules(void)
     s = "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n";
     run(s, strlen(s), 0, &g);
     CHECK(g.n == 1 && g.keep_alive[0]);
-    s = "GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+    s = "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
     run(s, strlen(s), 0, &g);
     CHECK(g.n == 1 && !g.keep_alive[0]);
 }
@@ -106,23 +109,23 @@ static void test_limits(void)
 {
     got g;
     /* Refused from the declared length, before the body. */
-    const char *s = "POST /x HTTP/1.1\r\nContent-Length: 101\r\n\r\n";
+    const char *s = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\n\r\n";
     run(s, strlen(s), 0, &g);
     CHECK(g.n == 0 && g.error_status == 413);
-    s = "POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\n";
+    s = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n";
     char ok[256];
     snprintf(ok, sizeof ok, "%s%0100d", s, 0);
     run(ok, strlen(ok), 3, &g);
     CHECK(g.n == 1 && g.error_status == 0);
     /* Chunks adding up past the limit. */
-    s = "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    s = "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
         "40\r\n0000000000000000000000000000000000000000000000000000000000000000\r\n"
         "40\r\n0000000000000000000000000000000000000000000000000000000000000000\r\n0\r\n\r\n";
     run(s, strlen(s), 0, &g);
     CHECK(g.n == 0 && g.error_status == 413);
     /* Headers past max_header_bytes: 431; a long target: 414. */
     char big[4096];
-    int n = snprintf(big, sizeof big, "GET / HTTP/1.1\r\nX-Pad: ");
+    int n = snprintf(big, sizeof big, "GET / HTTP/1.1\r\nHost: a\r\nX-Pad: ");
     memset(big + n, 'a', 1100);
     strcpy(big + n + 1100, "\r\n\r\n");
     run(big, strlen(big), 0, &g);
@@ -138,7 +141,7 @@ static void test_limits(void)
     CHECK(ev == KILN_HTTP_ERROR && kiln_http_reader_error(r, &msg) == 414);
     kiln_http_reader_destroy(r);
     /* A Content-Type too long. */
-    n = snprintf(big, sizeof big, "POST / HTTP/1.1\r\nContent-Type: ");
+    n = snprintf(big, sizeof big, "POST / HTTP/1.1\r\nHost: a\r\nContent-Type: ");
     memset(big + n, 'a', KILN_HTTP_CTYPE_MAX + 1);
     strcpy(big + n + KILN_HTTP_CTYPE_MAX + 1, "\r\n\r\n");
     r = kiln_http_reader_create(&roomy, NULL);
@@ -147,15 +150,52 @@ static void test_limits(void)
     kiln_http_reader_destroy(r);
 }
 
+static size_t route_limit(void *ud, const kiln_http_request *head)
+{
+    (void)ud;
+    return strcmp(head->path, "/small") == 0 ? 10 : 1000;
+}
+
+/* A route's own body limit, asked with the request's head: refused from
+ * Content-Length (naming the limit) or as chunks add up; capped by
+ * max_body_bytes. */
+static void test_route_limits(void)
+{
+    kiln_http_limits lim = limits;
+    lim.body_limit = route_limit;
+    static const struct {
+        const char *req;
+        int status;
+    } cases[] = {
+        {"POST /small HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n", 413},
+        {"POST /small?x HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n0123456789", 0},
+        {"POST /small HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "6\r\nabcdef\r\n6\r\nabcdef\r\n0\r\n\r\n", 413},
+        {"POST /big HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n", -1},
+        {"POST /big HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\n\r\n", 413},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_http_reader *r = kiln_http_reader_create(&lim, NULL);
+        kiln_http_event ev;
+        kiln_http_reader_feed(r, cases[i].req, strlen(cases[i].req), &ev);
+        const char *msg = "";
+        int st = ev == KILN_HTTP_ERROR ? kiln_http_reader_error(r, &msg) : ev == KILN_HTTP_REQUEST ? 0 : -1;
+        CHECKF(st == cases[i].status, "case %zu: %d", i, st);
+        if (st == 413)
+            CHECKF(strstr(msg, "at most") != NULL, "case %zu: %s", i, msg);
+        kiln_http_reader_destroy(r);
+    }
+}
+
 static void test_malformed(void)
 {
     static const char *bad[] = {
         "GARBAGE\r\n\r\n",
-        "GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
-        "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
-        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-        "POST / HTTP/1.1\r\nContent-Type: a\r\nContent-Type: b\r\n\r\n",
-        "GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+        "GET / HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n",
+        "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "POST / HTTP/1.1\r\nHost: a\r\nContent-Type: a\r\nContent-Type: b\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         got g;
@@ -170,7 +210,7 @@ static void test_malformed(void)
     kiln_http_event ev;
     kiln_http_reader_feed(r, "XX\r\n\r\n", 6, &ev);
     CHECK(ev == KILN_HTTP_ERROR);
-    CHECK(kiln_http_reader_feed(r, "GET / HTTP/1.1\r\n\r\n", 18, &ev) == 0 && ev == KILN_HTTP_ERROR);
+    CHECK(kiln_http_reader_feed(r, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", 27, &ev) == 0 && ev == KILN_HTTP_ERROR);
     kiln_http_reader_destroy(r);
 }
 
@@ -178,14 +218,14 @@ static void test_expect_continue(void)
 {
     got g;
     /* Byte by byte, so the headers are in before the body. */
-    const char *s = "POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc";
+    const char *s = "POST /x HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc";
     run(s, strlen(s), 1, &g);
     CHECK(g.n == 1 && g.continues == 1 && strcmp(g.bodies[0], "abc") == 0);
     /* Not for a refused body, nor without a body. */
-    s = "POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1000\r\n\r\n";
+    s = "POST /x HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1000\r\n\r\n";
     run(s, strlen(s), 0, &g);
     CHECK(g.continues == 0 && g.error_status == 413);
-    s = "GET /x HTTP/1.1\r\nExpect: 100-continue\r\n\r\n";
+    s = "GET /x HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n";
     run(s, strlen(s), 0, &g);
     CHECK(g.continues == 0 && g.n == 1);
 }
@@ -195,7 +235,7 @@ static void test_in_request(void)
     kiln_http_reader *r = kiln_http_reader_create(&limits, NULL);
     kiln_http_event ev;
     CHECK(!kiln_http_reader_in_request(r));
-    kiln_http_reader_feed(r, "POST / HTTP/1.1\r\nContent-", 25, &ev);
+    kiln_http_reader_feed(r, "POST / HTTP/1.1\r\nHost: a\r\nContent-", 34, &ev);
     CHECK(ev == KILN_HTTP_NEED_MORE && kiln_http_reader_in_request(r));
     CHECK(!kiln_http_reader_headers_done(r));
     kiln_http_reader_feed(r, "Length: 4\r\n\r\nab", 15, &ev);
@@ -213,13 +253,92 @@ static void test_in_request(void)
     kiln_http_reader_destroy(r);
 }
 
+/* A corpus entry is named r<N>_<status|ok>_<what>.http: N requests come
+ * out, then the reader stops with that status (ok: none). */
+static void replay_entry(const char *dir, const char *name)
+{
+    int want_n, want_status = 0;
+    char what[16];
+    if (sscanf(name, "r%d_%15[^_]_", &want_n, what) != 2 ||
+        (strcmp(what, "ok") != 0 && sscanf(what, "%d", &want_status) != 1)) {
+        CHECKF(0, "corpus entry %s is not named r<N>_<status|ok>_<what>.http", name);
+        return;
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    char data[4096];
+    size_t len = f ? fread(data, 1, sizeof data, f) : 0;
+    if (f)
+        fclose(f);
+    CHECKF(len > 0 && len < sizeof data, "%s: cannot read it", path);
+    size_t chunks[] = {0, 1, 2, 5, 17};
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+        got g;
+        run(data, len, chunks[k], &g);
+        CHECKF(g.n == want_n && g.error_status == want_status,
+               "%s in pieces of %zu: %d requests and status %d, want %d and %d", name, chunks[k],
+               g.n, g.error_status, want_n, want_status);
+    }
+}
+
+static void test_smuggling_corpus(void)
+{
+    const char *src = getenv("KILN_SOURCE_ROOT");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tests/fuzz/http_corpus", src ? src : ".");
+    DIR *d = opendir(dir);
+    CHECKF(d != NULL, "cannot open %s", dir);
+    if (!d)
+        return;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strlen(e->d_name) > 5 && strcmp(e->d_name + strlen(e->d_name) - 5, ".http") == 0) {
+            replay_entry(dir, e->d_name);
+            n++;
+        }
+    closedir(d);
+    CHECKF(n >= 80, "only %d corpus entries in %s", n, dir);
+}
+
+/* What the client is told for the framing errors a proxy would read
+ * differently: the message names the rule. */
+static void test_strict_messages(void)
+{
+    static const struct {
+        const char *req, *msg;
+    } cases[] = {
+        {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length : 1\r\n\r\nx", "colon"},
+        {"GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n", "obs-fold"},
+        {"GET / HTTP/1.1\r\n\r\n", "Host"},
+        {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n",
+         "Content-Length"},
+        {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nxyz", "CRLF"},
+        {"FOO / HTTP/1.1\r\nHost: a\r\n\r\n", "not implemented"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_http_reader *r = kiln_http_reader_create(&limits, NULL);
+        kiln_http_event ev;
+        kiln_http_reader_feed(r, cases[i].req, strlen(cases[i].req), &ev);
+        const char *msg = "";
+        int st = ev == KILN_HTTP_ERROR ? kiln_http_reader_error(r, &msg) : 0;
+        CHECKF(st >= 400 && strcasestr(msg, cases[i].msg), "case %zu: status %d, message '%s'", i, st,
+               msg);
+        kiln_http_reader_destroy(r);
+    }
+}
+
 int main(void)
 {
     RUN(test_pipelined);
     RUN(test_keep_alive_rules);
     RUN(test_limits);
+    RUN(test_route_limits);
     RUN(test_malformed);
     RUN(test_expect_continue);
     RUN(test_in_request);
+    RUN(test_smuggling_corpus);
+    RUN(test_strict_messages);
     return test_finish();
 }

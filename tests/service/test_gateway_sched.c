@@ -286,7 +286,7 @@ static kiln_status submit(world *w, const char *json, uint64_t *id)
     kiln_api_config c = {.model_id = "klein-tiny",
                          .traits = {.default_steps = 4, .default_guidance = 1.0f},
                          .limits = KILN_LIMITS_SERVICE,
-                         .image_limits = KILN_IMAGE_LIMITS_DEFAULT};
+                         .image_limits = KILN_IMAGE_LIMITS_DEFAULT, .max_body_bytes = 64u << 20};
     c.limits.min_side = 64;
     kiln_api_request r;
     kiln_api_error e;

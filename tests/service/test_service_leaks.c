@@ -196,8 +196,6 @@ static void test_disconnect_loop(void)
 
 static int start(void)
 {
-    char bus[128];
-    snprintf(bus, sizeof bus, "ipc://%s/bus", svc.tmpdir);
     /* In the sanitizer build, ASan's quarantine holds every freed block
      * back (up to 256 MB), which grows RSS with the traffic whatever the
      * service does: here it is off (the other service tests keep it, for
@@ -208,19 +206,8 @@ static int start(void)
     snprintf(asan, sizeof asan, "ASAN_OPTIONS=%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0",
              prev ? prev : "", prev && prev[0] ? ":" : "");
     const char *const env[] = {"OMP_NUM_THREADS=1", asan, NULL};
-    const char *gw[] = {svc_exe("services/gateway/kiln-gateway"), "--model", svc.model, "--host",
-                        "127.0.0.1", "--port", "0", "--bus", bus, "--min-size", "64",
-                        "--max-size", "128", NULL};
-    procs[0] = svc_spawn(gw, env, svc_tmp("gateway.log"));
-    port = svc_log_port(svc_tmp("gateway.log"), 30000);
-    const char *enc[] = {svc_exe("services/kiln-encoder"), "--model", svc.model, "--bus", bus,
-                         "--text-encoder-out-layers", "1,2,3", NULL};
-    const char *den[] = {svc_exe("services/kiln-denoiser"), "--model", svc.model, "--bus", bus, NULL};
-    const char *dec[] = {svc_exe("services/kiln-decoder"), "--model", svc.model, "--bus", bus, NULL};
-    procs[1] = svc_spawn(enc, env, svc_tmp("encoder.log"));
-    procs[2] = svc_spawn(den, env, svc_tmp("denoiser.log"));
-    procs[3] = svc_spawn(dec, env, svc_tmp("decoder.log"));
-    if (port <= 0 || svc_wait_ready(port, 60000))
+    const char *const gw[] = {"--max-size", "128", NULL};
+    if ((port = svc_start_service(gw, env, procs)) < 0)
         return -1;
     /* An edit reference: one generated image. */
     gwc_response r;
