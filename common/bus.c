@@ -27,6 +27,16 @@ static kiln_status set_int(kiln_bus *b, int opt, int v, const char *what, kiln_e
     return KILN_OK;
 }
 
+/* Set before bind / connect: libzmq copies socket options into each
+ * listener and connection when it makes them. */
+static kiln_status set_max_msg(kiln_bus *b, size_t max_msg, kiln_err *err)
+{
+    int64_t v = (int64_t)(max_msg && max_msg < KILN_PROTO_MAX_FRAME ? max_msg : KILN_PROTO_MAX_FRAME);
+    if (zmq_setsockopt(b->sock, ZMQ_MAXMSGSIZE, &v, sizeof v))
+        return zfail(err, KILN_ERR_IO, "max message size");
+    return KILN_OK;
+}
+
 void kiln_bus_close(kiln_bus *b)
 {
     if (!b)
@@ -42,7 +52,7 @@ void kiln_bus_close(kiln_bus *b)
     free(b);
 }
 
-static kiln_bus *bus_new(int type, kiln_err *err)
+static kiln_bus *bus_new(int type, size_t max_msg, kiln_err *err)
 {
     kiln_bus *b = calloc(1, sizeof *b);
     if (!b) {
@@ -70,7 +80,7 @@ static kiln_bus *bus_new(int type, kiln_err *err)
         set_int(b, ZMQ_TCP_KEEPALIVE_INTVL, 5, "tcp keepalive interval", err) ||
         set_int(b, ZMQ_TCP_KEEPALIVE_CNT, 3, "tcp keepalive count", err) ||
         set_int(b, ZMQ_SNDHWM, 10000, "send hwm", err) ||
-        set_int(b, ZMQ_RCVHWM, 10000, "receive hwm", err)) {
+        set_int(b, ZMQ_RCVHWM, 10000, "receive hwm", err) || set_max_msg(b, max_msg, err)) {
         if (!b->sock)
             zfail(err, KILN_ERR_IO, "socket");
         kiln_bus_close(b);
@@ -81,7 +91,7 @@ static kiln_bus *bus_new(int type, kiln_err *err)
 
 kiln_bus *kiln_bus_connect(const char *endpoint, const char *identity, kiln_err *err)
 {
-    kiln_bus *b = bus_new(ZMQ_DEALER, err);
+    kiln_bus *b = bus_new(ZMQ_DEALER, 0, err);
     if (!b)
         return NULL;
     char mon[64];
@@ -113,9 +123,9 @@ fail:
     return NULL;
 }
 
-kiln_bus *kiln_bus_bind(const char *endpoint, kiln_err *err)
+kiln_bus *kiln_bus_bind(const char *endpoint, size_t max_msg, kiln_err *err)
 {
-    kiln_bus *b = bus_new(ZMQ_ROUTER, err);
+    kiln_bus *b = bus_new(ZMQ_ROUTER, max_msg, err);
     if (!b)
         return NULL;
     /* Mandatory: an unknown peer is an error, not a silent drop.  Handover:

@@ -18,7 +18,11 @@
  * 2 s) and reports each established connection as KILN_BUS_CONNECTED, which
  * is how a replica notices a restarted gateway and registers again.
  * A ROUTER refuses to send to an unknown peer (KILN_ERR_UNAVAILABLE) rather
- * than dropping the message silently.
+ * than dropping the message silently.  Every socket refuses frames larger
+ * than the largest legal message (ZMQ_MAXMSGSIZE: KILN_PROTO_MAX_FRAME, or
+ * what kiln_bus_bind is given): libzmq drops the connection of a peer that
+ * announces one, before allocating it, so a hostile peer cannot make a
+ * replica or the gateway buffer more than that per frame.
  *
  * Thread-safety: a kiln_bus (its zmq context and sockets) belongs to one
  * thread; hand messages to it through a queue and an eventfd.
@@ -39,9 +43,10 @@ typedef struct kiln_bus kiln_bus;
  * background; sends queue until it is up.  NULL with err set. */
 kiln_bus *kiln_bus_connect(const char *endpoint, const char *identity, kiln_err *err);
 
-/* A ROUTER bound to `endpoint` ("tcp://host:port", "ipc://path").
+/* A ROUTER bound to `endpoint` ("tcp://host:port", "ipc://path") that
+ * takes frames of at most max_msg bytes (0: KILN_PROTO_MAX_FRAME).
  * KILN_ERR_IO naming the endpoint when it cannot bind.  NULL with err set. */
-kiln_bus *kiln_bus_bind(const char *endpoint, kiln_err *err);
+kiln_bus *kiln_bus_bind(const char *endpoint, size_t max_msg, kiln_err *err);
 
 /* Closes the socket, waiting at most 500 ms to flush queued messages.
  * Accepts NULL. */

@@ -3,6 +3,42 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/json.h"
+
+/* The largest supported widths (klein-9B's 3 x 4096 text features, 128
+ * latent channels), for configs that do not say. */
+#define WIDEST_TEXT 12288
+#define WIDEST_LATENT 128
+
+static int config_int(const cJSON *cfg, const char *key)
+{
+    int64_t v = 0;
+    kiln_err err = {0};
+    if (!cfg || kiln_json_int(cfg, key, 0, &v, &err) || v < 0 || v > (1 << 20))
+        return 0;
+    return (int)v;
+}
+
+static void widths(const kiln_checkpoint *ck, kiln_model_traits *t)
+{
+    kiln_err err = {0};
+    const cJSON *cfg = kiln_checkpoint_config(ck, "transformer", &err);
+    t->text_width = config_int(cfg, "joint_attention_dim");
+    if (!t->text_width)
+        t->text_width = config_int(cfg, "cap_feat_dim");
+    int patch = config_int(cfg, "patch_size");
+    const cJSON *patches = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "all_patch_size") : NULL;
+    if (!patch && cJSON_IsArray(patches) && cJSON_IsNumber(cJSON_GetArrayItem(patches, 0)))
+        patch = cJSON_GetArrayItem(patches, 0)->valueint;
+    if (patch < 1 || patch > 16)
+        patch = 1;
+    t->latent_channels = config_int(cfg, "in_channels") * patch * patch;
+    if (!t->text_width || t->text_width > WIDEST_TEXT)
+        t->text_width = WIDEST_TEXT;
+    if (!t->latent_channels || t->latent_channels > WIDEST_LATENT)
+        t->latent_channels = WIDEST_LATENT;
+}
+
 kiln_model_traits kiln_model_traits_of(const kiln_checkpoint *ck)
 {
     kiln_model_traits t = {0};
@@ -10,6 +46,7 @@ kiln_model_traits kiln_model_traits_of(const kiln_checkpoint *ck)
     t.cfg = !t.kv_cache && !kiln_checkpoint_is_distilled(ck);
     t.default_steps = t.cfg ? 50 : 4;
     t.default_guidance = t.cfg ? 4.0f : 1.0f;
+    widths(ck, &t);
     return t;
 }
 
@@ -51,6 +88,27 @@ int kiln_utf8_valid(const char *s, size_t len)
         p += n;
     }
     return 1;
+}
+
+double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model, int cfg)
+{
+    double img = (double)(req->width / 16) * (double)(req->height / 16);
+    double text = req->max_sequence_length > 0 ? req->max_sequence_length : 512;
+    double refs = 0;
+    for (int i = 0; i < req->n_refs; i++) {
+        int w, h;
+        if (kiln_image_flux2_ref_size(req->refs[i].width, req->refs[i].height, &w, &h, NULL) == 0)
+            refs += (double)(w / 16) * (double)(h / 16);
+    }
+    double all = img + text + refs;
+    double forward = all * (1 + all / KILN_COST_ATTN_TOKENS);
+    double steps = req->steps > 0 ? req->steps : 1;
+    double per_row;
+    if (model->kv_cache && refs > 0)
+        per_row = forward + (steps - 1) * (img + text) * (1 + all / KILN_COST_ATTN_TOKENS);
+    else
+        per_row = steps * forward * (cfg ? 2 : 1);
+    return (req->n > 0 ? req->n : 1) * per_row / 1e6;
 }
 
 static kiln_status check_side(const char *name, int v, const kiln_limits *lim, kiln_err *err)

@@ -30,12 +30,19 @@ typedef struct kiln_model_traits {
     int kv_cache;      /* Flux2KleinKVPipeline */
     int default_steps; /* 4 distilled/kv, 50 base */
     float default_guidance;
+    /* Features per text token the DiT takes and per (packed) latent token:
+     * the sizes of the tensors the stages hand on; 0 when the transformer
+     * config does not say (kiln_model_traits_of then assumes the largest
+     * supported model's). */
+    int text_width, latent_channels;
 } kiln_model_traits;
 
 /* The defaults a checkpoint implies: the KV pipeline always runs without CFG;
  * klein's distilled and base checkpoints differ by model_index.json's
  * is_distilled.  Steps follow the model cards: 4 for the distilled models,
- * 50 (with diffusers' guidance 4.0) for base. */
+ * 50 (with diffusers' guidance 4.0) for base.  Widths from the transformer
+ * config: FLUX.2's joint_attention_dim and in_channels x patch_size^2,
+ * Z-Image's cap_feat_dim and in_channels x all_patch_size[0]^2. */
 kiln_model_traits kiln_model_traits_of(const kiln_checkpoint *ck);
 
 /* Bounds a request must respect. */
@@ -80,6 +87,22 @@ void kiln_request_init(kiln_request *req);
  * the field. */
 kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *model,
                                  const kiln_limits *lim, kiln_err *err);
+
+/* The work a resolved request asks of the DiT, the dominant cost of a
+ * request, in millions of attention-weighted token-forwards ("Mtok"): the
+ * sum over the n rows, the steps and the forwards of each step (two under
+ * CFG) of L x (1 + K / KILN_COST_ATTN_TOKENS), where L is the tokens the
+ * forward computes (image (W/16)(H/16), text max_sequence_length, and
+ * reference tokens) and K the tokens its attention reads.  The linear
+ * layers cost per token; attention grows with L x K, and at klein's widths
+ * it matches the linear layers near 16K tokens, hence the constant.  With
+ * the reference K/V cache (9B-kv) the references are computed on the
+ * first step only and read (K) on every step.  Examples: 1024x1024, 4
+ * steps: 0.024; 2048x2048, 50 steps with CFG: 3.4; 2048x2048, n = 10, 200
+ * steps: 69, with eight 1 MP references: 400.  `refs` as in the request
+ * (decoded sizes), or n_refs = 0.  `cfg`: classifier-free guidance runs. */
+#define KILN_COST_ATTN_TOKENS 16384.0
+double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model, int cfg);
 
 /* 1 when s[0..len) is well-formed UTF-8 (no overlongs, surrogates or code
  * points past U+10FFFF). */

@@ -21,32 +21,47 @@ static void usage(FILE *f)
             "  [--gpus N] [--min-size PX] [--max-size PX] [--text-encoder-out-layers A,B,C]\n"
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
             "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--prompt-cache-mb N]\n"
-            "  [--progress-timeout-s S]\n"
+            "  [kiln-gateway's limits: --max-body-mb N --max-connections N\n"
+            "   --max-client-connections N --body-budget-mb N --client-body-budget-mb N\n"
+            "   --body-wait-ms MS --queue-max N --request-timeout-s S --max-cost MTOK\n"
+            "   --client-queue-share F --progress-timeout-s S]\n"
             "Starts kiln-gateway on port P (default 8000) and the stage replicas (one of\n"
             "each by default), connected over the bus (default tcp://127.0.0.1:<P+1>).\n"
             "With --gpus N, replica i of each stage runs on GPU i %% N; --<stage>-gpu G pins\n"
             "every replica of that stage to GPU G instead.  Each encoder keeps up to N MiB\n"
             "(default 256, 0: off) of prompt embeddings in host memory.  A crashed child is\n"
             "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n"
-            "A replica with work whose backend makes no progress for S seconds (default 60)\n"
-            "is fenced and restarted.\n");
+            "The gateway's limits are passed on to it (kiln-gateway --help).  A replica with\n"
+            "work whose backend makes no progress for --progress-timeout-s (default 60) is\n"
+            "fenced and restarted.\n");
 }
 
 typedef struct serve_opts {
     const char *model, *bus, *device, *layers;
     const char *min_size, *max_size;
     const char *prompt_cache_mb; /* NULL: the encoder's default */
-    const char *progress_timeout_s; /* NULL: the gateway's default */
     int port, gpus, max_batch;
     int replicas[3]; /* encoders, denoisers, decoders */
     int stage_gpu[3]; /* -1: round robin over --gpus */
+    int gw_opt[16];           /* gateway options passed on: gateway_options indices */
+    const char *gw_value[16]; /* ... and their values */
+    int n_gw_args;
 } serve_opts;
+
+/* kiln-gateway's options kiln serve passes on as given (the gateway checks
+ * their values and exits 2, which stops the service, when one is bad). */
+static const char *const gateway_options[] = {
+    "max-body-mb", "max-connections", "max-client-connections", "body-budget-mb",
+    "client-body-budget-mb", "body-wait-ms", "queue-max", "request-timeout-s", "max-cost",
+    "client-queue-share", "progress-timeout-s",
+};
+#define N_GATEWAY_OPTIONS ((int)(sizeof gateway_options / sizeof gateway_options[0]))
 
 static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
-           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_PROGRESS };
-    static const struct option longopts[] = {
+           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_GATEWAY };
+    static struct option longopts[18 + N_GATEWAY_OPTIONS] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
         {"gpus", required_argument, 0, O_GPUS},   {"min-size", required_argument, 0, O_MIN},
@@ -58,14 +73,18 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"denoiser-gpu", required_argument, 0, O_DEN_GPU},
         {"decoder-gpu", required_argument, 0, O_DEC_GPU},
         {"prompt-cache-mb", required_argument, 0, O_PROMPT_CACHE},
-        {"progress-timeout-s", required_argument, 0, O_PROGRESS},
-        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+        {"help", no_argument, 0, 'h'},
     };
+    int n_fixed = 0;
+    while (longopts[n_fixed].name && longopts[n_fixed].flag == 0 && longopts[n_fixed].val != O_GATEWAY)
+        n_fixed++;
+    for (int i = 0; i < N_GATEWAY_OPTIONS; i++)
+        longopts[n_fixed + i] = (struct option){gateway_options[i], required_argument, 0, O_GATEWAY};
     *o = (serve_opts){.device = "cpu", .port = 8000, .gpus = 1, .max_batch = 4,
                       .replicas = {1, 1, 1}, .stage_gpu = {-1, -1, -1}};
-    int c, unused;
+    int c, unused, index = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", longopts, &index)) != -1) {
         int bad = 0;
         switch (c) {
         case 'm': o->model = optarg; break;
@@ -86,8 +105,13 @@ static int parse(int argc, char **argv, serve_opts *o)
         case O_PROMPT_CACHE:
             o->prompt_cache_mb = optarg, bad = kiln_parse_int(optarg, 0, 1 << 20, &unused);
             break;
-        case O_PROGRESS:
-            o->progress_timeout_s = optarg, bad = kiln_parse_int(optarg, 1, 1000000, &unused);
+        case O_GATEWAY:
+            if (o->n_gw_args == N_GATEWAY_OPTIONS) {
+                bad = 1;
+                break;
+            }
+            o->gw_opt[o->n_gw_args] = index - n_fixed;
+            o->gw_value[o->n_gw_args++] = optarg;
             break;
         case 'h': usage(stdout); exit(0);
         default: bad = 1;
@@ -116,14 +140,18 @@ static kiln_status add_gateway(kiln_supervisor *s, const serve_opts *o, const ch
     if (kiln_supervisor_find_exe("kiln-gateway", exe, sizeof exe, err))
         return err->code;
     snprintf(port, sizeof port, "%d", o->port);
-    const char *argv[16] = {exe, "--port", port, "--bus", bus, "--model", o->model};
+    const char *argv[16 + 2 * N_GATEWAY_OPTIONS] = {exe, "--port", port, "--bus", bus, "--model",
+                                                     o->model};
+    char names[N_GATEWAY_OPTIONS][40];
     int k = 7;
     if (o->min_size)
         argv[k++] = "--min-size", argv[k++] = o->min_size;
     if (o->max_size)
         argv[k++] = "--max-size", argv[k++] = o->max_size;
-    if (o->progress_timeout_s)
-        argv[k++] = "--progress-timeout-s", argv[k++] = o->progress_timeout_s;
+    for (int i = 0; i < o->n_gw_args; i++) {
+        snprintf(names[i], sizeof names[i], "--%s", gateway_options[o->gw_opt[i]]);
+        argv[k++] = names[i], argv[k++] = o->gw_value[i];
+    }
     return kiln_supervisor_add(s, "kiln-gateway", KILN_CHILD_FRONT, argv, err);
 }
 

@@ -386,13 +386,23 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
         param_of(err.msg, param, sizeof param);
         return api_fail(e, err.code, param, "invalid_value", "%s", err.msg);
     }
+    /* As the CLI: CFG runs on base checkpoints when guidance > 1. */
+    int cfg_runs = cfg->traits.cfg && q->guidance > 1.0f;
+    double cost = kiln_request_cost(q, &cfg->traits, cfg_runs);
     q->refs = NULL;
+    if (cfg->max_cost > 0 && cost > cfg->max_cost)
+        return api_fail(e, KILN_ERR_INVALID, "", "cost_limit_exceeded",
+                        "the request is too large: its cost is %.3g Mtok (%dx%d, n %d, %d steps%s, "
+                        "%d reference(s)) and this server's limit is %.3g Mtok per request; "
+                        "ask for fewer images, fewer steps or a smaller size",
+                        cost, q->width, q->height, q->n, q->steps, cfg_runs ? " with CFG" : "",
+                        d->n_images, cfg->max_cost);
     out->kind = d->kind;
     out->prompt = d->prompt, d->prompt = NULL;
     out->negative_prompt = d->negative_prompt, d->negative_prompt = NULL;
     out->seed_given = (d->seen & (1u << F_SEED)) != 0;
-    /* As the CLI: CFG runs on base checkpoints when guidance > 1. */
-    if (cfg->traits.cfg && q->guidance > 1.0f)
+    out->cost = cost;
+    if (cfg_runs)
         out->cfg_negative = out->negative_prompt ? out->negative_prompt : "";
     out->n_images = d->n_images;
     for (int i = 0; i < d->n_images; i++)

@@ -23,7 +23,9 @@
  * kept as the original file bytes, which is exactly what the CLI's encoder
  * reads from the file.  Validation ends in kiln_request_resolve with the
  * service limits, so the CLI and the service accept and refuse the same
- * requests.
+ * requests; the service then refuses a request whose kiln_request_cost
+ * exceeds cfg->max_cost (400, code cost_limit_exceeded, the message giving
+ * both).
  *
  * Pure (no I/O, no clock, no randomness: a request without a seed has
  * seed_given == 0 and the caller draws one); thread-safe on distinct
@@ -58,6 +60,7 @@ typedef struct kiln_api_config {
     kiln_limits limits;
     kiln_image_limits image_limits; /* uploads larger than this are refused */
     size_t max_body_bytes;          /* edits; generations get kiln_api_body_limit's share */
+    double max_cost;                /* kiln_request_cost's ceiling per request; 0: none */
 } kiln_api_config;
 
 typedef struct kiln_api_error {
@@ -88,6 +91,8 @@ typedef struct kiln_api_request {
     int seed_given;        /* 0: the caller picks req.seed */
     int n_images;          /* edit references, in upload order */
     kiln_buf images[KILN_MAX_REFS]; /* the original encoded files, owned */
+    double cost;           /* kiln_request_cost, Mtok */
+    uint64_t client;       /* who asked (clients.h; the caller sets it), 0: unknown */
 } kiln_api_request;
 
 /* Parses and validates a request body.  On success `out` owns its strings

@@ -89,7 +89,64 @@ static int check_options(const kiln_gw_options *o)
                        "64 <= min <= max <= 4096");
         return -1;
     }
+    /* Else a body the route allows could never be admitted. */
+    if (o->client_body_budget_bytes < o->max_body_bytes ||
+        o->body_budget_bytes < o->client_body_budget_bytes) {
+        KILN_LOG_ERROR("gateway: need --max-body-mb <= --client-body-budget-mb <= "
+                       "--body-budget-mb");
+        return -1;
+    }
     return 0;
+}
+
+/* The largest frame a replica may legally send the gateway (its bus
+ * refuses larger ones, ZMQ_MAXMSGSIZE): the biggest of a decoder's done
+ * (every image of a request at TurboJPEG's worst case, 6 bytes a pixel,
+ * which PNG and WebP stay below), a denoiser's with inline f32 latents,
+ * and an encoder's with inline f32 embeddings (a prompt and a negative of
+ * 512 tokens) and references (1 MP each at most: 4096 tokens, plus their
+ * int32 ids); plus 1 MiB of fields. */
+static size_t max_frame_in(const kiln_limits *lim, const kiln_model_traits *t)
+{
+    size_t px = (size_t)lim->max_side * (size_t)lim->max_side, rows = (size_t)lim->max_n;
+    size_t decode = rows * (px * 6 + (64u << 10));
+    size_t latents = rows * (px / 256) * (size_t)t->latent_channels * 4;
+    size_t encode = 2 * 512 * (size_t)t->text_width * 4 +
+                    (size_t)lim->max_refs * 4096 * ((size_t)t->latent_channels * 4 + 16);
+    size_t m = decode > latents ? decode : latents;
+    m = (m > encode ? m : encode) + (1u << 20);
+    return m < KILN_PROTO_MAX_FRAME ? m : KILN_PROTO_MAX_FRAME;
+}
+
+static void add_limit(kiln_gateway *gw, const char *name, double value)
+{
+    if (gw->n_limits < (int)(sizeof gw->limits / sizeof gw->limits[0]))
+        gw->limits[gw->n_limits++] = (kiln_metrics_limit){name, value};
+}
+
+/* Every limit the gateway enforces, as /metrics reports them. */
+static void list_limits(kiln_gateway *gw)
+{
+    const kiln_gw_options *o = &gw->opt;
+    add_limit(gw, "max_connections", o->max_connections);
+    add_limit(gw, "max_client_connections", o->max_client_connections);
+    add_limit(gw, "max_header_bytes", (double)o->max_header_bytes);
+    add_limit(gw, "max_body_bytes", (double)o->max_body_bytes);
+    add_limit(gw, "generation_body_bytes", (double)kiln_api_body_limit(&gw->api, KILN_API_GENERATE));
+    add_limit(gw, "json_max_values", KILN_API_JSON_MAX_NODES);
+    add_limit(gw, "json_max_depth", KILN_API_JSON_MAX_DEPTH);
+    add_limit(gw, "body_budget_bytes", (double)o->body_budget_bytes);
+    add_limit(gw, "client_body_budget_bytes", (double)o->client_body_budget_bytes);
+    add_limit(gw, "body_wait_seconds", o->body_wait_ms / 1000.0);
+    add_limit(gw, "bus_max_frame_bytes", (double)gw->max_frame);
+    add_limit(gw, "max_request_cost_mtok", o->max_cost);
+    add_limit(gw, "queue_max", o->queue_max);
+    add_limit(gw, "client_queue_share", o->client_queue_share);
+    add_limit(gw, "request_timeout_seconds", o->request_timeout_s);
+    add_limit(gw, "header_timeout_seconds", o->header_timeout_ms / 1000.0);
+    add_limit(gw, "read_timeout_seconds", o->read_timeout_ms / 1000.0);
+    add_limit(gw, "idle_timeout_seconds", o->idle_timeout_ms / 1000.0);
+    add_limit(gw, "write_timeout_seconds", o->write_timeout_ms / 1000.0);
 }
 
 static int start(kiln_gateway *gw, kiln_err *err)
@@ -107,6 +164,9 @@ static int start(kiln_gateway *gw, kiln_err *err)
     gw->api.limits.max_side = o->max_size;
     gw->api.image_limits = KILN_IMAGE_LIMITS_DEFAULT;
     gw->api.max_body_bytes = o->max_body_bytes;
+    gw->api.max_cost = o->max_cost;
+    gw->max_frame = max_frame_in(&gw->api.limits, &gw->api.traits);
+    list_limits(gw);
     gw->started = (int64_t)time(NULL);
     if (getrandom(&gw->request_base, sizeof gw->request_base, 0) != (ssize_t)sizeof gw->request_base)
         gw->request_base = (uint64_t)gw->started << 20; /* still unique enough for logs */
@@ -114,6 +174,7 @@ static int start(kiln_gateway *gw, kiln_err *err)
     if (!(gw->metrics = kiln_metrics_create(err)))
         return -1;
     kiln_sched_opts so = {.model_id = gw->model_id, .queue_max = o->queue_max,
+                          .client_share = o->client_queue_share,
                           .heartbeat_timeout_ms = o->heartbeat_timeout_ms,
                           .progress_timeout_ms = o->progress_timeout_s * 1000.0,
                           .job_timeout_ms = o->request_timeout_s * 1000.0};
@@ -125,7 +186,13 @@ static int start(kiln_gateway *gw, kiln_err *err)
         snprintf(bus, sizeof bus, "%s", o->bus);
     else
         snprintf(bus, sizeof bus, "tcp://127.0.0.1:%d", o->port + 1);
-    if (!(gw->bus = kiln_gw_bus_start(gw->loop, bus, on_bus_msg, on_bus_lost, gw, err)))
+    if (!(gw->bus = kiln_gw_bus_start(gw->loop, bus, gw->max_frame, on_bus_msg, on_bus_lost, gw,
+                                      err)))
+        return -1;
+    kiln_gw_clients_limits cl = {.max_connections = o->max_client_connections,
+                                 .body_budget = o->body_budget_bytes,
+                                 .client_body_budget = o->client_body_budget_bytes};
+    if (!(gw->clients = kiln_gw_clients_create(&cl, err)))
         return -1;
     kiln_http_server_opts ho = {
         .host = o->host, .port = o->port,
@@ -133,7 +200,8 @@ static int start(kiln_gateway *gw, kiln_err *err)
                    .body_limit = kiln_gw_body_limit, .ud = gw},
         .max_connections = o->max_connections, .header_timeout_ms = o->header_timeout_ms,
         .request_timeout_ms = o->read_timeout_ms, .idle_timeout_ms = o->idle_timeout_ms,
-        .write_timeout_ms = o->write_timeout_ms,
+        .write_timeout_ms = o->write_timeout_ms, .clients = gw->clients,
+        .body_wait_ms = o->body_wait_ms,
     };
     if (!(gw->http = kiln_http_server_start(gw->loop, &ho, &kiln_gw_http_handlers, gw, err)))
         return -1;
@@ -184,6 +252,7 @@ int kiln_gateway_run(const kiln_gw_options *o)
     uv_run(loop, UV_RUN_DEFAULT);
     kiln_sched_destroy(gw->sched);
     kiln_metrics_destroy(gw->metrics);
+    kiln_gw_clients_destroy(gw->clients);
     if (uv_loop_close(loop))
         KILN_LOG_WARN("gateway: event loop closed with handles still open");
     free(loop);

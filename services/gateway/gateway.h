@@ -37,6 +37,11 @@ typedef struct kiln_gw_options {
     double heartbeat_timeout_ms;
     double progress_timeout_s;
     double drain_s;
+    int max_client_connections; /* per address, 0: no limit */
+    size_t body_budget_bytes, client_body_budget_bytes;
+    int body_wait_ms;
+    double max_cost; /* Mtok per request (kiln_request_cost), 0: no ceiling */
+    double client_queue_share; /* kiln_sched_opts.client_share */
 } kiln_gw_options;
 
 #define KILN_GW_DEFAULTS                                                                        \
@@ -45,8 +50,11 @@ typedef struct kiln_gw_options {
                        .max_connections = 1024, .queue_max = 128, .header_timeout_ms = 10000,   \
                        .read_timeout_ms = 60000, .idle_timeout_ms = 60000,                     \
                        .write_timeout_ms = 60000, .request_timeout_s = 300,                    \
-                       .heartbeat_timeout_ms = 2000, .progress_timeout_s = 60,          \
-                       .drain_s = 30})
+                       .heartbeat_timeout_ms = 2000, .progress_timeout_s = 60,                \
+                       .drain_s = 30, .max_client_connections = 64,                            \
+                       .body_budget_bytes = 1024u << 20,                                       \
+                       .client_body_budget_bytes = 256u << 20, .body_wait_ms = 5000,           \
+                       .max_cost = 40, .client_queue_share = 0.25})
 
 typedef struct kiln_gateway {
     uv_loop_t *loop;
@@ -55,6 +63,10 @@ typedef struct kiln_gateway {
     kiln_api_config api;
     int64_t started; /* unix seconds, for /v1/models */
     kiln_http_server *http;
+    kiln_gw_clients *clients;
+    size_t max_frame; /* the largest bus frame a replica may send */
+    kiln_metrics_limit limits[24]; /* for /metrics */
+    int n_limits;
     kiln_gw_bus *bus;
     kiln_sched *sched;
     kiln_metrics *metrics;

@@ -196,8 +196,9 @@ static void on_closed(uv_handle_t *h)
     free(b);
 }
 
-kiln_gw_bus *kiln_gw_bus_start(uv_loop_t *loop, const char *endpoint, kiln_gw_bus_msg_cb on_msg,
-                               kiln_gw_bus_lost_cb on_lost, void *ud, kiln_err *err)
+kiln_gw_bus *kiln_gw_bus_start(uv_loop_t *loop, const char *endpoint, size_t max_msg,
+                               kiln_gw_bus_msg_cb on_msg, kiln_gw_bus_lost_cb on_lost, void *ud,
+                               kiln_err *err)
 {
     kiln_gw_bus *b = calloc(1, sizeof *b);
     if (!b) {
@@ -212,7 +213,7 @@ kiln_gw_bus *kiln_gw_bus_start(uv_loop_t *loop, const char *endpoint, kiln_gw_bu
         return NULL;
     }
     pthread_mutex_init(&b->mu, NULL);
-    b->bus = kiln_bus_bind(endpoint, err);
+    b->bus = kiln_bus_bind(endpoint, max_msg, err);
     int rc = b->bus ? uv_async_init(loop, &b->async, on_async) : -1;
     if (rc) {
         if (b->bus)

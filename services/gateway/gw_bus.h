@@ -32,10 +32,12 @@ typedef struct kiln_gw_bus kiln_gw_bus;
 typedef void (*kiln_gw_bus_msg_cb)(void *ud, const char *peer, kiln_msg *m);
 typedef void (*kiln_gw_bus_lost_cb)(void *ud, const char *peer);
 
-/* Binds the ROUTER (KILN_ERR_IO naming the endpoint when it cannot) and
- * starts the thread.  NULL with err set. */
-kiln_gw_bus *kiln_gw_bus_start(uv_loop_t *loop, const char *endpoint, kiln_gw_bus_msg_cb on_msg,
-                               kiln_gw_bus_lost_cb on_lost, void *ud, kiln_err *err);
+/* Binds the ROUTER, taking frames of at most max_msg bytes (kiln_bus_bind;
+ * KILN_ERR_IO naming the endpoint when it cannot) and starts the thread.
+ * NULL with err set. */
+kiln_gw_bus *kiln_gw_bus_start(uv_loop_t *loop, const char *endpoint, size_t max_msg,
+                               kiln_gw_bus_msg_cb on_msg, kiln_gw_bus_lost_cb on_lost, void *ud,
+                               kiln_err *err);
 
 /* Encodes m and queues it for `peer`.  KILN_ERR_INVALID when the message
  * does not encode (kiln_msg_encode's checks), _NOMEM. */

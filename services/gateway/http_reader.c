@@ -8,7 +8,7 @@
 
 #include "http_strict.h"
 
-typedef enum header_kind { H_OTHER, H_CTYPE, H_LENGTH, H_EXPECT, H_HOST, H_TE } header_kind;
+typedef enum header_kind { H_OTHER, H_CTYPE, H_LENGTH, H_EXPECT, H_HOST, H_TE, H_AUTH } header_kind;
 
 /* Host values kept for checking; a longer one is refused (no DNS name is
  * longer than 253 bytes, plus a port). */
@@ -18,7 +18,7 @@ struct kiln_http_reader {
     http_parser p;
     kiln_http_limits lim;
     kiln_http_request req;
-    size_t target_len, ctype_len, expect_len;
+    size_t target_len, ctype_len, expect_len, auth_len;
     int in_request, headers_done, complete, continue_pending;
     int error_status;
     const char *error_msg;
@@ -130,6 +130,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
                   : strcasecmp(r->field, "expect") == 0            ? H_EXPECT
                   : strcasecmp(r->field, "host") == 0              ? H_HOST
                   : strcasecmp(r->field, "transfer-encoding") == 0 ? H_TE
+                  : strcasecmp(r->field, "authorization") == 0     ? H_AUTH
                                                                    : H_OTHER;
         if (r->kind == H_CTYPE && r->n_ctype++)
             note(r, 400, "more than one Content-Type header");
@@ -157,9 +158,14 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
         if (keep(r->req.content_type, KILN_HTTP_CTYPE_MAX, &r->ctype_len, at, n))
             note(r, 431, "Content-Type header is too long");
         break;
-    case H_EXPECT: {
-        size_t room = sizeof r->expect - 1 - r->expect_len, k = n < room ? n : room;
-        keep(r->expect, sizeof r->expect - 1, &r->expect_len, at, k);
+    case H_EXPECT:
+    case H_AUTH: {
+        /* Cut short: only the start matters. */
+        char *buf = r->kind == H_EXPECT ? r->expect : r->req.authorization;
+        size_t cap = r->kind == H_EXPECT ? sizeof r->expect - 1 : KILN_HTTP_AUTH_MAX;
+        size_t *len = r->kind == H_EXPECT ? &r->expect_len : &r->auth_len;
+        size_t room = cap - *len, k = n < room ? n : room;
+        keep(buf, cap, len, at, k);
         break;
     }
     default: break;
@@ -295,7 +301,7 @@ static void reset_request(kiln_http_reader *r)
 {
     kiln_buf_free(&r->req.body);
     memset(&r->req, 0, sizeof r->req);
-    r->target_len = r->ctype_len = r->expect_len = r->field_len = 0;
+    r->target_len = r->ctype_len = r->expect_len = r->auth_len = r->field_len = 0;
     r->in_request = r->headers_done = r->complete = r->continue_pending = 0;
     r->in_value = r->n_ctype = r->noted_status = 0;
     r->noted_msg = NULL;
@@ -459,6 +465,13 @@ int kiln_http_reader_in_request(const kiln_http_reader *r)
 int kiln_http_reader_headers_done(const kiln_http_reader *r)
 {
     return r->headers_done;
+}
+
+size_t kiln_http_reader_body_need(const kiln_http_reader *r)
+{
+    if (!r->headers_done)
+        return 0;
+    return r->chunked ? r->body_max : (size_t)r->body_length;
 }
 
 int kiln_http_reader_take_continue(kiln_http_reader *r)

@@ -37,6 +37,7 @@
 
 #define KILN_HTTP_TARGET_MAX 2048   /* request target bytes */
 #define KILN_HTTP_CTYPE_MAX 1024    /* Content-Type value bytes */
+#define KILN_HTTP_AUTH_MAX 512      /* Authorization bytes kept (longer values are cut) */
 
 typedef struct kiln_http_request kiln_http_request;
 
@@ -70,6 +71,8 @@ struct kiln_http_request {
     char path[KILN_HTTP_TARGET_MAX + 1]; /* the target without its query */
     char content_type[KILN_HTTP_CTYPE_MAX + 1];
     int keep_alive; /* the client allows another request on this connection */
+    char authorization[KILN_HTTP_AUTH_MAX + 1]; /* the header's value, "" when absent */
+    uint64_t client; /* who sent it (the server sets it: clients.h), 0 when unknown */
     kiln_buf body;  /* NUL-terminated after body.len (not counted) */
 };
 
@@ -110,5 +113,10 @@ int kiln_http_reader_headers_done(const kiln_http_reader *r);
 /* 1 once per request whose headers asked for `Expect: 100-continue` and
  * were accepted (the body size is within limits). */
 int kiln_http_reader_take_continue(kiln_http_reader *r);
+
+/* Once the headers are done: the most bytes the body can hold (its
+ * Content-Length, or the route's limit for a chunked body), 0 when it has
+ * none. */
+size_t kiln_http_reader_body_need(const kiln_http_reader *r);
 
 #endif

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "api_response.h"
 #include "common/log.h"
@@ -15,6 +16,7 @@
 
 typedef enum conn_state {
     C_READING, /* reading a request (or idle between requests) */
+    C_WAITING, /* the request's body waits for budget; reading paused */
     C_BUSY,    /* the handler has the request */
     C_WRITING, /* the response is being written */
     C_LINGER,  /* our side shut down; draining what the client sends */
@@ -37,6 +39,15 @@ struct kiln_http_conn {
     kiln_buf body;
     uint64_t t_request; /* first byte of the request being read */
     uint64_t t_state;   /* entering the current state */
+    /* Clients (clients.h): the peer address's id, counted while
+     * `counted`; the request's client, what its body was charged, and
+     * whether it was admitted (or is waiting, with `whole`: the request
+     * was complete when it started to wait). */
+    char addr[64];
+    uint64_t addr_id, client;
+    int counted, admitted, whole, refused;
+    size_t charged;
+    kiln_gw_body_waiter waiter;
 };
 
 struct kiln_http_server {
@@ -49,6 +60,7 @@ struct kiln_http_server {
     int n_conns;
     struct reject *rejects;
     int n_rejects;
+    uint64_t refused;
     int port;
     int stopping, listener_closed;
 };
@@ -75,6 +87,22 @@ typedef struct reject {
 static void close_conn(kiln_http_conn *c);
 static void process(kiln_http_conn *c);
 static void arm(kiln_http_conn *c);
+static void set_reading(kiln_http_conn *c, int on);
+
+/* Gives the request's body charge back (the response is out, or the
+ * connection goes) and forgets a wait. */
+static void release_body(kiln_http_conn *c)
+{
+    kiln_gw_clients *cl = c->srv->opts.clients;
+    if (!cl)
+        return;
+    kiln_gw_clients_cancel_wait(cl, &c->waiter);
+    size_t k = c->charged;
+    c->charged = 0;
+    c->admitted = 0;
+    if (k)
+        kiln_gw_clients_give_body(cl, c->client, k);
+}
 
 static void maybe_free_server(kiln_http_server *s)
 {
@@ -94,7 +122,10 @@ static void on_conn_closed(uv_handle_t *h)
         s->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    s->n_conns--;
+    if (!c->refused)
+        s->n_conns--;
+    else
+        s->n_rejects--;
     kiln_http_reader_destroy(c->reader);
     kiln_buf_free(&c->in);
     kiln_buf_free(&c->body);
@@ -112,6 +143,10 @@ static void close_conn(kiln_http_conn *c)
         c->pending = NULL;
         c->srv->h.on_abort(c->srv->ud, c, p);
     }
+    release_body(c);
+    if (c->counted)
+        kiln_gw_clients_disconnect(c->srv->opts.clients, c->addr_id);
+    c->counted = 0;
     uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
     uv_close((uv_handle_t *)&c->timer, on_conn_closed);
 }
@@ -135,6 +170,7 @@ static void on_written(uv_write_t *w, int status)
     kiln_buf_free(&c->body);
     if (c->closing)
         return;
+    release_body(c);
     if (status < 0) {
         close_conn(c);
         return;
@@ -146,6 +182,7 @@ static void on_written(uv_write_t *w, int status)
             close_conn(c);
             return;
         }
+        set_reading(c, 1); /* drained, so closing sends no reset (reading paused for a body) */
         arm(c);
         return;
     }
@@ -183,20 +220,25 @@ static void write_response(kiln_http_conn *c, int status, const char *ctype, con
 }
 
 /* An error the server answers itself; the connection closes after it. */
-static void own_error(kiln_http_conn *c, int status, const char *msg)
+static void own_error(kiln_http_conn *c, int status, const char *code, const char *msg)
 {
     kiln_buf body = {0};
-    const char *code = status == 408   ? "timeout"
-                       : status == 413 ? "too_large"
-                       : status == 501 ? "not_implemented"
-                                       : "invalid_request";
     if (kiln_api_error_json(&body, status, msg, NULL, code, NULL))
         kiln_buf_clear(&body);
     c->close_after = 1;
     c->head_only = 0;
+    if (c->state == C_WAITING)
+        kiln_gw_clients_cancel_wait(c->srv->opts.clients, &c->waiter);
     c->srv->h.on_own_response(c->srv->ud, status);
-    write_response(c, status, "application/json", NULL, &body);
+    write_response(c, status, "application/json", status == 503 ? "Retry-After: 1\r\n" : NULL,
+                   &body);
     kiln_buf_free(&body);
+}
+
+static const char *own_code(int status)
+{
+    return status == 408 ? "timeout" : status == 413 ? "too_large"
+           : status == 501 ? "not_implemented" : "invalid_request";
 }
 
 static void on_timer(uv_timer_t *t)
@@ -205,9 +247,13 @@ static void on_timer(uv_timer_t *t)
     switch (c->state) {
     case C_READING:
         if (kiln_http_reader_in_request(c->reader))
-            own_error(c, 408, "the request did not arrive in time");
+            own_error(c, 408, "timeout", "the request did not arrive in time");
         else
             close_conn(c); /* idle keep-alive */
+        break;
+    case C_WAITING:
+        own_error(c, 503, "server_busy",
+                  "the server holds too many request bodies right now; retry later");
         break;
     case C_WRITING: /* the client does not read its response */
     case C_LINGER:
@@ -236,6 +282,7 @@ static void arm(kiln_http_conn *c)
             deadline = c->t_state + (uint64_t)o->idle_timeout_ms;
         }
         break;
+    case C_WAITING: deadline = c->t_state + (uint64_t)o->body_wait_ms; break;
     case C_WRITING: deadline = c->t_state + (uint64_t)o->write_timeout_ms; break;
     case C_LINGER: deadline = c->t_state + LINGER_MS; break;
     default: uv_timer_stop(&c->timer); return;
@@ -255,6 +302,85 @@ static void set_reading(kiln_http_conn *c, int on)
         return;
     }
     c->reading = on;
+}
+
+/* Hands the complete request to the handler. */
+static void dispatch(kiln_http_conn *c)
+{
+    kiln_http_request *req = kiln_http_reader_request(c->reader);
+    /* A chunked body was charged the route's limit: what it did not use
+     * goes back now. */
+    if (c->charged > req->body.len + 1) {
+        size_t extra = c->charged - req->body.len - 1;
+        c->charged -= extra;
+        kiln_gw_clients_give_body(c->srv->opts.clients, c->client, extra);
+    }
+    req->client = c->client;
+    c->state = C_BUSY;
+    c->close_after = !req->keep_alive;
+    c->head_only = req->method == KILN_HTTP_HEAD;
+    uv_timer_stop(&c->timer);
+    c->srv->h.on_request(c->srv->ud, c, req);
+}
+
+/* The client of the request whose head is in: its bearer token, else its
+ * address. */
+static uint64_t client_of(const kiln_http_conn *c, const kiln_http_request *req)
+{
+    const kiln_gw_clients *cl = c->srv->opts.clients;
+    const char *a = req->authorization;
+    if (strncasecmp(a, "Bearer ", 7) == 0) {
+        a += 7;
+        while (*a == ' ')
+            a++;
+        size_t n = strlen(a);
+        while (n && (a[n - 1] == ' ' || a[n - 1] == '\t'))
+            n--;
+        if (n)
+            return kiln_gw_client_id(cl, KILN_GW_CLIENT_TOKEN, a, n);
+    }
+    return c->addr_id;
+}
+
+static void body_granted(void *ud)
+{
+    kiln_http_conn *c = ud;
+    c->charged = c->waiter.bytes;
+    c->state = C_READING;
+    c->t_state = uv_now(c->srv->loop);
+    set_reading(c, 1); /* the body, or (whole) a disconnect while it is handled */
+    if (c->closing)
+        return;
+    if (c->whole)
+        dispatch(c);
+    else
+        process(c);
+}
+
+/* Once a request's head is in: charges its body to the budget, or makes
+ * it wait (reading paused).  1 to go on, 0 when it waits. */
+static int admit_body(kiln_http_conn *c, int whole)
+{
+    kiln_gw_clients *cl = c->srv->opts.clients;
+    if (c->admitted || !cl || !kiln_http_reader_headers_done(c->reader))
+        return 1;
+    c->admitted = 1;
+    c->client = client_of(c, kiln_http_reader_request(c->reader));
+    size_t need = kiln_http_reader_body_need(c->reader);
+    if (!need)
+        return 1;
+    need++; /* the reader's terminating NUL */
+    if (kiln_gw_clients_take_body(cl, c->client, need) == 0) {
+        c->charged = need;
+        return 1;
+    }
+    c->state = C_WAITING;
+    c->whole = whole;
+    c->t_state = uv_now(c->srv->loop);
+    set_reading(c, 0);
+    kiln_gw_clients_wait_body(cl, &c->waiter, c->client, need, body_granted, c);
+    arm(c);
+    return 0;
 }
 
 static void process(kiln_http_conn *c)
@@ -278,16 +404,13 @@ static void process(kiln_http_conn *c)
         if (ev == KILN_HTTP_ERROR) {
             const char *msg;
             int status = kiln_http_reader_error(c->reader, &msg);
-            own_error(c, status, msg);
+            own_error(c, status, own_code(status), msg);
             return;
         }
+        if (!admit_body(c, ev == KILN_HTTP_REQUEST))
+            return;
         if (ev == KILN_HTTP_REQUEST) {
-            kiln_http_request *req = kiln_http_reader_request(c->reader);
-            c->state = C_BUSY;
-            c->close_after = !req->keep_alive;
-            c->head_only = req->method == KILN_HTTP_HEAD;
-            uv_timer_stop(&c->timer);
-            c->srv->h.on_request(c->srv->ud, c, req);
+            dispatch(c);
             return;
         }
     }
@@ -384,6 +507,7 @@ static void reject_written(uv_write_t *w, int status)
 
 static void refuse(kiln_http_server *s)
 {
+    s->refused++;
     reject *r = calloc(1, sizeof *r);
     if (!r || uv_tcp_init(s->loop, &r->tcp)) {
         free(r);
@@ -425,6 +549,27 @@ static void refuse(kiln_http_server *s)
         uv_read_start((uv_stream_t *)&r->tcp, reject_alloc, reject_read) ||
         uv_timer_start(&r->timer, reject_timeout, LINGER_MS, 0))
         reject_close(r);
+}
+
+/* Names the peer's address and counts the connection against it; -1 when
+ * the address is at its limit. */
+static int count_address(kiln_http_conn *c)
+{
+    struct sockaddr_storage a;
+    int len = sizeof a;
+    c->addr[0] = '\0';
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&a, &len) == 0) {
+        if (a.ss_family == AF_INET6)
+            uv_ip6_name((struct sockaddr_in6 *)&a, c->addr, sizeof c->addr);
+        else
+            uv_ip4_name((struct sockaddr_in *)&a, c->addr, sizeof c->addr);
+    }
+    c->addr_id = kiln_gw_client_id(c->srv->opts.clients, KILN_GW_CLIENT_ADDRESS, c->addr,
+                                   strlen(c->addr));
+    if (kiln_gw_clients_connect(c->srv->opts.clients, c->addr_id))
+        return -1;
+    c->counted = 1;
+    return 0;
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -470,6 +615,20 @@ static void on_connection(uv_stream_t *l, int status)
     }
     uv_tcp_nodelay(&c->tcp, 1);
     set_reading(c, 1);
+    if (s->opts.clients && count_address(c)) {
+        /* Over its address's share: told so like a refused connection
+         * (and, past MAX_REJECTS of those lingering, closed at once), no
+         * longer counted as an open one. */
+        c->refused = 1;
+        s->n_conns--;
+        if (++s->n_rejects > MAX_REJECTS) {
+            s->h.on_own_response(s->ud, 503);
+            close_conn(c);
+            return;
+        }
+        own_error(c, 503, "too_many_connections", "too many connections from this client");
+        return;
+    }
     arm(c);
 }
 
@@ -528,6 +687,12 @@ kiln_http_server *kiln_http_server_start(uv_loop_t *loop, const kiln_http_server
 int kiln_http_server_port(const kiln_http_server *s)
 {
     return s->port;
+}
+
+void kiln_http_server_stats_get(const kiln_http_server *s, kiln_http_server_stats *st)
+{
+    st->connections = s->n_conns;
+    st->refused = s->refused;
 }
 
 void kiln_http_server_stop(kiln_http_server *s)

@@ -25,11 +25,16 @@
  * request_timeout_ms (else 408 and close: slowloris); an idle keep-alive
  * connection closes after idle_timeout_ms; a response not drained by the
  * client within write_timeout_ms closes the connection; past
- * max_connections a new connection gets 503 and is closed.  After an
- * error response, such a 503 (up to 64 refused connections at a time) or
- * `Connection: close` the server shuts its side down and reads what the
- * client still sends for up to 2 s before closing, so the client sees the
- * response rather than a reset.
+ * max_connections a new connection gets 503 and is closed, and so does one
+ * past its address's share (clients.h).  A request's body is charged to
+ * the body budget (clients.h) once its head is in and before more of it is
+ * read: when it does not fit, reading pauses (TCP pushes back on the
+ * client) until it does, or body_wait_ms pass (503 and close); the charge
+ * is given back when the response has been written or the connection
+ * closes.  After an error response, such a 503 (up to 64 refused
+ * connections at a time) or `Connection: close` the server shuts its side
+ * down and reads what the client still sends for up to 2 s before
+ * closing, so the client sees the response rather than a reset.
  *
  * Not thread-safe: everything runs on the loop's thread.
  */
@@ -38,6 +43,7 @@
 
 #include <uv.h>
 
+#include "clients.h"
 #include "common/buf.h"
 #include "common/error.h"
 #include "http_reader.h"
@@ -51,6 +57,8 @@ typedef struct kiln_http_server_opts {
     int request_timeout_ms;
     int idle_timeout_ms;
     int write_timeout_ms;
+    kiln_gw_clients *clients; /* connections per address and the body budget; NULL: none */
+    int body_wait_ms;         /* how long a body may wait for budget */
 } kiln_http_server_opts;
 
 typedef struct kiln_http_server kiln_http_server;
@@ -74,6 +82,13 @@ kiln_http_server *kiln_http_server_start(uv_loop_t *loop, const kiln_http_server
 
 /* The bound port. */
 int kiln_http_server_port(const kiln_http_server *s);
+
+typedef struct kiln_http_server_stats {
+    int connections;  /* open now (refused ones still lingering excluded) */
+    uint64_t refused; /* connections refused past max_connections, ever */
+} kiln_http_server_stats;
+
+void kiln_http_server_stats_get(const kiln_http_server *s, kiln_http_server_stats *st);
 
 /* Stops accepting and closes every connection (pending requests are
  * aborted through on_abort).  The memory goes once the handles have

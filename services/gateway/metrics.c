@@ -174,8 +174,34 @@ kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges
         for (int s = 0; s < KILN_STAGE_COUNT; s++)
             put(&w, "%s{stage=\"%s\"} %d\n", gauges[k].name, kiln_stage_name((kiln_stage)s), v[s]);
     }
-    put(&w, "# HELP kiln_jobs Accepted requests not yet answered.\n# TYPE kiln_jobs gauge\n"
-            "kiln_jobs %d\n", g->jobs);
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } scalars[] = {
+        {"kiln_jobs", "gauge", "Accepted requests not yet answered.", g->jobs},
+        {"kiln_connections", "gauge", "Open HTTP connections.", g->connections},
+        {"kiln_clients", "gauge",
+         "Clients (bearer token, else address) holding a connection or a request body.",
+         g->clients},
+        {"kiln_body_bytes", "gauge", "Request body bytes held, charged to the body budget.",
+         g->body_bytes},
+        {"kiln_body_waiting", "gauge", "Request bodies waiting for the body budget.",
+         g->body_waiting},
+        {"kiln_body_waits_total", "counter", "Request bodies that had to wait for the body budget.",
+         g->body_waits},
+    };
+    for (size_t k = 0; k < sizeof scalars / sizeof scalars[0]; k++)
+        put(&w, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", scalars[k].name, scalars[k].help,
+            scalars[k].name, scalars[k].type, scalars[k].name, scalars[k].v);
+    put(&w, "# HELP kiln_connections_refused_total Connections refused (503), by the limit.\n"
+            "# TYPE kiln_connections_refused_total counter\n"
+            "kiln_connections_refused_total{reason=\"max_connections\"} %.0f\n"
+            "kiln_connections_refused_total{reason=\"max_client_connections\"} %.0f\n",
+        g->refused_global, g->refused_client);
+    put(&w, "# HELP kiln_limit Configured limits (bytes, seconds, counts).\n"
+            "# TYPE kiln_limit gauge\n");
+    for (int i = 0; i < g->n_limits; i++)
+        put(&w, "kiln_limit{name=\"%s\"} %.17g\n", g->limits[i].name, g->limits[i].value);
 
     put(&w, "# HELP kiln_latency_seconds Request latency by phase.\n"
             "# TYPE kiln_latency_seconds histogram\n");

@@ -15,9 +15,12 @@
  * reports it), kiln_images_generated_total (rate() gives images/s),
  * kiln_events_total{event} (replica_lost: an incarnation fenced,
  * redispatch, timeout, cancel, handoff_failure), kiln_bus_rejected_total{reason} (bus
- * messages that did not count, see kiln_reject), and the gauges
+ * messages that did not count, see kiln_reject), the gauges
  * kiln_queue_depth{stage}, kiln_inflight{stage}, kiln_replicas{stage},
- * kiln_jobs.
+ * kiln_jobs, kiln_connections, kiln_clients, kiln_body_bytes,
+ * kiln_body_waiting, the counters kiln_body_waits_total and
+ * kiln_connections_refused_total{reason}, and every configured limit as
+ * kiln_limit{name}.
  *
  * Not thread-safe: the event loop thread alone updates and renders.
  */
@@ -69,7 +72,13 @@ typedef enum kiln_reject {
     KILN_REJECT_COUNT
 } kiln_reject;
 
-/* Values read at render time from the scheduler. */
+/* A configured limit, exported as kiln_limit{name="..."}. */
+typedef struct kiln_metrics_limit {
+    const char *name;
+    double value;
+} kiln_metrics_limit;
+
+/* Values read at render time from the scheduler and the HTTP side. */
 typedef struct kiln_metrics_gauges {
     int queued[KILN_STAGE_COUNT];   /* jobs waiting in the gateway's stage queue */
     int inflight[KILN_STAGE_COUNT]; /* jobs sent to a replica, not done */
@@ -77,6 +86,14 @@ typedef struct kiln_metrics_gauges {
     int jobs;                       /* accepted requests not yet answered */
     int handoff_failures;           /* consumers that could not open their inputs, in all */
     int handoff_streak[KILN_STAGE_COUNT]; /* ...in a row into a stage */
+    int connections;                /* open HTTP connections */
+    int clients;                    /* clients holding a connection or a body */
+    double body_bytes;              /* request body bytes held (the body budget's use) */
+    int body_waiting;               /* bodies waiting for budget */
+    double body_waits;              /* bodies that had to wait, ever */
+    double refused_global, refused_client; /* connections refused, ever */
+    const kiln_metrics_limit *limits;
+    int n_limits;
 } kiln_metrics_gauges;
 
 typedef struct kiln_metrics kiln_metrics;

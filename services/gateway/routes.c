@@ -36,6 +36,7 @@ typedef struct gw_pending {
     kiln_api_error e;
     kiln_status st;
     uint64_t job;
+    uint64_t client; /* the HTTP request's (clients.h) */
 } gw_pending;
 
 static void reply(kiln_gateway *gw, kiln_http_conn *c, const char *route, int status,
@@ -103,10 +104,29 @@ static void route_ready(kiln_gateway *gw, kiln_http_conn *c)
     reply_text(gw, c, R_READY, ok ? 200 : 503, "application/json", text);
 }
 
+/* The gauges of /metrics: the scheduler's, the HTTP side's and the limits. */
+static void gauges(kiln_gateway *gw, kiln_metrics_gauges *g)
+{
+    kiln_sched_gauges(gw->sched, g);
+    kiln_http_server_stats hs;
+    kiln_http_server_stats_get(gw->http, &hs);
+    kiln_gw_clients_stats cs;
+    kiln_gw_clients_stats_get(gw->clients, &cs);
+    g->connections = hs.connections;
+    g->refused_global = (double)hs.refused;
+    g->refused_client = (double)cs.conn_refused;
+    g->clients = cs.clients;
+    g->body_bytes = (double)cs.body_bytes;
+    g->body_waiting = cs.body_waiting;
+    g->body_waits = (double)cs.body_waits;
+    g->limits = gw->limits;
+    g->n_limits = gw->n_limits;
+}
+
 static void route_metrics(kiln_gateway *gw, kiln_http_conn *c)
 {
     kiln_metrics_gauges g;
-    kiln_sched_gauges(gw->sched, &g);
+    gauges(gw, &g);
     kiln_buf body = {0};
     /* Counted before rendering, so a scrape sees itself. */
     kiln_metrics_request(gw->metrics, R_METRICS, 200);
@@ -142,6 +162,7 @@ static void parse_work(uv_work_t *w)
     gw_pending *p = w->data;
     p->st = kiln_api_parse(p->kind, p->content_type, p->body.data, p->body.len, &p->gw->api,
                            &p->req, &p->e);
+    p->req.client = p->client;
     kiln_buf_free(&p->body);
 }
 
@@ -231,6 +252,7 @@ static void route_images(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request 
     snprintf(p->id, sizeof p->id, "req_%016llx",
              (unsigned long long)(gw->request_base + ++gw->n_requests));
     p->kind = kind;
+    p->client = req->client;
     p->state = P_PARSING;
     memcpy(p->content_type, req->content_type, sizeof p->content_type);
     p->body = req->body;

@@ -29,7 +29,7 @@ kiln_sched *kiln_sched_create(const kiln_sched_opts *opts, const kiln_sched_ops 
     link_init(&s->replicas);
     link_init(&s->all);
     for (int i = 0; i < KILN_STAGE_COUNT; i++)
-        link_init(&s->queue[i]);
+        kiln_fairq_init(&s->queue[i]);
     s->next_id = 1;
     return s;
 }
@@ -54,6 +54,8 @@ void kiln_sched_destroy(kiln_sched *s)
         free(r);
     }
     kiln_idmap_free(&s->jobs);
+    for (int i = 0; i < KILN_STAGE_COUNT; i++)
+        kiln_fairq_free(&s->queue[i]);
     free(s);
 }
 
@@ -93,13 +95,13 @@ void sched_detach(kiln_sched *s, sched_job *j)
 {
     if (j->state == JOB_QUEUED) {
         s->queued[j->stage]--;
+        kiln_fairq_remove(&s->queue[j->stage], &j->fq);
     } else if (j->state == JOB_RUNNING) {
         s->inflight[j->stage]--;
         j->on->n_inflight--;
         j->on = NULL;
-    }
-    if (j->state != JOB_NEW)
         link_remove(&j->qnode);
+    }
     j->state = JOB_NEW;
 }
 
@@ -167,10 +169,14 @@ void sched_enqueue(kiln_sched *s, sched_job *j, kiln_stage stage, int front, dou
                    kiln_stage_name(stage));
         return;
     }
+    kiln_err err = {0};
+    if (kiln_fairq_push(&s->queue[stage], &j->fq, j->req.client, j->req.cost, front, &err)) {
+        sched_fail(s, j, 500, "server_error", "out of memory queueing the request");
+        return;
+    }
     j->stage = stage;
     j->state = JOB_QUEUED;
     j->t_enqueue = now;
-    link_insert_before(front ? s->queue[stage].next : &s->queue[stage], &j->qnode);
     s->queued[stage]++;
 }
 
@@ -277,11 +283,11 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
 void sched_dispatch(kiln_sched *s, double now)
 {
     for (int st = KILN_STAGE_COUNT - 1; st >= 0; st--) /* later stages first: finish work */
-        while (!link_empty(&s->queue[st])) {
+        for (kiln_fairq_node *next; (next = kiln_fairq_peek(&s->queue[st]));) {
             sched_replica *r = pick(s, (kiln_stage)st);
             if (!r)
                 break;
-            send_job(s, LINK_OWNER(s->queue[st].next, sched_job, qnode), r, now);
+            send_job(s, FQ_JOB(next), r, now);
         }
 }
 
@@ -297,6 +303,16 @@ kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client
             return kiln_err_set(err, KILN_ERR_BUSY, "the server is busy (the %s queue is full); "
                                                     "retry later",
                                 kiln_stage_name((kiln_stage)st));
+    if (s->opts.client_share > 0) {
+        int cap = (int)(s->opts.client_share * s->opts.queue_max + 0.999), mine = 0;
+        if (cap < 1)
+            cap = 1;
+        for (sched_link *l = s->all.next; l != &s->all; l = l->next)
+            mine += LINK_OWNER(l, sched_job, anode)->req.client == req->client;
+        if (mine >= cap)
+            return kiln_err_set(err, KILN_ERR_BUSY, "the server is busy with %d requests of "
+                                                    "this client, its share; retry later", mine);
+    }
     if (req->req.n < 1 || req->req.n > KILN_PROTO_MAX_ROWS)
         return kiln_err_set(err, KILN_ERR_INVALID, "n must be between 1 and %d",
                             KILN_PROTO_MAX_ROWS);

@@ -11,7 +11,8 @@
  *   kiln_sched_tick(s, now);         // every 250 ms: heartbeats, progress, timeouts
  *
  * A request becomes one job that flows encode -> denoise -> decode.  Each
- * stage has a FIFO queue in the gateway; a job is sent to a live replica
+ * stage has a queue in the gateway, fair across clients and weighted by
+ * the requests' cost (fairq.h); a job is sent to a live replica
  * of its stage only while that replica has credits (pull: a replica's
  * `ready` adds credits, each `done` returns one, each job sent takes one).
  * Outputs of a stage are forwarded as the next stage's inputs by reference
@@ -54,6 +55,10 @@ typedef struct kiln_sched kiln_sched;
 typedef struct kiln_sched_opts {
     const char *model_id;      /* replicas serving another model are refused */
     int queue_max;             /* per stage: admission refuses (429) beyond it */
+    /* A client (kiln_api_request.client) may have at most this share of
+     * queue_max requests accepted and unanswered (at least one); beyond,
+     * 429.  0: no per-client limit. */
+    double client_share;
     double heartbeat_timeout_ms; /* 2000 */
     /* A replica with jobs in flight whose progress (hb.progress, dones)
      * stands still this long is fenced: its backend hangs. */
@@ -96,8 +101,8 @@ void kiln_sched_destroy(kiln_sched *s);
  * waits in the encode queue until kiln_sched_kick (so that finish never
  * runs before the caller has recorded the id).  Errors leave req to the
  * caller: KILN_ERR_UNAVAILABLE (503: a stage has no live replica),
- * KILN_ERR_BUSY (429: a stage queue is full), _INVALID (n beyond the
- * protocol's rows), _NOMEM. */
+ * KILN_ERR_BUSY (429: a stage queue is full, or the client has its share
+ * of requests in), _INVALID (n beyond the protocol's rows), _NOMEM. */
 kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client, double now,
                               uint64_t *id, kiln_err *err);
 

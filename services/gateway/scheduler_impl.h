@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 
+#include "fairq.h"
 #include "idmap.h"
 #include "scheduler.h"
 
@@ -77,7 +78,8 @@ typedef struct sched_job {
     kiln_stage stage;
     job_state state;
     sched_replica *on; /* JOB_RUNNING */
-    sched_link qnode;  /* stage queue or replica in-flight list */
+    kiln_fairq_node fq; /* JOB_QUEUED: in its stage's queue */
+    sched_link qnode;  /* JOB_RUNNING: in its replica's in-flight list */
     sched_link anode;  /* kiln_sched.all, in submission order */
     int redispatched;
     /* The previous stage's done, owning the current stage's input
@@ -96,7 +98,7 @@ struct kiln_sched {
     void *ud;
     kiln_metrics *metrics;
     sched_link replicas;
-    sched_link queue[KILN_STAGE_COUNT];
+    kiln_fairq queue[KILN_STAGE_COUNT]; /* fair across clients (fairq.h) */
     int queued[KILN_STAGE_COUNT], inflight[KILN_STAGE_COUNT];
     sched_link all;
     int n_jobs;
@@ -117,6 +119,8 @@ struct kiln_sched {
     } tombs[SCHED_TOMBSTONES];
     int n_tombs, next_tomb;
 };
+
+#define FQ_JOB(node) LINK_OWNER(node, sched_job, fq)
 
 /* scheduler.c */
 void sched_enqueue(kiln_sched *s, sched_job *j, kiln_stage stage, int front, double now);

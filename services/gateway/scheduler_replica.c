@@ -104,9 +104,9 @@ void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, doubl
     /* Queued jobs whose inputs it made start over too; the ranges go back
      * to it while it still runs. */
     for (int st = KILN_STAGE_DENOISE; st < KILN_STAGE_COUNT; st++)
-        for (sched_link *l = s->queue[st].next, *next; l != &s->queue[st]; l = next) {
-            next = l->next;
-            sched_job *j = LINK_OWNER(l, sched_job, qnode);
+        for (kiln_fairq_node *n = kiln_fairq_first(&s->queue[st]), *next; n; n = next) {
+            next = kiln_fairq_next(&s->queue[st], n);
+            sched_job *j = FQ_JOB(n);
             if (sched_job_holds_from(j, r->id, r->epoch))
                 rerun_or_fail(s, j, kiln_stage_name(r->stage), why, now);
         }
@@ -116,8 +116,8 @@ void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, doubl
     announce_gone(s, r);
     if (sched_live(s, r->stage))
         return;
-    while (!link_empty(&s->queue[r->stage]))
-        sched_fail(s, LINK_OWNER(s->queue[r->stage].next, sched_job, qnode), 503,
+    for (kiln_fairq_node *n; (n = kiln_fairq_peek(&s->queue[r->stage]));)
+        sched_fail(s, FQ_JOB(n), 503,
                    "stage_unavailable", "no %s replica is available", kiln_stage_name(r->stage));
 }
 

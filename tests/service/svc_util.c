@@ -128,15 +128,15 @@ pid_t svc_spawn_service(const char *name, const char *bus, const char *const *ex
     return svc_spawn(argv, env, svc_tmp(log));
 }
 
-int svc_start_service(const char *const *gateway_extra, const char *const *env, pid_t pids[4])
+int svc_start_service(const char *const *const extra[4], const char *const *env, pid_t pids[4])
 {
     static const char *const stages[] = {"encoder", "denoiser", "decoder"};
     char bus[128];
     snprintf(bus, sizeof bus, "ipc://%s/bus", svc.tmpdir);
-    pids[0] = svc_spawn_service("gateway", bus, gateway_extra, env);
+    pids[0] = svc_spawn_service("gateway", bus, extra[0], env);
     int port = svc_log_port(svc_tmp("gateway.log"), 30000);
     for (int i = 0; i < 3; i++)
-        pids[i + 1] = svc_spawn_service(stages[i], bus, NULL, env);
+        pids[i + 1] = svc_spawn_service(stages[i], bus, extra[i + 1], env);
     return port > 0 && svc_wait_ready(port, 60000) == 0 ? port : -1;
 }
 

@@ -62,11 +62,12 @@ void svc_sleep_ms(int ms);
 pid_t svc_spawn_service(const char *name, const char *bus, const char *const *extra,
                         const char *const *env);
 
-/* kiln-gateway (with `gateway_extra`) and one encoder, denoiser and
- * decoder on the bus ipc://<tmpdir>/bus, as svc_spawn_service starts them,
- * into pids[4] in that order; waits until /readyz answers.  The gateway's
- * port, or -1 (every process was started: stop them). */
-int svc_start_service(const char *const *gateway_extra, const char *const *env, pid_t pids[4]);
+/* kiln-gateway and one encoder, denoiser and decoder on the bus
+ * ipc://<tmpdir>/bus, as svc_spawn_service starts them with extra[i] (or
+ * NULL) added to their arguments, into pids[4] in that order; waits until
+ * /readyz answers.  The gateway's port, or -1 (every process was started:
+ * stop them). */
+int svc_start_service(const char *const *const extra[4], const char *const *env, pid_t pids[4]);
 
 /* fork + exec with stdout and stderr appended to `log`; the child gets
  * SIGTERM if this test dies.  `env` (NULL-terminated "K=V" strings, or

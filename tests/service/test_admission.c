@@ -13,7 +13,18 @@
  *   is 413 before its body is sent; JSON bodies past the node budget, with
  *   an escaped NUL or a raw control character are 400 naming the field,
  *   and the gateway's peak memory stays far below what parsing them would
- *   have cost. */
+ *   have cost;
+ * - the body budget: a client's bodies past its share wait unread, then
+ *   get 503, while the gateway holds only what it admitted;
+ * - connections per client: an address at its limit gets 503 for one
+ *   more, another address does not, and a freed slot is usable again;
+ * - bus frames: a rogue peer sending frames over the largest legal message
+ *   is cut off before they are taken in: the gateway's memory stays flat
+ *   and no replica is taken for lost;
+ * - cost: a request over --max-cost is 400 naming its cost and the limit;
+ *   a client flooding the queue gets 429 past its share of it, and the
+ *   fair queue serves the well-behaved client after at most the flood's
+ *   jobs already on the denoiser, not after the whole flood. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -22,12 +33,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "common/log.h"
 #include "tests/service/svc_util.h"
 #include "tests/test.h"
 
 #define GOOD_AUTH "Authorization: Bearer well-behaved\r\n"
+
+/* The gateway's limits here: small, so that reaching them is cheap. */
+#define MAX_BODY_MB 16
+#define BODY_WAIT_MS 3000
+#define CLIENT_CONNS 16
+#define QUEUE_MAX 40   /* with --client-queue-share 0.25: 10 requests a client */
+#define FLOOD 12
 
 static pid_t procs[4]; /* gateway, encoder, denoiser, decoder */
 static const char *names[4] = {"gateway", "encoder", "denoiser", "decoder"};
@@ -279,13 +298,310 @@ static void test_body_limits(void)
     good_check(&g, base, "body limits");
 }
 
+/* ---- the body budget ---- */
+
+/* Sends what the socket takes within timeout_ms; the bytes sent. */
+static size_t send_some(int fd, const char *data, size_t len, int timeout_ms)
+{
+    size_t sent = 0;
+    double until = kiln_now_ms() + timeout_ms;
+    while (sent < len && kiln_now_ms() < until) {
+        size_t k = len - sent < 65536 ? len - sent : 65536;
+        if (gwc_send(fd, data + sent, k, 50))
+            continue;
+        sent += k;
+    }
+    return sent;
+}
+
+static double metric(const char *prefix)
+{
+    kiln_buf m = {0};
+    double v = svc_metrics(port, &m) == 0 ? svc_metric((const char *)m.data, prefix) : -1;
+    kiln_buf_free(&m);
+    return v;
+}
+
+/* Waits until the metric is at least `lo` and at most `hi`; 0 or -1. */
+static int wait_metric_in(const char *prefix, double lo, double hi, int timeout_ms)
+{
+    double until = kiln_now_ms() + timeout_ms;
+    for (;;) {
+        double v = metric(prefix);
+        if (v >= lo && v <= hi)
+            return 0;
+        if (kiln_now_ms() > until) {
+            fprintf(stderr, "%s is %g, not in [%g, %g]\n", prefix, v, lo, hi);
+            return -1;
+        }
+        svc_sleep_ms(50);
+    }
+}
+
+static void test_body_budget(void)
+{
+    double base = baseline();
+    CHECK(base > 0);
+    good_client g;
+    good_start(&g);
+    /* One client (its address) starts six edits of 15 MiB: its share
+     * (--client-body-budget-mb 16) admits one; the rest wait unread. */
+    enum { N = 6 };
+    size_t len = (MAX_BODY_MB - 1u) << 20;
+    char *body = malloc(len);
+    memset(body, 'a', len);
+    char head[256];
+    snprintf(head, sizeof head, "POST /v1/images/edits HTTP/1.1\r\nHost: a\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", len);
+    double waits0 = metric("kiln_body_waits_total ");
+    long before = gateway_peak_kb(1);
+    int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = gwc_connect(port);
+        CHECK(fds[i] >= 0 && gwc_send(fds[i], head, strlen(head), 5000) == 0);
+    }
+    /* The admitted one sends all but its last byte; the others push what
+     * the kernel will buffer for them. */
+    CHECK(gwc_send(fds[0], body, len - 1, 30000) == 0);
+    size_t pushed = 0;
+    for (int i = 1; i < N; i++)
+        pushed += send_some(fds[i], body, len, 200);
+    double t0 = kiln_now_ms();
+    for (int i = 1; i < N; i++) {
+        gwc_response r = {0};
+        kiln_buf in = {0};
+        int rc = gwc_read_response(fds[i], &in, &r, BODY_WAIT_MS + 10000);
+        CHECKF(rc == 0 && r.status == 503 && r.body.data &&
+                   strstr((const char *)r.body.data, "server_busy") && gwc_wait_closed(fds[i], 5000),
+               "waiting body %d: rc %d, status %d", i, rc, r.status);
+        gwc_response_free(&r);
+        kiln_buf_free(&in);
+    }
+    double waited = kiln_now_ms() - t0;
+    long peak = gateway_peak_kb(0);
+    KILN_LOG_INFO("admission: 6 x 15 MiB bodies of one client: %zu MiB pushed by the waiting "
+                  "ones, 503 after %.0f ms, gateway peak RSS %ld -> %ld kB", pushed >> 20, waited,
+                  before, peak);
+    CHECKF(peak - before < 40 * 1024, "the gateway's peak RSS grew by %ld kB", peak - before);
+    CHECK(metric("kiln_body_waits_total ") - waits0 >= N - 1);
+    CHECK(metric("kiln_body_waiting ") == 0);
+    /* The admitted body was charged; its client leaving gives it back. */
+    CHECK(metric("kiln_body_bytes ") >= (double)len);
+    close(fds[0]);
+    for (int i = 1; i < N; i++)
+        close(fds[i]);
+    CHECK(wait_metric_in("kiln_body_bytes ", 0, 4096, 10000) == 0);
+    free(body);
+    good_check(&g, base, "body budget");
+}
+
+/* ---- connections per client ---- */
+
+static void test_client_connections(void)
+{
+    double base = baseline();
+    CHECK(base > 0);
+    good_client g;
+    good_start(&g);
+    double refused0 = metric("kiln_connections_refused_total{reason=\"max_client_connections\"}");
+    int fds[CLIENT_CONNS];
+    for (int i = 0; i < CLIENT_CONNS; i++)
+        CHECK((fds[i] = gwc_connect_from(port, "127.0.0.2")) >= 0);
+    /* Make sure the gateway has them all before the next. */
+    CHECK(wait_metric_in("kiln_connections ", CLIENT_CONNS, 1e9, 10000) == 0);
+    int extra = gwc_connect_from(port, "127.0.0.2");
+    gwc_response r = {0};
+    kiln_buf in = {0};
+    CHECK(extra >= 0 && gwc_read_response(extra, &in, &r, 10000) == 0);
+    CHECKF(r.status == 503 && r.body.data &&
+               strstr((const char *)r.body.data, "too many connections from this client"),
+           "connection %d of one address: status %d", CLIENT_CONNS + 1, r.status);
+    CHECK(gwc_wait_closed(extra, 5000));
+    close(extra);
+    gwc_response_free(&r);
+    kiln_buf_free(&in);
+    CHECK(metric("kiln_connections_refused_total{reason=\"max_client_connections\"}") ==
+          refused0 + 1);
+    /* Another address is served; a slot the first frees is usable. */
+    CHECK(svc_get_status(port, "/healthz") == 200);
+    close(fds[0]);
+    double until = kiln_now_ms() + 10000;
+    int st = -1;
+    while (st != 200 && kiln_now_ms() < until) {
+        int fd = gwc_connect_from(port, "127.0.0.2");
+        kiln_buf req = {0};
+        gwc_format(&req, "GET", "/healthz", NULL, NULL, 0, 1);
+        if (fd >= 0 && gwc_send(fd, req.data, req.len, 5000) == 0 &&
+            gwc_read_response(fd, &in, &r, 5000) == 0)
+            st = r.status;
+        gwc_response_free(&r);
+        kiln_buf_free(&in);
+        kiln_buf_free(&req);
+        if (fd >= 0)
+            close(fd);
+        if (st != 200)
+            svc_sleep_ms(50);
+    }
+    CHECKF(st == 200, "a freed connection slot of 127.0.0.2 was not usable: %d", st);
+    for (int i = 1; i < CLIENT_CONNS; i++)
+        close(fds[i]);
+    good_check(&g, base, "connections per client");
+}
+
+/* ---- bus frames ---- */
+
+static void test_bus_frames(void)
+{
+    double base = baseline();
+    CHECK(base > 0);
+    good_client g;
+    good_start(&g);
+    double lost0 = metric("kiln_events_total{event=\"replica_lost\"}");
+    double limit = metric("kiln_limit{name=\"bus_max_frame_bytes\"}");
+    size_t len = 64u << 20;
+    CHECKF(limit > 0 && limit < len, "bus_max_frame_bytes %.0f", limit);
+    char *frame = malloc(len);
+    memset(frame, 0x81, len); /* a msgpack fixmap header, and more */
+    char bus[256];
+    snprintf(bus, sizeof bus, "ipc://%s/bus", svc.tmpdir);
+    long before = gateway_peak_kb(1);
+    void *ctx = zmq_ctx_new();
+    void *rogue = zmq_socket(ctx, ZMQ_DEALER);
+    CHECK(rogue && !zmq_setsockopt(rogue, ZMQ_ROUTING_ID, "rogue-1", 7) && !zmq_connect(rogue, bus));
+    for (int i = 0; i < 3; i++) {
+        zmq_msg_t m;
+        zmq_msg_init_data(&m, frame, len, NULL, NULL); /* no copy: the buffer outlives it */
+        CHECK(zmq_msg_send(&m, rogue, 0) == (int)len);
+    }
+    svc_sleep_ms(1500);
+    long peak = gateway_peak_kb(0);
+    KILN_LOG_INFO("admission: 3 x 64 MiB bus frames (limit %.0f bytes): gateway peak RSS %ld -> "
+                  "%ld kB", limit, before, peak);
+    CHECKF(peak - before < 32 * 1024, "the gateway's peak RSS grew by %ld kB", peak - before);
+    CHECK(metric("kiln_events_total{event=\"replica_lost\"}") == lost0);
+    CHECK(metric("kiln_replicas{") == 3);
+    int linger = 0;
+    zmq_setsockopt(rogue, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_close(rogue);
+    zmq_ctx_term(ctx);
+    free(frame);
+    good_check(&g, base, "bus frames");
+}
+
+/* ---- cost and fair queuing ---- */
+
+typedef struct flood_req {
+    pthread_t thread;
+    int i, status;
+    double ms, end;
+} flood_req;
+
+/* A request of the flooding client: a few steps at its own size. */
+static void *flood_run(void *arg)
+{
+    flood_req *f = arg;
+    char json[256];
+    snprintf(json, sizeof json, "{\"prompt\":\"flood %d\",\"size\":\"%dx64\",\"seed\":%d,"
+             "\"num_inference_steps\":3,\"max_sequence_length\":32}", f->i, 64 + 16 * (f->i % 8),
+             f->i);
+    gwc_response r;
+    double t0 = kiln_now_ms();
+    int fd = gwc_connect_from(port, "127.0.0.3");
+    kiln_buf req = {0}, in = {0};
+    gwc_format_h(&req, "POST", "/v1/images/generations", "application/json",
+                 "Authorization: Bearer flood\r\n", json, strlen(json), 1);
+    f->status = fd >= 0 && gwc_send(fd, req.data, req.len, 5000) == 0 &&
+                        gwc_read_response(fd, &in, &r, SVC_T_REQ) == 0
+                    ? r.status
+                    : -1;
+    f->end = kiln_now_ms();
+    f->ms = f->end - t0;
+    if (f->status > 0)
+        gwc_response_free(&r);
+    kiln_buf_free(&req), kiln_buf_free(&in);
+    if (fd >= 0)
+        close(fd);
+    return NULL;
+}
+
+static void test_cost_and_fairness(void)
+{
+    /* Over the ceiling: 400, naming the cost and the limit. */
+    gwc_response r;
+    CHECK(svc_post_json(port, "/v1/images/generations",
+                        "{\"prompt\":\"x\",\"size\":\"256x256\",\"n\":10,"
+                        "\"num_inference_steps\":200}", &r, 30000) == 0);
+    CHECKF(r.status == 400 && r.body.data &&
+               strstr((const char *)r.body.data, "cost_limit_exceeded") &&
+               strstr((const char *)r.body.data, "limit is 1 Mtok"),
+           "status %d: %.300s", r.status, r.body.data ? (char *)r.body.data : "");
+    gwc_response_free(&r);
+    CHECK(metric("kiln_limit{name=\"max_request_cost_mtok\"}") == 1);
+
+    double base = baseline();
+    CHECK(base > 0);
+    /* One flood request alone: what a job of the flood costs here. */
+    flood_req one = {.i = 99};
+    flood_run(&one);
+    CHECK(one.status == 200);
+    /* The flood: FLOOD requests at once from one client, its share being
+     * QUEUE_MAX / 4 = 10: the rest get 429. */
+    flood_req f[FLOOD];
+    for (int i = 0; i < FLOOD; i++) {
+        f[i] = (flood_req){.i = i};
+        CHECK(pthread_create(&f[i].thread, NULL, flood_run, &f[i]) == 0);
+    }
+    CHECK(wait_metric_in("kiln_jobs ", QUEUE_MAX / 4, 1e9, 30000) == 0);
+    /* The well-behaved client, while the flood waits: it goes ahead of the
+     * flood's queued jobs, behind the ones the denoiser already holds (one
+     * running, one waiting) and one per stage it may meet there. */
+    double ms = good_request(), good_end = kiln_now_ms();
+    int ok = 0, busy = 0, after = 0;
+    double flood_last = 0;
+    for (int i = 0; i < FLOOD; i++) {
+        pthread_join(f[i].thread, NULL);
+        ok += f[i].status == 200;
+        busy += f[i].status == 429;
+        after += f[i].status == 200 && f[i].end > good_end;
+        if (f[i].ms > flood_last)
+            flood_last = f[i].ms;
+    }
+    double bound = base + 4 * one.ms + 2000;
+    KILN_LOG_INFO("admission: flood of %d (%d served, %d refused, one alone %.0f ms, the last "
+                  "after %.0f ms): well-behaved request %.0f ms (baseline %.0f, bound %.0f), "
+                  "%d flood requests finished after it", FLOOD, ok, busy, one.ms, flood_last, ms,
+                  base, bound, after);
+    /* First come, first served would have put it after all of them. */
+    CHECKF(after >= ok - 4, "only %d of %d flood requests finished after the well-behaved one",
+           after, ok);
+    CHECKF(ok == QUEUE_MAX / 4 && busy == FLOOD - QUEUE_MAX / 4, "flood: %d served, %d 429", ok,
+           busy);
+    CHECKF(ms > 0 && ms <= bound, "the well-behaved request took %.0f ms (bound %.0f)", ms, bound);
+    /* The bound means something: the flood as a whole took much longer. */
+    CHECKF(flood_last > bound, "the flood took only %.0f ms", flood_last);
+}
+
 /* ---- set-up ---- */
 
 static int start(void)
 {
     const char *const env[] = {"OMP_NUM_THREADS=1", NULL};
-    const char *const gw[] = {"--max-size", "256", NULL};
-    if ((port = svc_start_service(gw, env, procs)) < 0)
+    static char body[16], conns[16], wait[16];
+    snprintf(body, sizeof body, "%d", MAX_BODY_MB);
+    snprintf(conns, sizeof conns, "%d", CLIENT_CONNS);
+    snprintf(wait, sizeof wait, "%d", BODY_WAIT_MS);
+    static char queue[16];
+    snprintf(queue, sizeof queue, "%d", QUEUE_MAX);
+    const char *const gw[] = {"--max-size", "256", "--max-body-mb", body,
+                              "--client-body-budget-mb", body, "--body-budget-mb", "64",
+                              "--body-wait-ms", wait, "--max-client-connections", conns,
+                              "--max-cost", "1", "--queue-max", queue,
+                              "--client-queue-share", "0.25", NULL};
+    /* One job on the denoiser at a time (and one waiting there): what the
+     * gateway's fair queue cannot reorder is then small. */
+    const char *const den[] = {"--max-batch", "1", NULL};
+    const char *const *const extra[4] = {gw, NULL, den, NULL};
+    if ((port = svc_start_service(extra, env, procs)) < 0)
         return -1;
     /* The first request warms the replicas up; it is not a baseline. */
     return good_request() < 0 ? -1 : 0;
@@ -304,6 +620,10 @@ int main(void)
     }
     RUN(test_strict_framing);
     RUN(test_body_limits);
+    RUN(test_body_budget);
+    RUN(test_client_connections);
+    RUN(test_bus_frames);
+    RUN(test_cost_and_fairness);
     for (int i = 3; i >= 0; i--) {
         int st = svc_stop(procs[i], 30000);
         CHECKF(st == 0, "%s exit status %d", names[i], st);

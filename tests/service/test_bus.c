@@ -1,7 +1,8 @@
 /* Bus sockets: DEALER <-> ROUTER round trips with routing ids, the
  * connection event a replica registers on (again after the ROUTER side
  * restarts), refusal to send to unknown peers, and messages with the wrong
- * frame count dropped without desynchronising the socket. */
+ * frame count dropped without desynchronising the socket, frames over the
+ * ROUTER's limit never taken in. */
 #include <stdio.h>
 #include <unistd.h>
 
@@ -44,7 +45,7 @@ static int recv_one(kiln_bus *b, char *peer, size_t cap, kiln_buf *f)
 static void test_roundtrip_and_reconnect(void)
 {
     kiln_err err = {0};
-    kiln_bus *router = kiln_bus_bind(endpoint, &err);
+    kiln_bus *router = kiln_bus_bind(endpoint, 0, &err);
     CHECKF(router != NULL, "%s", err.msg);
     kiln_bus *dealer = kiln_bus_connect(endpoint, "decode-test-1", &err);
     CHECKF(dealer != NULL, "%s", err.msg);
@@ -75,7 +76,7 @@ static void test_roundtrip_and_reconnect(void)
     /* The gateway restarts: the replica sees a new connection (and would
      * say hello again), and messages flow to the new ROUTER. */
     kiln_bus_close(router);
-    router = kiln_bus_bind(endpoint, &err);
+    router = kiln_bus_bind(endpoint, 0, &err);
     CHECKF(router != NULL, "%s", err.msg);
     CHECK(wait_flag(dealer, KILN_BUS_CONNECTED));
     CHECK(kiln_bus_send_msg(dealer, NULL, &hb, &err) == KILN_OK);
@@ -91,7 +92,7 @@ static void test_roundtrip_and_reconnect(void)
 static void test_bad_framing(void)
 {
     kiln_err err = {0};
-    kiln_bus *router = kiln_bus_bind(endpoint, &err);
+    kiln_bus *router = kiln_bus_bind(endpoint, 0, &err);
     void *ctx = zmq_ctx_new();
     void *raw = zmq_socket(ctx, ZMQ_DEALER);
     CHECK(router && raw && !zmq_setsockopt(raw, ZMQ_ROUTING_ID, "raw-1", 5) &&
@@ -108,7 +109,48 @@ static void test_bad_framing(void)
     zmq_close(raw);
     zmq_ctx_term(ctx);
     kiln_bus_close(router);
-    CHECK(kiln_bus_bind("nonsense://x", &err) == NULL && err.code == KILN_ERR_IO);
+    CHECK(kiln_bus_bind("nonsense://x", 0, &err) == NULL && err.code == KILN_ERR_IO);
+}
+
+/* A ROUTER bound with a frame limit: a peer announcing a larger frame is
+ * cut off before the frame is taken in (nothing arrives), and a peer that
+ * keeps to the limit is heard. */
+static void test_max_message(void)
+{
+    kiln_err err = {0};
+    kiln_bus *router = kiln_bus_bind(endpoint, 64 << 10, &err);
+    void *ctx = zmq_ctx_new();
+    void *big = zmq_socket(ctx, ZMQ_DEALER), *small = zmq_socket(ctx, ZMQ_DEALER);
+    CHECK(router && big && small && !zmq_setsockopt(big, ZMQ_ROUTING_ID, "big-1", 5) &&
+          !zmq_setsockopt(small, ZMQ_ROUTING_ID, "small-1", 7) && !zmq_connect(big, endpoint) &&
+          !zmq_connect(small, endpoint));
+    static char frame[(64 << 10) + 1];
+    memset(frame, 'x', sizeof frame);
+    CHECK(zmq_send(big, frame, sizeof frame, 0) == (int)sizeof frame);
+    char peer[KILN_PROTO_ID_MAX];
+    kiln_buf f = {0};
+    double t0 = kiln_now_ms();
+    while (kiln_now_ms() - t0 < 500) {
+        CHECK(kiln_bus_recv(router, peer, sizeof peer, &f, &err) == 0);
+        kiln_bus_wait(router, -1, 50, &err);
+    }
+    CHECK(zmq_send(small, frame, sizeof frame - 1, 0) == (int)sizeof frame - 1);
+    CHECK(recv_one(router, peer, sizeof peer, &f) == 1 && f.len == sizeof frame - 1);
+    /* The same frame reaches a ROUTER with the default limit. */
+    kiln_bus_close(router);
+    router = kiln_bus_bind(endpoint, 0, &err);
+    CHECK(router != NULL);
+    CHECK(zmq_send(big, frame, sizeof frame, 0) == (int)sizeof frame);
+    CHECK(recv_one(router, peer, sizeof peer, &f) == 1 && f.len == sizeof frame &&
+          !strcmp(peer, "big-1"));
+    kiln_buf_free(&f);
+    int linger = 0;
+    zmq_setsockopt(big, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(small, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_close(big);
+    zmq_close(small);
+    zmq_ctx_term(ctx);
+    kiln_bus_close(router);
 }
 
 int main(void)
@@ -116,6 +158,7 @@ int main(void)
     snprintf(endpoint, sizeof endpoint, "ipc:///tmp/kiln-test-bus-%ld", (long)getpid());
     RUN(test_roundtrip_and_reconnect);
     RUN(test_bad_framing);
+    RUN(test_max_message);
     unlink(endpoint + strlen("ipc://"));
     return test_finish();
 }

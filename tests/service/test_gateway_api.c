@@ -421,6 +421,76 @@ static void test_json_limits(void)
     kiln_buf_free(&b);
 }
 
+/* The cost model (kiln_request_cost) on the examples its header gives,
+ * and the per-request ceiling: every normal request passes the default
+ * (40 Mtok), a request for hours of denoising is refused naming its cost
+ * and the limit. */
+static void test_cost(void)
+{
+    static const kiln_model_traits kv = {.kv_cache = 1, .default_steps = 4, .default_guidance = 1.0f};
+    kiln_request q;
+    kiln_request_init(&q);
+    q.width = q.height = 1024, q.n = 1, q.steps = 4, q.max_sequence_length = 512;
+    CHECK_NEAR(kiln_request_cost(&q, &distilled, 0), 0.023616, 1e-6);
+    q.width = q.height = 2048, q.steps = 50;
+    CHECK_NEAR(kiln_request_cost(&q, &base, 1), 3.432, 1e-3);
+    q.n = 10, q.steps = 200;
+    CHECK_NEAR(kiln_request_cost(&q, &distilled, 0), 68.64, 1e-2);
+    kiln_image refs[KILN_MAX_REFS];
+    for (int i = 0; i < KILN_MAX_REFS; i++)
+        refs[i] = (kiln_image){.width = 1024, .height = 1024};
+    q.refs = refs, q.n_refs = KILN_MAX_REFS;
+    CHECK_NEAR(kiln_request_cost(&q, &distilled, 0), 400.41, 1e-1);
+    /* The K/V cache computes the references once. */
+    double plain = kiln_request_cost(&q, &distilled, 0), cached = kiln_request_cost(&q, &kv, 0);
+    CHECK(cached < plain / 2 && cached > kiln_request_cost(&(kiln_request){.width = 2048,
+          .height = 2048, .n = 10, .steps = 200, .max_sequence_length = 512}, &kv, 0));
+
+    kiln_api_config c = config(&base);
+    c.limits.max_side = 2048;
+    c.max_cost = 40;
+    kiln_api_request r;
+    kiln_api_error e;
+    const char *ok[] = {
+        "{\"prompt\":\"x\",\"size\":\"2048x2048\"}",                       /* 50 steps, CFG */
+        "{\"prompt\":\"x\",\"size\":\"1024x1024\",\"n\":10}",              /* 50 steps, CFG */
+        "{\"prompt\":\"x\",\"size\":\"2048x2048\",\"n\":10,\"num_inference_steps\":50}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        CHECKF(kiln_api_parse(KILN_API_GENERATE, NULL, ok[i], strlen(ok[i]), &c, &r, &e) ==
+                   KILN_OK, "%s: %s", ok[i], e.err.msg);
+        kiln_api_request_free(&r);
+    }
+    const char *big = "{\"prompt\":\"x\",\"size\":\"2048x2048\",\"n\":10,"
+                      "\"num_inference_steps\":200,\"guidance_scale\":1}";
+    CHECK(kiln_api_parse(KILN_API_GENERATE, NULL, big, strlen(big), &c, &r, &e) == KILN_ERR_INVALID);
+    CHECKF(e.status == 400 && !strcmp(e.code, "cost_limit_exceeded") &&
+               strstr(e.err.msg, "68.6 Mtok") && strstr(e.err.msg, "limit is 40 Mtok"),
+           "%d %s: %s", e.status, e.code, e.err.msg);
+    /* The same with eight 1 MP references, as an edit. */
+    kiln_buf png = make_png(1024, 1024), b64 = {0}, json = {0};
+    kiln_base64_encode(png.data, png.len, &b64, NULL);
+    put(&json, "{\"prompt\":\"x\",\"size\":\"2048x2048\",\"n\":10,\"num_inference_steps\":200,"
+               "\"image\":[");
+    for (int i = 0; i < KILN_MAX_REFS; i++) {
+        put(&json, i ? ",\"" : "\"");
+        json.len--; /* put's NUL */
+        kiln_buf_append(&json, b64.data, b64.len, NULL);
+        put(&json, "\"");
+    }
+    put(&json, "]}");
+    CHECK(kiln_api_parse(KILN_API_EDIT, NULL, json.data, json.len - 1, &c, &r, &e) ==
+          KILN_ERR_INVALID);
+    CHECKF(!strcmp(e.code, "cost_limit_exceeded") && strstr(e.err.msg, "8 reference"), "%s",
+           e.err.msg);
+    /* No ceiling: allowed, with its cost. */
+    c.max_cost = 0;
+    CHECK(kiln_api_parse(KILN_API_GENERATE, NULL, big, strlen(big), &c, &r, &e) == KILN_OK);
+    CHECK_NEAR(r.cost, 68.64, 1e-2);
+    kiln_api_request_free(&r);
+    kiln_buf_free(&png), kiln_buf_free(&b64), kiln_buf_free(&json);
+}
+
 static void test_base_checkpoint(void)
 {
     kiln_api_request r;
@@ -658,6 +728,7 @@ int main(void)
     RUN(test_seeds);
     RUN(test_json_errors);
     RUN(test_json_limits);
+    RUN(test_cost);
     RUN(test_base_checkpoint);
     RUN(test_edit_json);
     RUN(test_edit_multipart);

@@ -207,7 +207,8 @@ static int start(void)
              prev ? prev : "", prev && prev[0] ? ":" : "");
     const char *const env[] = {"OMP_NUM_THREADS=1", asan, NULL};
     const char *const gw[] = {"--max-size", "128", NULL};
-    if ((port = svc_start_service(gw, env, procs)) < 0)
+    const char *const *const extra[4] = {gw, NULL, NULL, NULL};
+    if ((port = svc_start_service(extra, env, procs)) < 0)
         return -1;
     /* An edit reference: one generated image. */
     gwc_response r;
