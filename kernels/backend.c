@@ -69,6 +69,12 @@ void kiln_be_lose(kiln_backend *be, const char *fmt, ...)
 
 int kiln_be_lost(const kiln_backend *be) { return __atomic_load_n(&be->lost, __ATOMIC_ACQUIRE); }
 
+void kiln_be_set_cancel(kiln_backend *be, int (*cancel)(void *user), void *user)
+{
+    be->cancel = cancel;
+    be->cancel_user = user;
+}
+
 void kiln_be_fail(kiln_backend *be, kiln_status code, const char *fmt, ...)
 {
     if (be->error.code)

@@ -21,6 +21,11 @@
  *   illegal address, a launch failure, ...; the process must end to use the
  *   GPU again) marks the backend *lost*: kiln_be_check reports it forever and
  *   kiln_be_lost says so, so a service replica can stop and be restarted.
+ * - Cancellation rides on the same: while a cancel hook is set
+ *   (kiln_be_set_cancel) every op first asks it, and once it says stop the
+ *   op and all later ones are skipped with the sticky error
+ *   KILN_ERR_CANCELLED, so a forward ends at the next op, whatever model
+ *   runs it.
  * - Output tensors are allocated by the caller.  An op may write its output in
  *   place over an input only where the op says so.
  * - A backend instance belongs to one thread at a time (it owns a stream and
@@ -184,6 +189,8 @@ struct kiln_backend {
     int device;           /* GPU index, 0 for the CPU */
     kiln_err error;       /* sticky error, see kiln_be_check */
     int lost;             /* set once (kiln_be_lose); read with kiln_be_lost */
+    int (*cancel)(void *user); /* see kiln_be_set_cancel */
+    void *cancel_user;
     void *impl;
 };
 
@@ -228,14 +235,38 @@ void kiln_be_free(kiln_backend *be, kiln_tensor *t);
 kiln_status kiln_be_from_host(kiln_backend *be, kiln_tensor *t, int ndim, const int64_t *shape,
                               const void *host, kiln_dtype host_dtype);
 
+/* Sets (or with NULL, clears) the hook every op asks before it runs: a
+ * non-zero answer skips it and records KILN_ERR_CANCELLED as the sticky
+ * error.  The hook must be cheap (it runs per op) and may be called from
+ * the backend's thread only; code recording a graph clears it meanwhile,
+ * so a recording is never cut short.  kiln_be_sync still waits for queued
+ * work after a cancel. */
+void kiln_be_set_cancel(kiln_backend *be, int (*cancel)(void *user), void *user);
+
+/* 1 when an op must not run: a sticky error, or the cancel hook says stop. */
+static inline int kiln_be_halted(kiln_backend *be)
+{
+    if (be->error.code)
+        return 1;
+    if (be->cancel && be->cancel(be->cancel_user)) {
+        kiln_be_fail(be, KILN_ERR_CANCELLED, "cancelled");
+        return 1;
+    }
+    return 0;
+}
+
 #define KILN_BE_WRAP(name, params, args) \
-    static inline void kiln_be_##name params { if (!be->error.code) be->ops->name args; }
+    static inline void kiln_be_##name params { if (!kiln_be_halted(be)) be->ops->name args; }
 
 KILN_BE_WRAP(upload, (kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype hd),
              (be, dst, host, hd))
 KILN_BE_WRAP(download, (kiln_backend *be, const kiln_tensor *src, float *host), (be, src, host))
 KILN_BE_WRAP(copy, (kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src), (be, dst, src))
-KILN_BE_WRAP(sync, (kiln_backend *be), (be))
+static inline void kiln_be_sync(kiln_backend *be)
+{
+    if (!be->error.code || be->error.code == KILN_ERR_CANCELLED)
+        be->ops->sync(be);
+}
 KILN_BE_WRAP(linear, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                       const kiln_tensor *bias), (be, y, x, w, bias))
 KILN_BE_WRAP(rms_norm, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,

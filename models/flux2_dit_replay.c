@@ -70,9 +70,15 @@ static int record(flux2_fwd *f, const kiln_flux2_dit_input *in, const flux2_io *
 {
     kiln_backend *be = f->be;
     kiln_err err = {0};
+    /* A cancel must not cut a recording short (the key would be marked as
+     * unrecordable): it takes effect at the step's next op instead. */
+    int (*cancel)(void *) = be->cancel;
+    void *cancel_user = be->cancel_user;
+    kiln_be_set_cancel(be, NULL, NULL);
     be->ops->graph_begin(be);
     kiln_status st = flux2_forward_body(f, in, io, &err);
     kiln_graph *g = be->ops->graph_end(be);
+    kiln_be_set_cancel(be, cancel, cancel_user);
     kiln_err why = {0};
     kiln_be_check(be, &why); /* what graph_end recorded, if anything */
     if (st || !g) {

@@ -169,6 +169,7 @@ static void on_cancel(kiln_worker *w, uint64_t id)
         kiln_worker_job *j = w->held[i];
         if (j->msg->job.job != id)
             continue;
+        atomic_store(&j->t_cancel, kiln_now_ms());
         atomic_store(&j->cancelled, 1);
         if (j->queued) {
             unlink_queued(w, j);

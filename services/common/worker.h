@@ -92,6 +92,13 @@ kiln_backend *kiln_worker_backend(kiln_worker *w);
 /* 1 once the gateway cancelled the job or the worker is shutting down. */
 int kiln_worker_cancelled(const kiln_worker_job *j);
 
+/* While jobs[0..n) are watched, the backend stops at its next op once
+ * every one of them is cancelled (kiln_be_set_cancel): the work under way
+ * for them ends with KILN_ERR_CANCELLED within one op, whatever model runs
+ * it.  The jobs must not be finished while watched; n = 0 ends the watch
+ * and clears a cancel left in the backend.  Main (backend) thread only. */
+void kiln_worker_watch(kiln_worker *w, kiln_worker_job **jobs, int n);
+
 /* Opens input `name` of the job.  A missing optional input gives KILN_OK
  * with t zeroed.  The tensor's memory is the mapped reference itself when
  * the backend can use it in place (CPU backend and shm, or CUDA backend

@@ -45,6 +45,7 @@ typedef struct job_output {
 struct kiln_worker_job {
     kiln_msg *msg; /* the decoded `job` */
     atomic_int cancelled;
+    _Atomic double t_cancel; /* kiln_now_ms when the cancel came, 0 before */
     atomic_int *stop; /* the worker's: shutting down counts as cancelled */
     double t_recv, t_start;
     kiln_worker_job *next; /* queue link */
@@ -66,6 +67,8 @@ struct kiln_worker {
     kiln_checkpoint *ck;
     kiln_backend *be;
     void *state;
+    kiln_worker_job **watch; /* kiln_worker_watch: the backend stops when all are cancelled */
+    int n_watch;
     kiln_transport *shm, *inl;
     kiln_transport *cuda; /* cuda_ipc: on a CUDA backend (consumes; produces when cuda_out) */
     int cuda_out;         /* device outputs go as cuda_ipc references */

@@ -20,6 +20,24 @@ int kiln_worker_cancelled(const kiln_worker_job *j)
     return job_cancelled(j) || (j->stop && atomic_load(j->stop));
 }
 
+static int watched_cancelled(void *user)
+{
+    kiln_worker *w = user;
+    for (int i = 0; i < w->n_watch; i++)
+        if (!kiln_worker_cancelled(w->watch[i]))
+            return 0;
+    return w->n_watch > 0;
+}
+
+void kiln_worker_watch(kiln_worker *w, kiln_worker_job **jobs, int n)
+{
+    w->watch = jobs;
+    w->n_watch = n;
+    kiln_be_set_cancel(w->be, n > 0 ? watched_cancelled : NULL, w);
+    if (n == 0 && w->be->error.code == KILN_ERR_CANCELLED)
+        kiln_be_check(w->be, NULL);
+}
+
 static kiln_transport *transport_for(kiln_worker *w, kiln_ref_kind k)
 {
     return k == KILN_REF_SHM        ? w->shm
@@ -316,9 +334,16 @@ void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const 
                      : err && err->msg[0]  ? err->msg
                                            : kiln_status_name(st);
         d->out.n = d->n_images = 0;
+        double t_cancel = atomic_load(&j->t_cancel);
         if (st != KILN_ERR_CANCELLED)
             KILN_LOG_WARN("%s: job %llu failed: %s", w->ops->binary, (unsigned long long)d->job,
                           d->message);
+        else if (j->t_start > 0 && t_cancel > 0)
+            /* How long work went on after the cancel: operators (and the
+             * service tests) read it. */
+            KILN_LOG_INFO("%s: job %llu stopped %.0f ms after its cancel, %.0f ms into its run",
+                          w->ops->binary, (unsigned long long)d->job, kiln_now_ms() - t_cancel,
+                          kiln_now_ms() - j->t_start);
     }
     if (worker_send(w, j->done)) {
         /* Too big or unencodable: the gateway still gets an answer. */

@@ -208,8 +208,10 @@ static void dec_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     int width = kiln_worker_job_msg(live[0])->decode.width;
     int height = kiln_worker_job_msg(live[0])->decode.height;
     double t_vae = kiln_now_ms();
+    kiln_worker_watch(w, live, m);
     if (!st)
         st = kiln_decode_run(s->dec, x, width, height, imgs, NULL, &err);
+    kiln_worker_watch(w, NULL, 0);
     t_vae = kiln_now_ms() - t_vae;
     kiln_be_free(be, &lat);
     int64_t row = 0;

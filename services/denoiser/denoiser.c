@@ -143,8 +143,9 @@ static void batch_step(void *user, int step)
     kiln_worker_step(c->w);
 }
 
-/* The loop stops only when every job of the batch is cancelled; a
- * cancelled job in a live batch is answered `cancelled` at the end. */
+/* The loop stops only when every job of the batch is cancelled (between
+ * steps here, and within a step at the next backend op: kiln_worker_watch);
+ * a cancelled job in a live batch is answered `cancelled` at the end. */
 static int batch_cancelled(void *user)
 {
     const batch_ctx *c = user;
@@ -209,12 +210,17 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         .cancelled = batch_cancelled, .on_step = batch_step, .user = &ctx,
     };
     double t_run = kiln_now_ms();
+    kiln_worker_job *watched[KILN_PROTO_MAX_ROWS];
+    for (int i = 0; i < live; i++)
+        watched[i] = ps[i].job;
+    kiln_worker_watch(w, watched, live);
     if (!st && !(st = kiln_denoise_run(s->den, &job, &lat, &err))) {
         /* The outputs below wait for the GPU anyway; waiting here first
          * makes the step time the GPU's. */
         kiln_be_sync(be);
         st = kiln_be_check(be, &err);
     }
+    kiln_worker_watch(w, NULL, 0);
     double t_end = kiln_now_ms();
     kiln_be_free(be, &emb), kiln_be_free(be, &neg);
     int64_t row = 0;

@@ -84,9 +84,14 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
     int32_t *ids = NULL;
     int64_t R = 0;
     kiln_status st = KILN_OK;
-    for (int i = 0; i < e->n_refs && !st; i++)
-        if ((st = kiln_image_decode(e->refs[i].data, e->refs[i].len, NULL, &imgs[i], err)))
+    for (int i = 0; i < e->n_refs && !st; i++) {
+        /* Decoding a large reference takes a while: a cancel stops between
+         * them (and the VAE encoder at its next op: kiln_worker_watch). */
+        if (kiln_worker_cancelled(job))
+            st = kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
+        else if ((st = kiln_image_decode(e->refs[i].data, e->refs[i].len, NULL, &imgs[i], err)))
             kiln_err_wrap(err, "image %d", i);
+    }
     if (!st)
         st = kiln_encode_references(s->enc, imgs, e->n_refs, &tokens, &ids, &R, err);
     if (!st)
@@ -102,8 +107,8 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
 
 /* One kiln_encode_prompts call over the batch's rows: each job's prompts,
  * then its negative prompt. */
-static kiln_status encode_batch(enc_state *s, kiln_worker_job **jobs, int n, kiln_tensor *emb,
-                                kiln_err *err)
+static kiln_status encode_batch(enc_state *s, kiln_worker *w, kiln_worker_job **jobs, int n,
+                                kiln_tensor *emb, kiln_err *err)
 {
     int total = 0;
     for (int i = 0; i < n; i++)
@@ -120,7 +125,9 @@ static kiln_status encode_batch(enc_state *s, kiln_worker_job **jobs, int n, kil
             rows[r++] = e->negative;
     }
     int max_seq = kiln_worker_job_msg(jobs[0])->encode.max_seq;
+    kiln_worker_watch(w, jobs, n);
     kiln_status st = kiln_encode_prompts(s->enc, rows, total, max_seq, emb, NULL, err);
+    kiln_worker_watch(w, NULL, 0);
     free(rows);
     return st;
 }
@@ -130,8 +137,8 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     enc_state *s = state;
     kiln_err err = {0};
     kiln_tensor emb = {0};
-    kiln_status st = encode_batch(s, jobs, n, &emb, &err);
-    if (st && n > 1) {
+    kiln_status st = encode_batch(s, w, jobs, n, &emb, &err);
+    if (st && st != KILN_ERR_CANCELLED && n > 1) {
         /* One bad prompt (say invalid UTF-8) must not fail its neighbours:
          * run the jobs one by one to find it. */
         KILN_LOG_INFO("kiln-encoder: batch of %d failed (%s); retrying one by one", n, err.msg);
@@ -148,8 +155,12 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
             jst = kiln_worker_output(w, jobs[i], "embeds", &emb, row, e->n_prompts, 0, &jerr);
         if (!jst && e->negative)
             jst = kiln_worker_output(w, jobs[i], "neg", &emb, row + e->n_prompts, 1, 0, &jerr);
-        if (!jst && e->n_refs)
+        if (!jst && e->n_refs) {
+            /* References are encoded per job: watched alone. */
+            kiln_worker_watch(w, &jobs[i], 1);
             jst = encode_refs(s, w, jobs[i], &jerr);
+            kiln_worker_watch(w, NULL, 0);
+        }
         row += enc_rows(kiln_worker_job_msg(jobs[i]));
         kiln_worker_done(w, jobs[i], jst, &jerr);
     }

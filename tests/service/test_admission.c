@@ -24,7 +24,11 @@
  * - cost: a request over --max-cost is 400 naming its cost and the limit;
  *   a client flooding the queue gets 429 past its share of it, and the
  *   fair queue serves the well-behaved client after at most the flood's
- *   jobs already on the denoiser, not after the whole flood. */
+ *   jobs already on the denoiser, not after the whole flood;
+ * - cancellation stops work: a client leaving in the middle of a long
+ *   denoising step, or of the VAE encoding of its references, frees the
+ *   replica at its next op (well within the step), so the well-behaved
+ *   request right behind it is served at its normal latency. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -35,7 +39,9 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/image.h"
 #include "common/log.h"
+#include "services/gateway/base64.h"
 #include "tests/service/svc_util.h"
 #include "tests/test.h"
 
@@ -581,6 +587,109 @@ static void test_cost_and_fairness(void)
     CHECKF(flood_last > bound, "the flood took only %.0f ms", flood_last);
 }
 
+/* ---- cancellation ---- */
+
+/* The last "stopped N ms after its cancel" a replica logged, once its
+ * count passes `before`; -1 when none came within timeout_ms. */
+static double stop_latency(const char *log, int before, int timeout_ms)
+{
+    if (svc_wait_log(svc_tmp(log), "ms after its cancel", before + 1, timeout_ms))
+        return -1;
+    kiln_buf text = {0};
+    svc_read_log(svc_tmp(log), &text);
+    const char *last = NULL;
+    for (const char *p = (const char *)text.data; (p = strstr(p, " stopped ")); p++)
+        last = p;
+    double ms = last ? atof(last + 9) : -1;
+    kiln_buf_free(&text);
+    return ms;
+}
+
+/* Sends `json` to `path` and closes the connection once `stage` has the
+ * job in flight and `after_ms` more have passed: the gateway cancels it
+ * there.  0, or -1 when the job never reached the stage. */
+static int send_and_leave(const char *path, const char *json, const char *stage, int after_ms)
+{
+    int fd = gwc_connect(port);
+    kiln_buf req = {0};
+    gwc_format(&req, "POST", path, "application/json", json, strlen(json), 0);
+    int rc = fd >= 0 && gwc_send(fd, req.data, req.len, 10000) == 0 ? 0 : -1;
+    kiln_buf_free(&req);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "kiln_inflight{stage=\"%s\"}", stage);
+    if (!rc)
+        rc = wait_metric_in(prefix, 1, 1e9, SVC_T_REQ);
+    svc_sleep_ms(after_ms);
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+static void test_cancel_stops_work(void)
+{
+    double base = baseline();
+    CHECK(base > 0);
+    /* How long one 256x256 step takes here (the first of its size runs
+     * alone, the second is measured). */
+    gwc_response r;
+    const char *one = "{\"prompt\":\"step\",\"size\":\"256x256\",\"num_inference_steps\":1,"
+                      "\"max_sequence_length\":32}";
+    CHECK(svc_post_json(port, "/v1/images/generations", one, &r, SVC_T_REQ) == 0 && r.status == 200);
+    gwc_response_free(&r);
+    double sum0 = metric("kiln_stage_seconds_sum{part=\"denoise_step\"}");
+    CHECK(svc_post_json(port, "/v1/images/generations", one, &r, SVC_T_REQ) == 0 && r.status == 200);
+    gwc_response_free(&r);
+    double step = (metric("kiln_stage_seconds_sum{part=\"denoise_step\"}") - sum0) * 1000;
+
+    /* A long generation whose client leaves a third into a step. */
+    int stops = svc_log_count(svc_tmp("denoiser.log"), "ms after its cancel");
+    CHECK(send_and_leave("/v1/images/generations",
+                         "{\"prompt\":\"long\",\"size\":\"256x256\",\"num_inference_steps\":40,"
+                         "\"max_sequence_length\":32}", "denoise", (int)(step / 3)) == 0);
+    double ms = good_request();
+    double stopped = stop_latency("denoiser.log", stops, 30000);
+    KILN_LOG_INFO("admission: denoiser stopped %.0f ms after the cancel (a step takes %.0f ms); "
+                  "the next well-behaved request took %.0f ms (baseline %.0f)", stopped, step, ms,
+                  base);
+    /* Stopping at the end of the step would take about two thirds of it. */
+    CHECKF(stopped >= 0 && stopped < step / 4, "the denoiser stopped %.0f ms after the cancel "
+           "(a step is %.0f ms)", stopped, step);
+    CHECKF(ms > 0 && ms <= 3 * base + 2000, "the request behind the cancelled one took %.0f ms",
+           ms);
+
+    /* An edit with eight 1 MP references whose client leaves during their
+     * VAE encoding (seconds each here). */
+    kiln_image img = {0};
+    kiln_buf png = {0}, b64 = {0}, json = {0};
+    CHECK(kiln_image_alloc(&img, 1024, 1024, NULL) == 0);
+    for (size_t i = 0; i < (size_t)1024 * 1024 * 3; i++)
+        img.pixels[i] = (uint8_t)(i / 3 % 1024 / 4); /* a gradient: a small PNG */
+    CHECK(kiln_image_encode(&img, NULL, &png, NULL) == 0);
+    kiln_image_free(&img);
+    kiln_base64_encode(png.data, png.len, &b64, NULL);
+    const char *head = "{\"prompt\":\"refs\",\"size\":\"64x64\",\"num_inference_steps\":1,"
+                       "\"max_sequence_length\":32,\"image\":[";
+    kiln_buf_append(&json, head, strlen(head), NULL);
+    for (int i = 0; i < 8; i++) {
+        kiln_buf_append(&json, i ? ",\"" : "\"", i ? 2 : 1, NULL);
+        kiln_buf_append(&json, b64.data, b64.len, NULL);
+        kiln_buf_append(&json, "\"", 1, NULL);
+    }
+    kiln_buf_append(&json, "]}", 3, NULL);
+    stops = svc_log_count(svc_tmp("encoder.log"), "ms after its cancel");
+    CHECK(send_and_leave("/v1/images/edits", (const char *)json.data, "encode", 300) == 0);
+    ms = good_request();
+    stopped = stop_latency("encoder.log", stops, 30000);
+    KILN_LOG_INFO("admission: encoder stopped %.0f ms after the cancel; the next well-behaved "
+                  "request took %.0f ms (baseline %.0f)", stopped, ms, base);
+    /* Without the cancel, eight 1 MP encodes would still be ahead of it. */
+    CHECKF(stopped >= 0 && stopped <= 3 * base, "the encoder stopped %.0f ms after the cancel",
+           stopped);
+    CHECKF(ms > 0 && ms <= 3 * base + 2000, "the request behind the cancelled edit took %.0f ms",
+           ms);
+    kiln_buf_free(&png), kiln_buf_free(&b64), kiln_buf_free(&json);
+}
+
 /* ---- set-up ---- */
 
 static int start(void)
@@ -624,6 +733,7 @@ int main(void)
     RUN(test_client_connections);
     RUN(test_bus_frames);
     RUN(test_cost_and_fairness);
+    RUN(test_cancel_stops_work);
     for (int i = 3; i >= 0; i--) {
         int st = svc_stop(procs[i], 30000);
         CHECKF(st == 0, "%s exit status %d", names[i], st);
