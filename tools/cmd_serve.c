@@ -24,7 +24,8 @@ static void usage(FILE *f)
             "  [kiln-gateway's limits: --max-body-mb N --max-connections N\n"
             "   --max-client-connections N --body-budget-mb N --client-body-budget-mb N\n"
             "   --body-wait-ms MS --queue-max N --request-timeout-s S --max-cost MTOK\n"
-            "   --client-queue-share F --progress-timeout-s S]\n"
+            "   --client-queue-share F --progress-timeout-s S\n"
+            "   --cancel-timeout-s S]\n"
             "Starts kiln-gateway on port P (default 8000) and the stage replicas (one of\n"
             "each by default), connected over the bus (default tcp://127.0.0.1:<P+1>).\n"
             "With --gpus N, replica i of each stage runs on GPU i %% N; --<stage>-gpu G pins\n"
@@ -54,6 +55,7 @@ static const char *const gateway_options[] = {
     "max-body-mb", "max-connections", "max-client-connections", "body-budget-mb",
     "client-body-budget-mb", "body-wait-ms", "queue-max", "request-timeout-s", "max-cost",
     "client-queue-share", "progress-timeout-s",
+    "cancel-timeout-s",
 };
 #define N_GATEWAY_OPTIONS ((int)(sizeof gateway_options / sizeof gateway_options[0]))
 

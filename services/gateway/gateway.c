@@ -132,7 +132,8 @@ static void list_limits(kiln_gateway *gw)
     add_limit(gw, "max_client_connections", o->max_client_connections);
     add_limit(gw, "max_header_bytes", (double)o->max_header_bytes);
     add_limit(gw, "max_body_bytes", (double)o->max_body_bytes);
-    add_limit(gw, "generation_body_bytes", (double)kiln_api_body_limit(&gw->api, KILN_API_GENERATE));
+    add_limit(gw, "generation_body_bytes",
+              (double)kiln_api_body_limit(&gw->api, KILN_API_GENERATE));
     add_limit(gw, "json_max_values", KILN_API_JSON_MAX_NODES);
     add_limit(gw, "json_max_depth", KILN_API_JSON_MAX_DEPTH);
     add_limit(gw, "body_budget_bytes", (double)o->body_budget_bytes);
@@ -143,6 +144,7 @@ static void list_limits(kiln_gateway *gw)
     add_limit(gw, "queue_max", o->queue_max);
     add_limit(gw, "client_queue_share", o->client_queue_share);
     add_limit(gw, "request_timeout_seconds", o->request_timeout_s);
+    add_limit(gw, "cancel_timeout_seconds", o->cancel_timeout_s);
     add_limit(gw, "header_timeout_seconds", o->header_timeout_ms / 1000.0);
     add_limit(gw, "read_timeout_seconds", o->read_timeout_ms / 1000.0);
     add_limit(gw, "idle_timeout_seconds", o->idle_timeout_ms / 1000.0);
@@ -175,6 +177,7 @@ static int start(kiln_gateway *gw, kiln_err *err)
         return -1;
     kiln_sched_opts so = {.model_id = gw->model_id, .queue_max = o->queue_max,
                           .client_share = o->client_queue_share,
+                          .cancel_timeout_ms = o->cancel_timeout_s * 1000.0,
                           .heartbeat_timeout_ms = o->heartbeat_timeout_ms,
                           .progress_timeout_ms = o->progress_timeout_s * 1000.0,
                           .job_timeout_ms = o->request_timeout_s * 1000.0};

@@ -42,6 +42,7 @@ typedef struct kiln_gw_options {
     int body_wait_ms;
     double max_cost; /* Mtok per request (kiln_request_cost), 0: no ceiling */
     double client_queue_share; /* kiln_sched_opts.client_share */
+    double cancel_timeout_s;   /* kiln_sched_opts.cancel_timeout_ms / 1000 */
 } kiln_gw_options;
 
 #define KILN_GW_DEFAULTS                                                                        \
@@ -54,7 +55,7 @@ typedef struct kiln_gw_options {
                        .drain_s = 30, .max_client_connections = 64,                            \
                        .body_budget_bytes = 1024u << 20,                                       \
                        .client_body_budget_bytes = 256u << 20, .body_wait_ms = 5000,           \
-                       .max_cost = 40, .client_queue_share = 0.25})
+                       .max_cost = 40, .client_queue_share = 0.25, .cancel_timeout_s = 30})
 
 typedef struct kiln_gateway {
     uv_loop_t *loop;

@@ -18,7 +18,7 @@ static void usage(FILE *f)
             "  [--write-timeout-ms MS] [--heartbeat-timeout-ms MS] [--progress-timeout-s S]\n"
             "  [--drain-s S] [--max-client-connections N] [--body-budget-mb N]\n"
             "  [--client-body-budget-mb N] [--body-wait-ms MS] [--max-cost MTOK]\n"
-            "  [--client-queue-share F]\n"
+            "  [--client-queue-share F] [--cancel-timeout-s S]\n"
             "Defaults: --host 0.0.0.0 --port 8000 --bus tcp://127.0.0.1:<port+1>\n"
             "--min-size 256 --max-size 2048 --max-body-mb 64 --max-header-kb 16\n"
             "--max-connections 1024 --queue-max 128 --request-timeout-s 300\n"
@@ -26,7 +26,8 @@ static void usage(FILE *f)
             "--write-timeout-ms 60000 --heartbeat-timeout-ms 2000 --progress-timeout-s 60\n"
             "--drain-s 30 --max-client-connections 64 (0: no limit) --body-budget-mb 1024\n"
             "--client-body-budget-mb 256 --body-wait-ms 5000 --max-cost 40 (0: no ceiling)\n"
-            "--client-queue-share 0.25 (0: no per-client share)\n");
+            "--client-queue-share 0.25 (0: no per-client share)\n"
+            "--cancel-timeout-s 30 (0: never)\n");
 }
 
 static int num(const char *s, double lo, double hi, double *out)
@@ -45,7 +46,7 @@ int main(int argc, char **argv)
     enum { O_MIN = 256, O_MAX, O_BODY, O_HEADER, O_CONNS, O_QUEUE, O_REQ_TIMEOUT, O_HDR_TIMEOUT,
            O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_WRITE_TIMEOUT, O_HB, O_PROGRESS, O_DRAIN,
            O_CLIENT_CONNS, O_BODY_BUDGET, O_CLIENT_BODY_BUDGET, O_BODY_WAIT, O_MAX_COST,
-           O_CLIENT_SHARE };
+           O_CLIENT_SHARE, O_CANCEL_TIMEOUT };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"port", required_argument, 0, 'p'},
@@ -71,6 +72,7 @@ int main(int argc, char **argv)
         {"body-wait-ms", required_argument, 0, O_BODY_WAIT},
         {"max-cost", required_argument, 0, O_MAX_COST},
         {"client-queue-share", required_argument, 0, O_CLIENT_SHARE},
+        {"cancel-timeout-s", required_argument, 0, O_CANCEL_TIMEOUT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -108,6 +110,7 @@ int main(int argc, char **argv)
         case O_BODY_WAIT: bad = num(optarg, 1, 1e9, &v), o.body_wait_ms = (int)v; break;
         case O_MAX_COST: bad = num(optarg, 0, 1e12, &v), o.max_cost = v; break;
         case O_CLIENT_SHARE: bad = num(optarg, 0, 1, &v), o.client_queue_share = v; break;
+        case O_CANCEL_TIMEOUT: bad = num(optarg, 0, 1e6, &v), o.cancel_timeout_s = v; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -41,7 +41,8 @@ static const char *part_names[KILN_PART_COUNT] = {"encode_run",    "denoise_setu
                                                   "denoise_step",  "decode_vae",
                                                   "image_encode",  "handoff"};
 static const char *event_names[KILN_EVENT_COUNT] = {"replica_lost", "redispatch", "timeout",
-                                                    "cancel", "handoff_failure"};
+                                                    "cancel", "handoff_failure",
+                                                    "cancel_timeout"};
 static const char *reject_names[KILN_REJECT_COUNT] = {"fenced", "unregistered", "not_handed",
                                                       "foreign_ref"};
 
@@ -167,9 +168,12 @@ kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges
         {"kiln_queue_depth", "Jobs waiting in the gateway's queue of a stage."},
         {"kiln_inflight", "Jobs sent to a replica of a stage and not done."},
         {"kiln_replicas", "Live replicas of a stage."},
+        {"kiln_replicas_busy", "Live replicas of a stage running jobs or still on cancelled ones."},
+        {"kiln_cancelling", "Cancels sent to replicas running the job, not answered yet."},
     };
-    for (int k = 0; k < 3; k++) {
-        const int *v = k == 0 ? g->queued : k == 1 ? g->inflight : g->replicas;
+    const int *values[] = {g->queued, g->inflight, g->replicas, g->busy, g->cancelling};
+    for (int k = 0; k < 5; k++) {
+        const int *v = values[k];
         put(&w, "# HELP %s %s\n# TYPE %s gauge\n", gauges[k].name, gauges[k].help, gauges[k].name);
         for (int s = 0; s < KILN_STAGE_COUNT; s++)
             put(&w, "%s{stage=\"%s\"} %d\n", gauges[k].name, kiln_stage_name((kiln_stage)s), v[s]);

@@ -14,9 +14,10 @@
  * kiln_batch_rows{stage} (rows of the batch a job ran in, as the replica
  * reports it), kiln_images_generated_total (rate() gives images/s),
  * kiln_events_total{event} (replica_lost: an incarnation fenced,
- * redispatch, timeout, cancel, handoff_failure), kiln_bus_rejected_total{reason} (bus
- * messages that did not count, see kiln_reject), the gauges
- * kiln_queue_depth{stage}, kiln_inflight{stage}, kiln_replicas{stage},
+ * redispatch, timeout, cancel, handoff_failure, cancel_timeout),
+ * kiln_bus_rejected_total{reason} (bus messages that did not count, see
+ * kiln_reject), the gauges kiln_queue_depth{stage}, kiln_inflight{stage},
+ * kiln_replicas{stage}, kiln_replicas_busy{stage}, kiln_cancelling{stage},
  * kiln_jobs, kiln_connections, kiln_clients, kiln_body_bytes,
  * kiln_body_waiting, the counters kiln_body_waits_total and
  * kiln_connections_refused_total{reason}, and every configured limit as
@@ -60,6 +61,7 @@ typedef enum kiln_event {
     KILN_EVENT_TIMEOUT,
     KILN_EVENT_CANCEL,
     KILN_EVENT_HANDOFF_FAILURE, /* a consumer could not open (or keep) its inputs */
+    KILN_EVENT_CANCEL_TIMEOUT,  /* a replica fenced for not answering a cancel in time */
     KILN_EVENT_COUNT
 } kiln_event;
 
@@ -83,6 +85,8 @@ typedef struct kiln_metrics_gauges {
     int queued[KILN_STAGE_COUNT];   /* jobs waiting in the gateway's stage queue */
     int inflight[KILN_STAGE_COUNT]; /* jobs sent to a replica, not done */
     int replicas[KILN_STAGE_COUNT]; /* live replicas */
+    int busy[KILN_STAGE_COUNT];     /* live replicas running jobs or still on cancelled ones */
+    int cancelling[KILN_STAGE_COUNT]; /* cancels sent to running jobs, not yet answered */
     int jobs;                       /* accepted requests not yet answered */
     int handoff_failures;           /* consumers that could not open their inputs, in all */
     int handoff_streak[KILN_STAGE_COUNT]; /* ...in a row into a stage */

@@ -51,6 +51,7 @@ void kiln_sched_destroy(kiln_sched *s)
             free(h);
         }
         link_remove(&r->node);
+        sched_cancel_forget(r);
         free(r);
     }
     kiln_idmap_free(&s->jobs);
@@ -85,6 +86,14 @@ void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g)
         g->inflight[i] = s->inflight[i];
         g->replicas[i] = sched_live(s, (kiln_stage)i);
         g->handoff_streak[i] = s->handoff_streak[i];
+    }
+    /* Busy: running jobs, or still on cancelled ones. */
+    for (const sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
+        const sched_replica *r = LINK_OWNER(l, sched_replica, node);
+        if (!r->alive)
+            continue;
+        g->busy[r->stage] += r->n_inflight + r->n_cancelling > 0;
+        g->cancelling[r->stage] += r->n_cancelling;
     }
     g->jobs = s->n_jobs;
     g->handoff_failures = s->handoff_failures;
@@ -130,6 +139,8 @@ static void send_cancel(kiln_sched *s, sched_job *j)
     if (s->ops.send(s->ud, j->on->id, &m, &err))
         KILN_LOG_WARN("gateway: cancel of job %llu to %s: %s", (unsigned long long)j->id,
                       j->on->id, err.msg);
+    else
+        sched_cancel_sent(j->on, j->id, s->now);
 }
 
 void sched_fail(kiln_sched *s, sched_job *j, int status, const char *code, const char *fmt, ...)
@@ -181,9 +192,10 @@ void sched_enqueue(kiln_sched *s, sched_job *j, kiln_stage stage, int front, dou
 }
 
 /* The live replica of `stage` with the most credits, or NULL.  Ties go to
- * the fewest jobs in flight, then to the replica that got a job the
- * longest ago: idle replicas take turns, so sequential requests do not
- * all land on the first one registered. */
+ * the least busy (jobs in flight, and cancelled ones it is still on),
+ * then to the replica that got a job the longest ago: idle replicas take
+ * turns, so sequential requests do not all land on the first one
+ * registered. */
 static sched_replica *pick(kiln_sched *s, kiln_stage stage)
 {
     sched_replica *best = NULL;
@@ -191,10 +203,11 @@ static sched_replica *pick(kiln_sched *s, kiln_stage stage)
         sched_replica *r = LINK_OWNER(l, sched_replica, node);
         if (!r->alive || r->stage != stage || r->credits <= 0)
             continue;
+        int busy = r->n_inflight + r->n_cancelling;
+        int best_busy = best ? best->n_inflight + best->n_cancelling : 0;
         if (!best || r->credits > best->credits ||
             (r->credits == best->credits &&
-             (r->n_inflight < best->n_inflight ||
-              (r->n_inflight == best->n_inflight && r->last_job < best->last_job))))
+             (busy < best_busy || (busy == best_busy && r->last_job < best->last_job))))
             best = r;
     }
     return best;
@@ -294,6 +307,7 @@ void sched_dispatch(kiln_sched *s, double now)
 kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client, double now,
                               uint64_t *id, kiln_err *err)
 {
+    s->now = now;
     for (int st = 0; st < KILN_STAGE_COUNT; st++)
         if (!sched_live(s, (kiln_stage)st))
             return kiln_err_set(err, KILN_ERR_UNAVAILABLE, "no %s replica is available",
@@ -342,15 +356,16 @@ kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client
 
 void kiln_sched_kick(kiln_sched *s, double now)
 {
+    s->now = now;
     sched_dispatch(s, now);
 }
 
 void kiln_sched_cancel(kiln_sched *s, uint64_t id, double now)
 {
+    s->now = now;
     sched_job *j = kiln_idmap_get(&s->jobs, id);
     if (!j)
         return;
-    (void)now;
     kiln_metrics_event(s->metrics, KILN_EVENT_CANCEL);
     j->client = NULL;
     sched_fail(s, j, 499, "cancelled", "the client went away");
@@ -358,6 +373,7 @@ void kiln_sched_cancel(kiln_sched *s, uint64_t id, double now)
 
 void kiln_sched_on_unreachable(kiln_sched *s, const char *peer, double now)
 {
+    s->now = now;
     sched_replica *r = sched_replica_find(s, peer);
     if (r)
         sched_replica_fence(s, r, "is unreachable on the bus", now);
@@ -366,6 +382,7 @@ void kiln_sched_on_unreachable(kiln_sched *s, const char *peer, double now)
 
 void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
 {
+    s->now = now;
     sched_replica *r = sched_replica_find(s, peer);
     if (m->type == KILN_MSG_HELLO) {
         sched_on_hello(s, peer, m, now);
@@ -409,11 +426,13 @@ static void forgive(kiln_sched *s, double gap)
         sched_replica *r = LINK_OWNER(l, sched_replica, node);
         r->last_seen += gap;
         r->progress_at += gap;
+        sched_cancel_shift(r, gap);
     }
 }
 
 void kiln_sched_tick(kiln_sched *s, double now)
 {
+    s->now = now;
     double gap = s->last_tick > 0 ? now - s->last_tick : 0;
     s->last_tick = now;
     if (gap > SCHED_LATE_TICK_MS)
@@ -430,6 +449,7 @@ void kiln_sched_tick(kiln_sched *s, double now)
             sched_replica_fence(s, r, why, now);
         }
     }
+    sched_cancel_overdue(s, now);
     sched_replica_gc(s, now);
     /* Every job has the same timeout, so submission order is deadline
      * order. */

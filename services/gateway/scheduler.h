@@ -63,6 +63,11 @@ typedef struct kiln_sched_opts {
     /* A replica with jobs in flight whose progress (hb.progress, dones)
      * stands still this long is fenced: its backend hangs. */
     double progress_timeout_ms;  /* 60000 */
+    /* A replica left with only cancelled jobs that has not answered the
+     * cancel within this (from the cancel, or from the end of its last
+     * live job) is fenced: it is busy with work nobody waits for, and does
+     * not do as told.  0: never. */
+    double cancel_timeout_ms;
     double job_timeout_ms;       /* 300000 */
 } kiln_sched_opts;
 

@@ -258,6 +258,7 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
     const kiln_msg_done *d = &m->done;
     sched_job *j = kiln_idmap_get(&s->jobs, d->job);
     r->credits++; /* each done returns a credit */
+    sched_cancel_answered(r, d->job);
     /* Done with the job, the consumer is done with its inputs: what it
      * did not release goes back now. */
     sched_handoff_return(s, r, d->job);

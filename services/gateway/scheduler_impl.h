@@ -51,6 +51,9 @@ typedef struct sched_replica {
     sched_link inflight; /* jobs running here */
     int n_inflight;
     sched_link handoffs; /* sched_handoff: references handed to this incarnation */
+    sched_link cancelling; /* scheduler_cancel.c: cancels it has not answered yet */
+    int n_cancelling;
+    double live_at; /* scheduler_cancel.c: when it last had live jobs in flight */
     uint64_t last_job;   /* kiln_sched.n_dispatched when it last got a job */
 } sched_replica;
 
@@ -105,6 +108,7 @@ struct kiln_sched {
     kiln_idmap jobs;
     uint64_t next_id;
     uint64_t n_dispatched; /* jobs sent so far, all stages */
+    double now; /* the time of the call being handled (callers pass it in) */
     /* Hand-offs into a stage whose consumer could not open its inputs
      * (not_found): all of them, and in a row since the last one that
      * worked (kiln_sched_ready). */
@@ -153,6 +157,17 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
  * sender when it owns them. */
 void sched_on_stale(kiln_sched *s, sched_replica *r, const char *peer, kiln_msg *m);
 void sched_replica_gc(kiln_sched *s, double now);
+
+/* scheduler_cancel.c: cancels sent to a replica running the job, until
+ * the replica's done for it; a replica left with only cancelled work,
+ * unanswered past opts.cancel_timeout_ms, is fenced (sched_cancel_overdue,
+ * from the tick).  sched_cancel_shift moves its clocks on by a gap the
+ * gateway itself did not run. */
+void sched_cancel_sent(sched_replica *r, uint64_t job, double now);
+void sched_cancel_answered(sched_replica *r, uint64_t job);
+void sched_cancel_forget(sched_replica *r);
+void sched_cancel_shift(sched_replica *r, double gap);
+void sched_cancel_overdue(kiln_sched *s, double now);
 
 /* scheduler_done.c */
 void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now);

@@ -98,6 +98,7 @@ void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, doubl
                   r->n_inflight);
     /* Nothing it holds will be released by it any more. */
     sched_handoff_return(s, r, 0);
+    sched_cancel_forget(r); /* it is no longer busy for us: it goes */
     while (!link_empty(&r->inflight))
         rerun_or_fail(s, LINK_OWNER(r->inflight.next, sched_job, qnode),
                       kiln_stage_name(r->stage), why, now);
@@ -173,6 +174,7 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
         snprintf(r->id, sizeof r->id, "%s", peer);
         link_init(&r->inflight);
         link_init(&r->handoffs);
+        link_init(&r->cancelling);
         link_insert_before(&s->replicas, &r->node);
     }
     KILN_LOG_INFO("gateway: %s replica %s registered (epoch %016llx, host %s, max batch %d)",
@@ -198,6 +200,7 @@ void sched_replica_gc(kiln_sched *s, double now)
         if (!r->alive && now - r->last_seen > DEAD_RECORD_MS) {
             bury(s, r->id, r->epoch);
             link_remove(&r->node);
+            sched_cancel_forget(r);
             free(r);
         }
     }

@@ -726,6 +726,8 @@ void svc_fake_pump(svc_fake *f, int ms)
             }
             if (m && m->type == KILN_MSG_FENCED && m->epoch == f->epoch)
                 f->fenced = 1;
+            if (m && m->type == KILN_MSG_CANCEL)
+                f->cancels++;
             kiln_msg_free(m);
         }
     } while (kiln_now_ms() < until);

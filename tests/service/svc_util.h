@@ -196,6 +196,7 @@ typedef struct svc_fake {
     uint64_t epoch;
     double next_hb;
     int fenced; /* it was told so (no more heartbeats) */
+    int cancels; /* `cancel`s received */
     int n_jobs;
     kiln_msg *jobs[16]; /* the jobs it received, owned */
 } svc_fake;
@@ -208,8 +209,8 @@ int svc_fake_send(svc_fake *f, kiln_msg *m);
 /* Registers as a replica of `stage` serving the tiny checkpoint, with
  * `credits` (0: no `ready`). */
 void svc_fake_hello(svc_fake *f, kiln_stage stage, int credits);
-/* Heartbeats and receives for ms milliseconds: jobs are kept, `fenced`
- * for its epoch noted. */
+/* Heartbeats and receives for ms milliseconds: jobs are kept, cancels
+ * counted, `fenced` for its epoch noted. */
 void svc_fake_pump(svc_fake *f, int ms);
 /* Sends `release` for the shm references of a job's inputs. */
 void svc_fake_release(svc_fake *f, const kiln_ref_map *in);

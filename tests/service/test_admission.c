@@ -28,7 +28,10 @@
  * - cancellation stops work: a client leaving in the middle of a long
  *   denoising step, or of the VAE encoding of its references, frees the
  *   replica at its next op (well within the step), so the well-behaved
- *   request right behind it is served at its normal latency. */
+ *   request right behind it is served at its normal latency;
+ * - a replica that does not stop a cancelled job (played by this test on
+ *   the bus) counts as busy until it is fenced, --cancel-timeout-s after
+ *   the cancel, while the well-behaved client is served by the real one. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -53,6 +56,7 @@
 #define CLIENT_CONNS 16
 #define QUEUE_MAX 40   /* with --client-queue-share 0.25: 10 requests a client */
 #define FLOOD 12
+#define CANCEL_TIMEOUT_S 5
 
 static pid_t procs[4]; /* gateway, encoder, denoiser, decoder */
 static const char *names[4] = {"gateway", "encoder", "denoiser", "decoder"};
@@ -377,8 +381,8 @@ static void test_body_budget(void)
         gwc_response r = {0};
         kiln_buf in = {0};
         int rc = gwc_read_response(fds[i], &in, &r, BODY_WAIT_MS + 10000);
-        CHECKF(rc == 0 && r.status == 503 && r.body.data &&
-                   strstr((const char *)r.body.data, "server_busy") && gwc_wait_closed(fds[i], 5000),
+        int busy = r.body.data && strstr((const char *)r.body.data, "server_busy");
+        CHECKF(rc == 0 && r.status == 503 && busy && gwc_wait_closed(fds[i], 5000),
                "waiting body %d: rc %d, status %d", i, rc, r.status);
         gwc_response_free(&r);
         kiln_buf_free(&in);
@@ -473,7 +477,8 @@ static void test_bus_frames(void)
     long before = gateway_peak_kb(1);
     void *ctx = zmq_ctx_new();
     void *rogue = zmq_socket(ctx, ZMQ_DEALER);
-    CHECK(rogue && !zmq_setsockopt(rogue, ZMQ_ROUTING_ID, "rogue-1", 7) && !zmq_connect(rogue, bus));
+    CHECK(rogue && !zmq_setsockopt(rogue, ZMQ_ROUTING_ID, "rogue-1", 7) &&
+          !zmq_connect(rogue, bus));
     for (int i = 0; i < 3; i++) {
         zmq_msg_t m;
         zmq_msg_init_data(&m, frame, len, NULL, NULL); /* no copy: the buffer outlives it */
@@ -634,11 +639,13 @@ static void test_cancel_stops_work(void)
     gwc_response r;
     const char *one = "{\"prompt\":\"step\",\"size\":\"256x256\",\"num_inference_steps\":1,"
                       "\"max_sequence_length\":32}";
-    CHECK(svc_post_json(port, "/v1/images/generations", one, &r, SVC_T_REQ) == 0 && r.status == 200);
-    gwc_response_free(&r);
-    double sum0 = metric("kiln_stage_seconds_sum{part=\"denoise_step\"}");
-    CHECK(svc_post_json(port, "/v1/images/generations", one, &r, SVC_T_REQ) == 0 && r.status == 200);
-    gwc_response_free(&r);
+    double sum0 = 0;
+    for (int i = 0; i < 2; i++) {
+        sum0 = metric("kiln_stage_seconds_sum{part=\"denoise_step\"}");
+        CHECK(svc_post_json(port, "/v1/images/generations", one, &r, SVC_T_REQ) == 0 &&
+              r.status == 200);
+        gwc_response_free(&r);
+    }
     double step = (metric("kiln_stage_seconds_sum{part=\"denoise_step\"}") - sum0) * 1000;
 
     /* A long generation whose client leaves a third into a step. */
@@ -690,6 +697,58 @@ static void test_cancel_stops_work(void)
     kiln_buf_free(&png), kiln_buf_free(&b64), kiln_buf_free(&json);
 }
 
+/* ---- a replica that does not stop ---- */
+
+static void test_unanswered_cancel(void)
+{
+    double base = baseline();
+    CHECK(base > 0);
+    char bus[256];
+    snprintf(bus, sizeof bus, "ipc://%s/bus", svc.tmpdir);
+    svc_fake f;
+    CHECK(svc_fake_open(&f, bus, "denoise-stuck-1", 0x737475636b31ull) == 0);
+    /* One credit more than the real denoiser's 2 (--max-batch 1): the next
+     * denoise job is its own. */
+    svc_fake_hello(&f, KILN_STAGE_DENOISE, 3);
+    svc_fake_pump(&f, 300);
+    CHECK(wait_metric_in("kiln_replicas{stage=\"denoise\"}", 2, 2, 10000) == 0);
+    double timeouts0 = metric("kiln_events_total{event=\"cancel_timeout\"}");
+    int fd = gwc_connect(port);
+    kiln_buf req = {0};
+    gwc_format(&req, "POST", "/v1/images/generations", "application/json", good_json,
+               sizeof good_json - 1, 0);
+    CHECK(fd >= 0 && gwc_send(fd, req.data, req.len, 5000) == 0);
+    kiln_buf_free(&req);
+    double until = kiln_now_ms() + SVC_T_REQ;
+    while (!f.n_jobs && kiln_now_ms() < until)
+        svc_fake_pump(&f, 20);
+    CHECKF(f.n_jobs == 1, "the stuck replica got %d jobs", f.n_jobs);
+    /* Its client leaves: the gateway cancels the job there, and the
+     * replica, still heartbeating, never answers. */
+    close(fd);
+    double t0 = kiln_now_ms();
+    while (!f.cancels && kiln_now_ms() - t0 < 10000)
+        svc_fake_pump(&f, 20);
+    CHECK(f.cancels == 1);
+    CHECK(metric("kiln_jobs ") == 0 && metric("kiln_cancelling{stage=\"denoise\"}") == 1 &&
+          metric("kiln_replicas_busy{stage=\"denoise\"}") >= 1);
+    good_client g;
+    good_start(&g);
+    while (!f.fenced && kiln_now_ms() - t0 < (CANCEL_TIMEOUT_S + 15) * 1000)
+        svc_fake_pump(&f, 20);
+    double fenced_after = kiln_now_ms() - t0;
+    KILN_LOG_INFO("admission: the replica that did not stop was fenced %.0f ms after the cancel "
+                  "(--cancel-timeout-s %d)", fenced_after, CANCEL_TIMEOUT_S);
+    CHECKF(f.fenced && fenced_after >= CANCEL_TIMEOUT_S * 1000 - 500 &&
+               fenced_after <= CANCEL_TIMEOUT_S * 1000 + 5000,
+           "fenced %d, %.0f ms after the cancel", f.fenced, fenced_after);
+    CHECK(metric("kiln_events_total{event=\"cancel_timeout\"}") == timeouts0 + 1);
+    CHECK(metric("kiln_replicas{stage=\"denoise\"}") == 1 &&
+          metric("kiln_cancelling{stage=\"denoise\"}") == 0);
+    good_check(&g, base, "a replica that does not stop");
+    svc_fake_close(&f);
+}
+
 /* ---- set-up ---- */
 
 static int start(void)
@@ -699,13 +758,15 @@ static int start(void)
     snprintf(body, sizeof body, "%d", MAX_BODY_MB);
     snprintf(conns, sizeof conns, "%d", CLIENT_CONNS);
     snprintf(wait, sizeof wait, "%d", BODY_WAIT_MS);
-    static char queue[16];
+    static char queue[16], cancel_s[16];
     snprintf(queue, sizeof queue, "%d", QUEUE_MAX);
+    snprintf(cancel_s, sizeof cancel_s, "%d", CANCEL_TIMEOUT_S);
     const char *const gw[] = {"--max-size", "256", "--max-body-mb", body,
                               "--client-body-budget-mb", body, "--body-budget-mb", "64",
                               "--body-wait-ms", wait, "--max-client-connections", conns,
                               "--max-cost", "1", "--queue-max", queue,
-                              "--client-queue-share", "0.25", NULL};
+                              "--client-queue-share", "0.25", "--cancel-timeout-s", cancel_s,
+                              NULL};
     /* One job on the denoiser at a time (and one waiting there): what the
      * gateway's fair queue cannot reorder is then small. */
     const char *const den[] = {"--max-batch", "1", NULL};
@@ -734,6 +795,7 @@ int main(void)
     RUN(test_bus_frames);
     RUN(test_cost_and_fairness);
     RUN(test_cancel_stops_work);
+    RUN(test_unanswered_cancel);
     for (int i = 3; i >= 0; i--) {
         int st = svc_stop(procs[i], 30000);
         CHECKF(st == 0, "%s exit status %d", names[i], st);

@@ -7,8 +7,9 @@
  * make) with one re-run from the encode stage on fresh references then
  * 503, messages of fenced incarnations ignored and answered `fenced`,
  * forged and repeated releases refused, restarts when inputs are gone (a
- * consumer's not_found), timeouts (504), error dones, and dones nobody
- * waits for.  Every message the scheduler sends goes through
+ * consumer's not_found), timeouts (504), error dones, dones nobody
+ * waits for, and cancels a replica answers late or never (busy gauges,
+ * fencing).  Every message the scheduler sends goes through
  * kiln_msg_encode / kiln_msg_decode, so it must be a valid protocol
  * message. */
 #include <stdio.h>
@@ -249,6 +250,9 @@ static void done_error(world *w, const char *from, uint64_t job, kiln_status cod
     deliver(w, from, &m);
 }
 
+/* The next world's opts.cancel_timeout_ms (0: never fence). */
+static double world_cancel_ms;
+
 static void world_init(world *w, int queue_max)
 {
     memset(w, 0, sizeof *w);
@@ -257,7 +261,7 @@ static void world_init(world *w, int queue_max)
     w->metrics = kiln_metrics_create(&err);
     kiln_sched_opts o = {.model_id = "klein-tiny", .queue_max = queue_max,
                          .heartbeat_timeout_ms = 2000, .progress_timeout_ms = 3000,
-                         .job_timeout_ms = 60000};
+                         .job_timeout_ms = 60000, .cancel_timeout_ms = world_cancel_ms};
     kiln_sched_ops ops = {.send = fake_send, .finish = fake_finish};
     w->s = kiln_sched_create(&o, &ops, w, w->metrics, &err);
     CHECK(w->s != NULL);
@@ -997,6 +1001,115 @@ static void test_bye(void)
     world_free(&w);
 }
 
+/* Messages of `type` to `peer` among those sent since the last look (all
+ * of them are looked at). */
+static int count_sent(world *w, kiln_msg_type type, const char *peer)
+{
+    int n = 0;
+    const char *to;
+    for (kiln_msg *m; (m = next_sent(w, &to));)
+        n += m->type == type && !strcmp(to, peer);
+    return n;
+}
+
+static const char *const all_talk[] = {"encode-a", "denoise-a", "decode-a", NULL};
+
+/* A replica running a job the gateway cancels is busy until its done for
+ * it comes (kiln_replicas_busy, kiln_cancelling); one answering within
+ * cancel_timeout_ms (5 s here) stays, one that does not is fenced, and a
+ * gateway stall does not count towards the bound. */
+static void test_cancel_answered_or_fenced(void)
+{
+    world w;
+    world_cancel_ms = 5000;
+    world_init(&w, 8);
+    world_cancel_ms = 0;
+    cluster(&w);
+    uint64_t a;
+    kiln_tensor_ref emb;
+    const char *to;
+    to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a, &emb, &to);
+    CHECK(!strcmp(to, "denoise-a"));
+    kiln_sched_cancel(w.s, a, w.now);
+    CHECK(count_sent(&w, KILN_MSG_CANCEL, "denoise-a") == 1);
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.jobs == 0 && g.inflight[KILN_STAGE_DENOISE] == 0);
+    CHECK(g.busy[KILN_STAGE_DENOISE] == 1 && g.cancelling[KILN_STAGE_DENOISE] == 1);
+    CHECK(g.busy[KILN_STAGE_ENCODE] == 0 && g.busy[KILN_STAGE_DECODE] == 0);
+    advance(&w, 4500, all_talk);
+    CHECK(count_sent(&w, KILN_MSG_FENCED, "denoise-a") == 0);
+    done_error(&w, "denoise-a", a, KILN_ERR_CANCELLED, "request cancelled");
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.busy[KILN_STAGE_DENOISE] == 0 && g.cancelling[KILN_STAGE_DENOISE] == 0);
+    advance(&w, 10000, all_talk);
+    CHECK(count_sent(&w, KILN_MSG_FENCED, "denoise-a") == 0);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[KILN_STAGE_DENOISE] == 1);
+
+    /* Never answered: fenced once the timeout has passed, not counting
+     * the 8 s the gateway itself did not run. */
+    to_denoise(&w, "{\"prompt\":\"b\",\"size\":\"64x64\"}", &a, &emb, &to);
+    kiln_sched_cancel(w.s, a, w.now);
+    CHECK(count_sent(&w, KILN_MSG_CANCEL, "denoise-a") == 1);
+    advance(&w, 2000, all_talk);
+    w.now += 8000; /* the gateway stopped */
+    kiln_sched_tick(w.s, w.now);
+    advance(&w, 2500, all_talk);
+    CHECK(count_sent(&w, KILN_MSG_FENCED, "denoise-a") == 0);
+    advance(&w, 1000, all_talk); /* its heartbeats after the fence are answered `fenced` too */
+    CHECK(count_sent(&w, KILN_MSG_FENCED, "denoise-a") >= 1);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[KILN_STAGE_DENOISE] == 0 && g.busy[KILN_STAGE_DENOISE] == 0 &&
+          g.cancelling[KILN_STAGE_DENOISE] == 0);
+    kiln_buf text = {0};
+    CHECK(kiln_metrics_render(w.metrics, &g, &text, NULL) == KILN_OK);
+    kiln_buf_append(&text, "", 1, NULL);
+    CHECK(strstr((const char *)text.data, "kiln_events_total{event=\"cancel_timeout\"} 1"));
+    CHECK(strstr((const char *)text.data, "kiln_replicas_busy{stage=\"denoise\"} 0"));
+    kiln_buf_free(&text);
+    world_free(&w);
+}
+
+/* A cancelled job batched with a live one is answered when the batch
+ * ends (the denoiser stops a batch only when all of it is cancelled):
+ * however long the live job runs, progressing, its replica is not fenced;
+ * left with only the cancelled job, unanswered, it is, cancel_timeout_ms
+ * after the live job's done. */
+static void test_cancel_in_live_batch(void)
+{
+    world w;
+    world_cancel_ms = 5000;
+    world_init(&w, 8);
+    world_cancel_ms = 0;
+    cluster(&w);
+    uint64_t a, b;
+    kiln_tensor_ref emb_a, emb_b;
+    const char *to;
+    to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a, &emb_a, &to);
+    CHECK(!strcmp(to, "denoise-a"));
+    to_denoise(&w, "{\"prompt\":\"b\",\"size\":\"64x64\"}", &b, &emb_b, &to);
+    CHECK(!strcmp(to, "denoise-a"));
+    kiln_sched_cancel(w.s, a, w.now);
+    CHECK(count_sent(&w, KILN_MSG_CANCEL, "denoise-a") == 1);
+    advance(&w, 20000, all_talk); /* four times the bound */
+    CHECK(count_sent(&w, KILN_MSG_FENCED, "denoise-a") == 0);
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[KILN_STAGE_DENOISE] == 1 && g.inflight[KILN_STAGE_DENOISE] == 1 &&
+          g.cancelling[KILN_STAGE_DENOISE] == 1 && g.busy[KILN_STAGE_DENOISE] == 1);
+    kiln_tensor_ref lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
+    done_with(&w, "denoise-a", b, "latents", &lat);
+    CHECK(count_sent(&w, KILN_MSG_JOB, "decode-a") == 1);
+    advance(&w, 4500, all_talk);
+    CHECK(count_sent(&w, KILN_MSG_FENCED, "denoise-a") == 0);
+    advance(&w, 1000, all_talk); /* its heartbeats after the fence are answered `fenced` too */
+    CHECK(count_sent(&w, KILN_MSG_FENCED, "denoise-a") >= 1);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[KILN_STAGE_DENOISE] == 0 && g.cancelling[KILN_STAGE_DENOISE] == 0);
+    world_free(&w);
+}
+
 int main(void)
 {
     RUN(test_flow);
@@ -1013,5 +1126,7 @@ int main(void)
     RUN(test_errors_and_timeout);
     RUN(test_forged_releases);
     RUN(test_hello_again);
+    RUN(test_cancel_answered_or_fenced);
+    RUN(test_cancel_in_live_batch);
     return test_finish();
 }
