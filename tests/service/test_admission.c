@@ -31,7 +31,9 @@
  *   request right behind it is served at its normal latency;
  * - a replica that does not stop a cancelled job (played by this test on
  *   the bus) counts as busy until it is fenced, --cancel-timeout-s after
- *   the cancel, while the well-behaved client is served by the real one. */
+ *   the cancel, while the well-behaved client is served by the real one;
+ * - a request past --request-timeout-s gets 504 and its work stops at the
+ *   next op, so the request behind it is served at its normal latency. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -630,29 +632,39 @@ static int send_and_leave(const char *path, const char *json, const char *stage,
     return rc;
 }
 
-static void test_cancel_stops_work(void)
+/* How long one step of LONG_JSON takes here, in ms (the first request of
+ * its size runs alone, the second is measured); -1 on failure. */
+static double step_ms(void)
 {
-    double base = baseline();
-    CHECK(base > 0);
-    /* How long one 256x256 step takes here (the first of its size runs
-     * alone, the second is measured). */
-    gwc_response r;
     const char *one = "{\"prompt\":\"step\",\"size\":\"256x256\",\"num_inference_steps\":1,"
                       "\"max_sequence_length\":32}";
     double sum0 = 0;
     for (int i = 0; i < 2; i++) {
         sum0 = metric("kiln_stage_seconds_sum{part=\"denoise_step\"}");
-        CHECK(svc_post_json(port, "/v1/images/generations", one, &r, SVC_T_REQ) == 0 &&
-              r.status == 200);
+        gwc_response r;
+        int ok = svc_post_json(port, "/v1/images/generations", one, &r, SVC_T_REQ) == 0 &&
+                 r.status == 200;
         gwc_response_free(&r);
+        if (!ok)
+            return -1;
     }
-    double step = (metric("kiln_stage_seconds_sum{part=\"denoise_step\"}") - sum0) * 1000;
+    return (metric("kiln_stage_seconds_sum{part=\"denoise_step\"}") - sum0) * 1000;
+}
+
+/* A generation of 40 such steps: a minute or more here. */
+#define LONG_JSON                                                                                  \
+    "{\"prompt\":\"long\",\"size\":\"256x256\",\"num_inference_steps\":40,"                        \
+    "\"max_sequence_length\":32}"
+
+static void test_cancel_stops_work(void)
+{
+    double base = baseline();
+    CHECK(base > 0);
+    double step = step_ms();
 
     /* A long generation whose client leaves a third into a step. */
     int stops = svc_log_count(svc_tmp("denoiser.log"), "ms after its cancel");
-    CHECK(send_and_leave("/v1/images/generations",
-                         "{\"prompt\":\"long\",\"size\":\"256x256\",\"num_inference_steps\":40,"
-                         "\"max_sequence_length\":32}", "denoise", (int)(step / 3)) == 0);
+    CHECK(send_and_leave("/v1/images/generations", LONG_JSON, "denoise", (int)(step / 3)) == 0);
     double ms = good_request();
     double stopped = stop_latency("denoiser.log", stops, 30000);
     KILN_LOG_INFO("admission: denoiser stopped %.0f ms after the cancel (a step takes %.0f ms); "
@@ -749,16 +761,15 @@ static void test_unanswered_cancel(void)
     svc_fake_close(&f);
 }
 
-/* ---- set-up ---- */
+/* ---- the service ---- */
 
-static int start(void)
+/* kiln-gateway's options here, then `more` (NULL-terminated, or NULL). */
+static void gateway_args(const char **out, int cap, const char *const *more)
 {
-    const char *const env[] = {"OMP_NUM_THREADS=1", NULL};
-    static char body[16], conns[16], wait[16];
+    static char body[16], conns[16], wait[16], queue[16], cancel_s[16];
     snprintf(body, sizeof body, "%d", MAX_BODY_MB);
     snprintf(conns, sizeof conns, "%d", CLIENT_CONNS);
     snprintf(wait, sizeof wait, "%d", BODY_WAIT_MS);
-    static char queue[16], cancel_s[16];
     snprintf(queue, sizeof queue, "%d", QUEUE_MAX);
     snprintf(cancel_s, sizeof cancel_s, "%d", CANCEL_TIMEOUT_S);
     const char *const gw[] = {"--max-size", "256", "--max-body-mb", body,
@@ -767,6 +778,74 @@ static int start(void)
                               "--max-cost", "1", "--queue-max", queue,
                               "--client-queue-share", "0.25", "--cancel-timeout-s", cancel_s,
                               NULL};
+    int n = 0;
+    for (int i = 0; gw[i] && n < cap - 1; i++)
+        out[n++] = gw[i];
+    for (int i = 0; more && more[i] && n < cap - 1; i++)
+        out[n++] = more[i];
+    out[n] = NULL;
+}
+
+static const char *const env[] = {"OMP_NUM_THREADS=1", NULL};
+
+/* ---- a request that times out ---- */
+
+#define REQUEST_TIMEOUT_S 10
+
+/* The gateway again, with --request-timeout-s 10 (the replicas register
+ * with it as with any restarted gateway): a long generation gets 504 at
+ * the timeout, the gateway cancels it in its stage, and the denoiser stops
+ * at its next op, so the request behind it is served at its normal latency
+ * instead of waiting for the abandoned work (and getting 504 as well). */
+static void test_timeout_stops_work(void)
+{
+    CHECK(svc_stop(procs[0], 30000) == 0);
+    CHECK(rename(svc_tmp("gateway.log"), svc_tmp("gateway-1.log")) == 0);
+    char bus[256], timeout_s[16];
+    snprintf(bus, sizeof bus, "ipc://%s/bus", svc.tmpdir);
+    snprintf(timeout_s, sizeof timeout_s, "%d", REQUEST_TIMEOUT_S);
+    const char *gw[32];
+    gateway_args(gw, 32, (const char *const[]){"--request-timeout-s", timeout_s, NULL});
+    procs[0] = svc_spawn_service("gateway", bus, gw, env);
+    port = svc_log_port(svc_tmp("gateway.log"), 30000);
+    CHECK(port > 0 && svc_wait_ready(port, 60000) == 0);
+    if (port <= 0)
+        return;
+    double step = step_ms(), base = baseline();
+    CHECK(step > 0 && base > 0);
+    CHECK(metric("kiln_limit{name=\"request_timeout_seconds\"}") == REQUEST_TIMEOUT_S);
+    int stops = svc_log_count(svc_tmp("denoiser.log"), "ms after its cancel");
+    gwc_response r;
+    double t0 = kiln_now_ms();
+    int rc = svc_post_json(port, "/v1/images/generations", LONG_JSON, &r, SVC_T_REQ);
+    double waited = kiln_now_ms() - t0;
+    char why[256] = "";
+    CHECKF(rc == 0 && r.status == 504 && svc_error_body(&r, "timeout", why, sizeof why) == 0,
+           "the long request: rc %d, status %d %s", rc, r.status, why);
+    gwc_response_free(&r);
+    double ms = good_request();
+    double stopped = stop_latency("denoiser.log", stops, 30000);
+    KILN_LOG_INFO("admission: 504 after %.0f ms (--request-timeout-s %d); the denoiser stopped "
+                  "%.0f ms after the cancel (a step takes %.0f ms); the next well-behaved request "
+                  "took %.0f ms (baseline %.0f)", waited, REQUEST_TIMEOUT_S, stopped, step, ms,
+                  base);
+    CHECKF(waited >= REQUEST_TIMEOUT_S * 1000 - 100 && waited <= REQUEST_TIMEOUT_S * 1000 + 5000,
+           "504 after %.0f ms", waited);
+    /* The timeout falls anywhere in a step; the end of the step would be
+     * half of one away on average. */
+    CHECKF(stopped >= 0 && stopped < step / 4, "the denoiser stopped %.0f ms after the cancel "
+           "(a step is %.0f ms)", stopped, step);
+    CHECKF(ms > 0 && ms <= 3 * base + 2000, "the request behind the timed-out one took %.0f ms",
+           ms);
+    CHECK(wait_metric_in("kiln_replicas_busy{stage=\"denoise\"}", 0, 0, 10000) == 0);
+}
+
+/* ---- set-up ---- */
+
+static int start(void)
+{
+    const char *gw[32];
+    gateway_args(gw, 32, NULL);
     /* One job on the denoiser at a time (and one waiting there): what the
      * gateway's fair queue cannot reorder is then small. */
     const char *const den[] = {"--max-batch", "1", NULL};
@@ -796,6 +875,7 @@ int main(void)
     RUN(test_cost_and_fairness);
     RUN(test_cancel_stops_work);
     RUN(test_unanswered_cancel);
+    RUN(test_timeout_stops_work); /* restarts the gateway: last */
     for (int i = 3; i >= 0; i--) {
         int st = svc_stop(procs[i], 30000);
         CHECKF(st == 0, "%s exit status %d", names[i], st);
