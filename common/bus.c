@@ -8,11 +8,35 @@
 
 #include <zmq.h>
 
+#include "log.h"
+
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01" /* fixed by RFC 27 */
+#define ZAP_DOMAIN "kiln"
+#define REFUSED_LOG_MS 5000.0
+#define RETRY_MS 2000.0 /* a refused DEALER connects again after this */
+
+/* Handshake events the monitor reports: success (a DEALER says hello
+ * again) and failures (logged, so an operator sees a key mismatch). */
+#define MON_FAILED                                                                             \
+    (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |               \
+     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+
 struct kiln_bus {
     void *ctx;
     void *sock;
-    void *mon; /* DEALER: PAIR receiving the socket's connection events */
+    void *mon; /* PAIR receiving the socket's handshake events */
+    void *zap; /* ROUTER with CURVE: REP answering handshakes (RFC 27) */
     int router;
+    kiln_bus_keys keys; /* a copy; allow owned */
+    int refused;        /* DEALER: the last handshake failed, none succeeded since */
+    int refusals;       /* failed handshakes seen */
+    /* DEALER: libzmq ends a session for good after a protocol-level
+     * refusal (a key not allowed, CURVE against plaintext); we connect
+     * again at this time, so a fixed gateway finds us without a restart. */
+    double retry_at;
+    char *endpoint;
+    double next_log_ms; /* refused handshakes: when the next may be logged */
+    int unlogged;       /* refused since the last line */
 };
 
 static kiln_status zfail(kiln_err *err, kiln_status code, const char *what)
@@ -37,6 +61,22 @@ static kiln_status set_max_msg(kiln_bus *b, size_t max_msg, kiln_err *err)
     return KILN_OK;
 }
 
+int kiln_bus_endpoint_local(const char *endpoint)
+{
+    if (!strncmp(endpoint, "ipc://", 6) || !strncmp(endpoint, "inproc://", 9))
+        return 1;
+    if (strncmp(endpoint, "tcp://", 6))
+        return 0;
+    const char *host = endpoint + 6;
+    if (!strncmp(host, "[::1]:", 6) || !strncmp(host, "localhost:", 10))
+        return 1;
+    /* 127.0.0.0/8: four dotted numbers, the first 127. */
+    unsigned a, b, c, d;
+    char colon;
+    return sscanf(host, "%u.%u.%u.%u%c", &a, &b, &c, &d, &colon) == 5 && colon == ':' &&
+           a == 127 && b < 256 && c < 256 && d < 256;
+}
+
 void kiln_bus_close(kiln_bus *b)
 {
     if (!b)
@@ -47,9 +87,71 @@ void kiln_bus_close(kiln_bus *b)
     }
     if (b->sock)
         zmq_close(b->sock);
+    if (b->zap)
+        zmq_close(b->zap);
     if (b->ctx)
         zmq_ctx_term(b->ctx);
+    kiln_bus_keys_free(&b->keys);
+    free(b->endpoint);
     free(b);
+}
+
+/* Logs a refused handshake, at most one line per REFUSED_LOG_MS with the
+ * count of those not logged in between (a scan of the port must not
+ * flood the log). */
+static void log_refused(kiln_bus *b, const char *fmt, const char *detail)
+{
+    double now = kiln_now_ms();
+    if (now < b->next_log_ms) {
+        b->unlogged++;
+        return;
+    }
+    char line[384];
+    snprintf(line, sizeof line, fmt, detail);
+    if (b->unlogged)
+        KILN_LOG_WARN("bus: %s (and %d more refused since the last such line)", line, b->unlogged);
+    else
+        KILN_LOG_WARN("bus: %s", line);
+    b->unlogged = 0;
+    b->next_log_ms = now + REFUSED_LOG_MS;
+}
+
+static kiln_status set_str(void *sock, int opt, const char *v, const char *what, kiln_err *err)
+{
+    if (zmq_setsockopt(sock, opt, v, strlen(v)))
+        return zfail(err, KILN_ERR_IO, what);
+    return KILN_OK;
+}
+
+/* Watches the socket's handshakes through a PAIR on an inproc endpoint. */
+static kiln_status start_monitor(kiln_bus *b, int events, kiln_err *err)
+{
+    char mon[64];
+    snprintf(mon, sizeof mon, "inproc://kiln-bus-mon-%p", (void *)b);
+    if (zmq_socket_monitor(b->sock, mon, events))
+        return zfail(err, KILN_ERR_IO, "monitor");
+    b->mon = zmq_socket(b->ctx, ZMQ_PAIR);
+    if (!b->mon || zmq_connect(b->mon, mon))
+        return zfail(err, KILN_ERR_IO, "monitor socket");
+    return KILN_OK;
+}
+
+static kiln_status copy_keys(kiln_bus *b, const kiln_bus_keys *keys, kiln_err *err)
+{
+    if (!keys || !keys->secret[0])
+        return KILN_OK;
+    b->keys = *keys;
+    b->keys.allow = NULL;
+    b->keys.n_allow = 0;
+    for (int i = 0; i < keys->n_allow; i++) {
+        uint8_t(*v)[KILN_BUS_KEY_BYTES] = realloc(b->keys.allow, (size_t)(i + 1) * sizeof *v);
+        if (!v)
+            return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        b->keys.allow = v;
+        memcpy(v[i], keys->allow[i], KILN_BUS_KEY_BYTES);
+        b->keys.n_allow = i + 1;
+    }
+    return KILN_OK;
 }
 
 static kiln_bus *bus_new(int type, size_t max_msg, kiln_err *err)
@@ -89,32 +191,39 @@ static kiln_bus *bus_new(int type, size_t max_msg, kiln_err *err)
     return b;
 }
 
-kiln_bus *kiln_bus_connect(const char *endpoint, const char *identity, kiln_err *err)
+kiln_bus *kiln_bus_connect(const char *endpoint, const char *identity, const kiln_bus_keys *keys,
+                           kiln_err *err)
 {
     kiln_bus *b = bus_new(ZMQ_DEALER, 0, err);
     if (!b)
         return NULL;
-    char mon[64];
-    snprintf(mon, sizeof mon, "inproc://kiln-bus-mon-%p", (void *)b);
     if (zmq_setsockopt(b->sock, ZMQ_ROUTING_ID, identity, strlen(identity))) {
         zfail(err, KILN_ERR_INVALID, "routing id");
         goto fail;
     }
     if (set_int(b, ZMQ_RECONNECT_IVL, 100, "reconnect interval", err) ||
-        set_int(b, ZMQ_RECONNECT_IVL_MAX, 2000, "reconnect max", err))
+        set_int(b, ZMQ_RECONNECT_IVL_MAX, 2000, "reconnect max", err) ||
+        copy_keys(b, keys, err))
         goto fail;
-    if (zmq_socket_monitor(b->sock, mon, ZMQ_EVENT_HANDSHAKE_SUCCEEDED)) {
-        zfail(err, KILN_ERR_IO, "monitor");
-        goto fail;
+    if (b->keys.secret[0]) {
+        if (!b->keys.server[0]) {
+            kiln_err_set(err, KILN_ERR_INVALID, "a bus key needs the gateway's public key too");
+            goto fail;
+        }
+        if (set_str(b->sock, ZMQ_CURVE_SERVERKEY, b->keys.server, "curve server key", err) ||
+            set_str(b->sock, ZMQ_CURVE_PUBLICKEY, b->keys.public_key, "curve public key", err) ||
+            set_str(b->sock, ZMQ_CURVE_SECRETKEY, b->keys.secret, "curve secret key", err))
+            goto fail;
     }
-    b->mon = zmq_socket(b->ctx, ZMQ_PAIR);
-    if (!b->mon || zmq_connect(b->mon, mon)) {
-        zfail(err, KILN_ERR_IO, "monitor socket");
+    if (start_monitor(b, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | MON_FAILED, err))
         goto fail;
-    }
     if (zmq_connect(b->sock, endpoint)) {
         kiln_err_set(err, KILN_ERR_INVALID, "bus endpoint '%s': %s", endpoint,
                      zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    if (!(b->endpoint = strdup(endpoint))) {
+        kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
         goto fail;
     }
     return b;
@@ -123,7 +232,29 @@ fail:
     return NULL;
 }
 
-kiln_bus *kiln_bus_bind(const char *endpoint, size_t max_msg, kiln_err *err)
+/* The ROUTER as CURVE server, with the ZAP handler bound first: libzmq
+ * admits every CURVE client when no handler listens (ZMQ_ZAP_ENFORCE_DOMAIN,
+ * which would refuse them, is a draft option Debian's libzmq lacks), so
+ * the handler is there before the socket binds and closes after it. */
+static kiln_status setup_curve_server(kiln_bus *b, kiln_err *err)
+{
+    if (!b->keys.n_allow)
+        return kiln_err_set(err, KILN_ERR_INVALID, "a bus key needs an allow-list of the "
+                            "replicas' public keys");
+    b->zap = zmq_socket(b->ctx, ZMQ_REP);
+    if (!b->zap || zmq_bind(b->zap, ZAP_ENDPOINT))
+        return zfail(err, KILN_ERR_IO, "ZAP handler");
+    int one = 1;
+    if (zmq_setsockopt(b->sock, ZMQ_CURVE_SERVER, &one, sizeof one))
+        return zfail(err, KILN_ERR_IO, "curve server");
+    if (set_str(b->sock, ZMQ_CURVE_SECRETKEY, b->keys.secret, "curve secret key", err) ||
+        set_str(b->sock, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, "zap domain", err))
+        return err->code;
+    return start_monitor(b, MON_FAILED, err);
+}
+
+kiln_bus *kiln_bus_bind(const char *endpoint, size_t max_msg, const kiln_bus_keys *keys,
+                        kiln_err *err)
 {
     kiln_bus *b = bus_new(ZMQ_ROUTER, max_msg, err);
     if (!b)
@@ -131,7 +262,9 @@ kiln_bus *kiln_bus_bind(const char *endpoint, size_t max_msg, kiln_err *err)
     /* Mandatory: an unknown peer is an error, not a silent drop.  Handover:
      * a replica that reconnects with the same id takes its route over. */
     if (set_int(b, ZMQ_ROUTER_MANDATORY, 1, "router mandatory", err) ||
-        set_int(b, ZMQ_ROUTER_HANDOVER, 1, "router handover", err))
+        set_int(b, ZMQ_ROUTER_HANDOVER, 1, "router handover", err) || copy_keys(b, keys, err))
+        goto fail;
+    if (b->keys.secret[0] && setup_curve_server(b, err))
         goto fail;
     if (zmq_bind(b->sock, endpoint)) {
         kiln_err_set(err, KILN_ERR_IO, "cannot bind the bus on '%s': %s", endpoint,
@@ -144,9 +277,13 @@ fail:
     return NULL;
 }
 
-static kiln_status send_status(const char *what, kiln_err *err)
+static kiln_status send_status(kiln_bus *b, const char *what, kiln_err *err)
 {
     int e = zmq_errno();
+    /* A refused DEALER has no pipe to queue in: not a full queue. */
+    if (e == EAGAIN && b->refused)
+        return kiln_err_set(err, KILN_ERR_UNAVAILABLE, "bus %s: not connected (the gateway "
+                            "refused the handshake)", what);
     if (e == EAGAIN)
         return kiln_err_set(err, KILN_ERR_BUSY, "bus %s: queue full", what);
     if (e == EHOSTUNREACH)
@@ -161,9 +298,9 @@ kiln_status kiln_bus_send(kiln_bus *b, const char *peer, const void *frame, size
         return kiln_err_set(err, KILN_ERR_INTERNAL, "bus send: peer is %s on a %s",
                             peer ? "set" : "missing", b->router ? "ROUTER" : "DEALER");
     if (peer && zmq_send(b->sock, peer, strlen(peer), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        return send_status("send", err);
+        return send_status(b, "send", err);
     if (zmq_send(b->sock, frame, len, ZMQ_DONTWAIT) < 0)
-        return send_status("send", err);
+        return send_status(b, "send", err);
     return KILN_OK;
 }
 
@@ -249,6 +386,29 @@ int kiln_bus_recv(kiln_bus *b, char *peer, size_t peer_cap, kiln_buf *frame, kil
     return st ? -1 : 1;
 }
 
+static void log_failed(kiln_bus *b, uint16_t id, uint32_t value)
+{
+    char why[160];
+    if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        snprintf(why, sizeof why, "%s (ZAP status %u)", b->router ? "its key is not allowed"
+                 : "the gateway does not allow this replica's key", (unsigned)value);
+    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+             value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        snprintf(why, sizeof why, "one side uses CURVE keys and the other does not");
+    else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        snprintf(why, sizeof why, "protocol error 0x%x (a wrong %s key?)", (unsigned)value,
+                 b->router ? "server" : "gateway public");
+    else if (b->router)
+        snprintf(why, sizeof why, "no detail");
+    else
+        snprintf(why, sizeof why, "no detail (%s)",
+                 b->keys.secret[0] ? "a wrong --bus-server-key, or a gateway without keys?"
+                                   : "does the gateway require bus keys? --bus-key, "
+                                     "--bus-server-key");
+    log_refused(b, b->router ? "refused a peer's handshake: %s"
+                             : "the handshake with the gateway failed: %s", why);
+}
+
 /* Consumes pending monitor events; 1 when one was a completed handshake. */
 static int monitor_events(kiln_bus *b)
 {
@@ -261,24 +421,89 @@ static int monitor_events(kiln_bus *b)
             return connected;
         }
         /* Frame 1: u16 event + u32 value; frame 2: the endpoint. */
-        if (zmq_msg_size(&ev) >= 2) {
+        if (zmq_msg_size(&ev) >= 6) {
             uint16_t id;
+            uint32_t value;
             memcpy(&id, zmq_msg_data(&ev), sizeof id);
-            connected |= id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
+            memcpy(&value, (const char *)zmq_msg_data(&ev) + 2, sizeof value);
+            if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+                connected = 1;
+                b->refused = 0;
+            } else if (id & MON_FAILED) {
+                b->refused = !b->router;
+                b->refusals++;
+                log_failed(b, id, value);
+                if (!b->router && id != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+                    b->retry_at = kiln_now_ms() + RETRY_MS;
+            }
         }
         zmq_msg_close(&ev);
         drain(b->mon);
     }
 }
 
+/* Answers the waiting ZAP requests (RFC 27): 200 for a CURVE handshake in
+ * our domain from an allowed key, 400 for anything else.  Every request
+ * gets a reply (a REP socket takes no new request before it), even a
+ * malformed one, which libzmq never sends. */
+static void zap_serve(kiln_bus *b)
+{
+    enum { FRAMES = 7, CAP = 256 };
+    for (;;) {
+        char f[FRAMES][CAP];
+        int n[FRAMES] = {0}, got = 0, bad = 0;
+        for (int more = 1; more;) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, b->zap, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&m);
+                if (!got)
+                    return; /* nothing waiting */
+                bad = 1;
+                break;
+            }
+            size_t len = zmq_msg_size(&m);
+            if (got < FRAMES && len < CAP) {
+                memcpy(f[got], zmq_msg_data(&m), len);
+                f[got][len] = '\0';
+                n[got] = (int)len;
+            } else {
+                bad = 1;
+            }
+            got++;
+            more = has_more(b->zap);
+            zmq_msg_close(&m);
+        }
+        int ok = !bad && got == FRAMES && !strcmp(f[0], "1.0") && !strcmp(f[2], ZAP_DOMAIN) &&
+                 !strcmp(f[5], "CURVE") && n[6] == KILN_BUS_KEY_BYTES &&
+                 kiln_bus_keys_allowed(&b->keys, (const uint8_t *)f[6]);
+        if (!ok)
+            log_refused(b, "refused a replica whose key is not in the allow-list (from %s)",
+                        got > 3 && n[3] < CAP ? f[3] : "?");
+        const char *code = ok ? "200" : "400";
+        const char *text = ok ? "OK" : "key not allowed";
+        size_t id_len = got > 1 && n[1] < CAP ? (size_t)n[1] : 0;
+        if (zmq_send(b->zap, "1.0", 3, ZMQ_SNDMORE) < 0 ||
+            zmq_send(b->zap, f[1], id_len, ZMQ_SNDMORE) < 0 ||
+            zmq_send(b->zap, code, 3, ZMQ_SNDMORE) < 0 ||
+            zmq_send(b->zap, text, strlen(text), ZMQ_SNDMORE) < 0 ||
+            zmq_send(b->zap, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(b->zap, "", 0, 0) < 0)
+            KILN_LOG_ERROR("bus: ZAP reply: %s", zmq_strerror(zmq_errno()));
+    }
+}
+
+int kiln_bus_refusals(const kiln_bus *b) { return b->refusals; }
+
 int kiln_bus_wait(kiln_bus *b, int fd, int timeout_ms, kiln_err *err)
 {
-    zmq_pollitem_t items[3] = {{.socket = b->sock, .events = ZMQ_POLLIN}};
-    int n = 1, fd_at = -1, mon_at = -1;
+    zmq_pollitem_t items[4] = {{.socket = b->sock, .events = ZMQ_POLLIN}};
+    int n = 1, fd_at = -1, mon_at = -1, zap_at = -1;
     if (fd >= 0)
         fd_at = n, items[n++] = (zmq_pollitem_t){.fd = fd, .events = ZMQ_POLLIN};
     if (b->mon)
         mon_at = n, items[n++] = (zmq_pollitem_t){.socket = b->mon, .events = ZMQ_POLLIN};
+    if (b->zap)
+        zap_at = n, items[n++] = (zmq_pollitem_t){.socket = b->zap, .events = ZMQ_POLLIN};
     int rc = zmq_poll(items, n, timeout_ms);
     if (rc < 0) {
         if (zmq_errno() == EINTR)
@@ -293,5 +518,14 @@ int kiln_bus_wait(kiln_bus *b, int fd, int timeout_ms, kiln_err *err)
         ev |= KILN_BUS_FD;
     if (mon_at >= 0 && (items[mon_at].revents & ZMQ_POLLIN) && monitor_events(b))
         ev |= KILN_BUS_CONNECTED;
+    if (zap_at >= 0 && (items[zap_at].revents & ZMQ_POLLIN))
+        zap_serve(b);
+    if (b->retry_at && kiln_now_ms() >= b->retry_at) {
+        b->retry_at = 0;
+        zmq_disconnect(b->sock, b->endpoint); /* what is left of the ended session, if any */
+        if (zmq_connect(b->sock, b->endpoint))
+            KILN_LOG_ERROR("bus: connecting again to %s: %s", b->endpoint,
+                           zmq_strerror(zmq_errno()));
+    }
     return ev;
 }

@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commands.h"
+#include "common/bus_keys.h"
 #include "common/log.h"
 #include "supervisor.h"
 #include "common/args.h"
@@ -17,7 +19,8 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kiln serve --model DIR [--port P] [--bus ENDPOINT] [--device cpu|cuda]\n"
+            "usage: kiln serve --model DIR [--port P] [--host ADDR] [--bus ENDPOINT]\n"
+            "  [--device cpu|cuda]\n"
             "  [--gpus N] [--min-size PX] [--max-size PX] [--text-encoder-out-layers A,B,C]\n"
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
             "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--prompt-cache-mb N]\n"
@@ -25,9 +28,11 @@ static void usage(FILE *f)
             "   --max-client-connections N --body-budget-mb N --client-body-budget-mb N\n"
             "   --body-wait-ms MS --queue-max N --request-timeout-s S --max-cost MTOK\n"
             "   --client-queue-share F --progress-timeout-s S\n"
-            "   --cancel-timeout-s S]\n"
-            "Starts kiln-gateway on port P (default 8000) and the stage replicas (one of\n"
-            "each by default), connected over the bus (default tcp://127.0.0.1:<P+1>).\n"
+            "   --cancel-timeout-s S --api-key-file FILE --admin-port P]\n"
+            "Starts kiln-gateway on ADDR:P (default 127.0.0.1:8000) and the stage replicas\n"
+            "(one of each by default), connected over the bus (default\n"
+            "tcp://127.0.0.1:<P+1>), secured with a CURVE keypair made for this run (only\n"
+            "these children hold it).  --api-key-file: Bearer keys the HTTP API requires.\n"
             "With --gpus N, replica i of each stage runs on GPU i %% N; --<stage>-gpu G pins\n"
             "every replica of that stage to GPU G instead.  Each encoder keeps up to N MiB\n"
             "(default 256, 0: off) of prompt embeddings in host memory.  A crashed child is\n"
@@ -38,7 +43,7 @@ static void usage(FILE *f)
 }
 
 typedef struct serve_opts {
-    const char *model, *bus, *device, *layers;
+    const char *model, *bus, *device, *layers, *host;
     const char *min_size, *max_size;
     const char *prompt_cache_mb; /* NULL: the encoder's default */
     int port, gpus, max_batch;
@@ -55,15 +60,15 @@ static const char *const gateway_options[] = {
     "max-body-mb", "max-connections", "max-client-connections", "body-budget-mb",
     "client-body-budget-mb", "body-wait-ms", "queue-max", "request-timeout-s", "max-cost",
     "client-queue-share", "progress-timeout-s",
-    "cancel-timeout-s",
+    "cancel-timeout-s", "api-key-file", "admin-port",
 };
 #define N_GATEWAY_OPTIONS ((int)(sizeof gateway_options / sizeof gateway_options[0]))
 
 static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
-           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_GATEWAY };
-    static struct option longopts[18 + N_GATEWAY_OPTIONS] = {
+           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_GATEWAY };
+    static struct option longopts[19 + N_GATEWAY_OPTIONS] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
         {"gpus", required_argument, 0, O_GPUS},   {"min-size", required_argument, 0, O_MIN},
@@ -75,6 +80,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"denoiser-gpu", required_argument, 0, O_DEN_GPU},
         {"decoder-gpu", required_argument, 0, O_DEC_GPU},
         {"prompt-cache-mb", required_argument, 0, O_PROMPT_CACHE},
+        {"host", required_argument, 0, O_HOST},
         {"help", no_argument, 0, 'h'},
     };
     int n_fixed = 0;
@@ -82,7 +88,9 @@ static int parse(int argc, char **argv, serve_opts *o)
         n_fixed++;
     for (int i = 0; i < N_GATEWAY_OPTIONS; i++)
         longopts[n_fixed + i] = (struct option){gateway_options[i], required_argument, 0, O_GATEWAY};
-    *o = (serve_opts){.device = "cpu", .port = 8000, .gpus = 1, .max_batch = 4,
+    /* Loopback by default: a one-machine service is reached from this
+     * machine unless the operator says otherwise (--host 0.0.0.0). */
+    *o = (serve_opts){.device = "cpu", .host = "127.0.0.1", .port = 8000, .gpus = 1, .max_batch = 4,
                       .replicas = {1, 1, 1}, .stage_gpu = {-1, -1, -1}};
     int c, unused, index = 0;
     optind = 1;
@@ -107,6 +115,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         case O_PROMPT_CACHE:
             o->prompt_cache_mb = optarg, bad = kiln_parse_int(optarg, 0, 1 << 20, &unused);
             break;
+        case O_HOST: o->host = optarg; break;
         case O_GATEWAY:
             if (o->n_gw_args == N_GATEWAY_OPTIONS) {
                 bad = 1;
@@ -135,17 +144,64 @@ static int parse(int argc, char **argv, serve_opts *o)
     return 0;
 }
 
+/* The bus keys of one run: made fresh in a private folder that only this
+ * user can enter, handed to the children as files (not argv, which every
+ * user can read in /proc), removed at exit. */
+typedef struct run_keys {
+    char dir[PATH_MAX - 32];
+    char gw_key[PATH_MAX], gw_pub[PATH_MAX], rep_key[PATH_MAX], rep_pub[PATH_MAX];
+} run_keys;
+
+static void remove_keys(run_keys *k)
+{
+    if (!k->dir[0])
+        return;
+    const char *files[] = {k->gw_key, k->gw_pub, k->rep_key, k->rep_pub};
+    for (int i = 0; i < 4; i++)
+        if (files[i][0])
+            unlink(files[i]);
+    if (rmdir(k->dir))
+        KILN_LOG_WARN("kiln serve: cannot remove %s: %s", k->dir, strerror(errno));
+    k->dir[0] = '\0';
+}
+
+static kiln_status make_keys(run_keys *k, kiln_err *err)
+{
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp || strlen(tmp) > PATH_MAX - 64)
+        tmp = "/tmp";
+    snprintf(k->dir, sizeof k->dir, "%.4000s/kiln-serve-XXXXXX", tmp);
+    if (!mkdtemp(k->dir)) {
+        kiln_err_set(err, KILN_ERR_IO, "cannot make a folder for the bus keys in %s: %s", tmp,
+                     strerror(errno));
+        k->dir[0] = '\0';
+        return err->code;
+    }
+    snprintf(k->gw_key, sizeof k->gw_key, "%s/gateway.key", k->dir);
+    snprintf(k->gw_pub, sizeof k->gw_pub, "%s/gateway.pub", k->dir);
+    snprintf(k->rep_key, sizeof k->rep_key, "%s/replica.key", k->dir);
+    snprintf(k->rep_pub, sizeof k->rep_pub, "%s/replica.pub", k->dir);
+    if (kiln_bus_keys_write_pair(k->gw_key, k->gw_pub, NULL, err) ||
+        kiln_bus_keys_write_pair(k->rep_key, k->rep_pub, NULL, err)) {
+        remove_keys(k);
+        return err->code;
+    }
+    return KILN_OK;
+}
+
 static kiln_status add_gateway(kiln_supervisor *s, const serve_opts *o, const char *bus,
-                               kiln_err *err)
+                               const run_keys *keys, kiln_err *err)
 {
     char exe[PATH_MAX], port[16];
     if (kiln_supervisor_find_exe("kiln-gateway", exe, sizeof exe, err))
         return err->code;
     snprintf(port, sizeof port, "%d", o->port);
-    const char *argv[16 + 2 * N_GATEWAY_OPTIONS] = {exe, "--port", port, "--bus", bus, "--model",
-                                                     o->model};
+    /* The replicas' public key file is the allow-list (one key). */
+    const char *argv[22 + 2 * N_GATEWAY_OPTIONS] = {exe, "--port", port, "--host", o->host, "--bus",
+                                                     bus, "--model", o->model, "--bus-key",
+                                                     keys->gw_key, "--bus-allow", keys->rep_pub};
     char names[N_GATEWAY_OPTIONS][40];
-    int k = 7;
+    int k = 13;
     if (o->min_size)
         argv[k++] = "--min-size", argv[k++] = o->min_size;
     if (o->max_size)
@@ -158,7 +214,7 @@ static kiln_status add_gateway(kiln_supervisor *s, const serve_opts *o, const ch
 }
 
 static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const char *bus,
-                                kiln_err *err)
+                                const run_keys *keys, kiln_err *err)
 {
     static const char *const bins[] = {"kiln-encoder", "kiln-denoiser", "kiln-decoder"};
     for (int st = 0; st < 3; st++) {
@@ -170,9 +226,10 @@ static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const c
             snprintf(name, sizeof name, "%s[%d]", bins[st], i);
             snprintf(gpu, sizeof gpu, "%d", o->stage_gpu[st] >= 0 ? o->stage_gpu[st] : i % o->gpus);
             snprintf(batch, sizeof batch, "%d", o->max_batch);
-            const char *argv[16] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
-                                    "--gpu", gpu, "--max-batch", batch};
-            int k = 11;
+            const char *argv[20] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
+                                    "--gpu", gpu, "--max-batch", batch, "--bus-key", keys->rep_key,
+                                    "--bus-server-key", keys->gw_pub};
+            int k = 15;
             if (st == 0 && o->layers)
                 argv[k++] = "--text-encoder-out-layers", argv[k++] = o->layers;
             if (st == 0 && o->prompt_cache_mb)
@@ -196,15 +253,20 @@ int kiln_cmd_serve(int argc, char **argv)
     else
         snprintf(bus, sizeof bus, "tcp://127.0.0.1:%d", o.port + 1);
     kiln_err err = {0};
-    kiln_supervisor *s = kiln_supervisor_create(&err);
-    if (!s || add_gateway(s, &o, bus, &err) || add_replicas(s, &o, bus, &err)) {
+    run_keys keys = {0};
+    kiln_supervisor *s = NULL;
+    if (make_keys(&keys, &err) || !(s = kiln_supervisor_create(&err)) ||
+        add_gateway(s, &o, bus, &keys, &err) || add_replicas(s, &o, bus, &keys, &err)) {
         fprintf(stderr, "kiln serve: %s\n", err.msg);
         kiln_supervisor_destroy(s);
+        remove_keys(&keys);
         return 1;
     }
-    KILN_LOG_INFO("kiln serve: %s on port %d, bus %s, %d/%d/%d replicas on %s", o.model, o.port,
-                  bus, o.replicas[0], o.replicas[1], o.replicas[2], o.device);
+    KILN_LOG_INFO("kiln serve: %s on http://%s:%d, bus %s (CURVE, keys of this run), %d/%d/%d "
+                  "replicas on %s", o.model, o.host, o.port, bus, o.replicas[0], o.replicas[1],
+                  o.replicas[2], o.device);
     rc = kiln_supervisor_run(s);
     kiln_supervisor_destroy(s);
+    remove_keys(&keys);
     return rc;
 }

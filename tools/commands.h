@@ -16,6 +16,7 @@ int kiln_cmd_edit(int argc, char **argv);
 int kiln_cmd_tokenize(int argc, char **argv);
 int kiln_cmd_encode(int argc, char **argv);
 int kiln_cmd_serve(int argc, char **argv);
+int kiln_cmd_keygen(int argc, char **argv);
 
 /* The table, terminated by a zeroed entry (tools/kiln.c). */
 extern const kiln_command kiln_commands[];

@@ -1,5 +1,5 @@
 /* kiln: the single-process command line (tokenize, encode, generate, edit,
- * make-checkpoint, serve).  Each command is implemented in tools/cmd_*.c. */
+ * make-checkpoint, serve, keygen).  Each command is implemented in tools/cmd_*.c. */
 #include <stdio.h>
 #include <string.h>
 
@@ -12,6 +12,7 @@ const kiln_command kiln_commands[] = {
     {"tokenize", "print the Qwen3 token ids of a text", kiln_cmd_tokenize},
     {"encode", "prompt embeddings (Qwen3 text encoder) to a safetensors file", kiln_cmd_encode},
     {"serve", "run the HTTP service: gateway and stage replicas, supervised", kiln_cmd_serve},
+    {"keygen", "write a CURVE keypair for the service bus", kiln_cmd_keygen},
     {0},
 };
 

@@ -270,8 +270,11 @@ static void flush_frames(kiln_worker *w)
     pthread_mutex_unlock(&w->out_mu);
     for (int i = 0; i < n; i++) {
         kiln_err err = {0};
+        /* Not connected because the gateway refused us: the bus logs why
+         * (rate-limited); heartbeats lost meanwhile are no news. */
         if (kiln_bus_send(w->bus, NULL, frames[i].data, frames[i].len, &err))
-            KILN_LOG_ERROR("worker: lost an outgoing message: %s", err.msg);
+            kiln_log(err.code == KILN_ERR_UNAVAILABLE ? KILN_LOG_DEBUG : KILN_LOG_ERROR,
+                     "worker: lost an outgoing message: %s", err.msg);
         kiln_buf_free(&frames[i]);
     }
     free(frames);
@@ -353,7 +356,7 @@ kiln_status worker_start(kiln_worker *w, kiln_err *err)
     if (pthread_mutex_init(&w->mu, NULL) || pthread_mutex_init(&w->out_mu, NULL) ||
         pthread_cond_init(&w->cv, NULL))
         return kiln_err_set(err, KILN_ERR_NOMEM, "cannot create worker locks");
-    w->bus = kiln_bus_connect(w->opts.bus, w->replica, err);
+    w->bus = kiln_bus_connect(w->opts.bus, w->replica, &w->bus_keys, err);
     if (!w->bus)
         return err->code;
     if (pthread_create(&w->bus_thread, NULL, bus_main, w))

@@ -33,6 +33,9 @@ typedef struct kiln_worker_opts {
      * name); NULL: "<stage>-<host>-<pid>-<first 8 hex digits of the
      * epoch>", unique per process even where every stage is PID 1. */
     const char *replica_id;
+    /* CURVE (common/bus_keys.h): this replica's secret key file and the
+     * gateway's public key file, both or neither. */
+    const char *bus_key, *bus_server_key;
     const char *device;  /* "cpu" or "cuda" */
     int gpu;
     int max_batch;       /* rows per batch (a bigger job runs alone) */
@@ -74,7 +77,8 @@ typedef struct kiln_stage_ops {
  * fenced it): it must be started again (sysexits' EX_TEMPFAIL). */
 #define KILN_WORKER_EXIT_RESTART 75
 
-/* Parses the common command line (--model --bus [--device] [--gpu]
+/* Parses the common command line (--model --bus [--bus-key
+ * --bus-server-key] [--device] [--gpu]
  * [--max-batch] [--text-encoder-out-layers] [--prompt-cache-mb]
  * [--batch-window-ms] [--tensor-transport auto|shm|cuda_ipc]
  * [--replica-id ID]), loads the

@@ -101,6 +101,7 @@ struct kiln_worker {
     worker_fault fault;
     pthread_t bus_thread;
     int bus_started;
+    kiln_bus_keys bus_keys; /* loaded from opts.bus_key / bus_server_key */
     kiln_bus *bus;
 };
 

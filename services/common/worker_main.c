@@ -16,11 +16,13 @@
 static void usage(FILE *f, const kiln_stage_ops *ops)
 {
     fprintf(f,
-            "usage: %s --model DIR --bus ENDPOINT [--device cpu|cuda] [--gpu N]\n"
+            "usage: %s --model DIR --bus ENDPOINT [--bus-key FILE --bus-server-key FILE]\n"
+            "  [--device cpu|cuda] [--gpu N]\n"
             "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]\n"
             "  [--replica-id ID]%s\n"
             "Serves the %s stage of the checkpoint's pipeline to the kiln gateway at\n"
-            "ENDPOINT (e.g. tcp://127.0.0.1:8001).\n",
+            "ENDPOINT (e.g. tcp://127.0.0.1:8001); --bus-key is this replica's CURVE secret\n"
+            "key and --bus-server-key the gateway's public key (kiln keygen).\n",
             ops->binary,
             ops->stage == KILN_STAGE_ENCODE
                 ? "\n  [--text-encoder-out-layers A,B,C] [--prompt-cache-mb N (default 256, 0: off)]"
@@ -70,7 +72,8 @@ static int replica_id_ok(const char *id)
 
 static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_worker_opts *o)
 {
-    enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID };
+    enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID, O_BUS_KEY,
+           O_BUS_SERVER_KEY };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
@@ -79,6 +82,8 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         {"tensor-transport", required_argument, 0, O_TRANSPORT},
         {"prompt-cache-mb", required_argument, 0, O_PROMPT_CACHE},
         {"replica-id", required_argument, 0, O_REPLICA_ID},
+        {"bus-key", required_argument, 0, O_BUS_KEY},
+        {"bus-server-key", required_argument, 0, O_BUS_SERVER_KEY},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     /* No batch window by default: an idle stage starts a job at once (a
@@ -106,6 +111,8 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
                   kiln_parse_int(optarg, 0, 1 << 20, &o->prompt_cache_mb);
             break;
         case O_REPLICA_ID: o->replica_id = optarg, bad = !replica_id_ok(optarg); break;
+        case O_BUS_KEY: o->bus_key = optarg; break;
+        case O_BUS_SERVER_KEY: o->bus_server_key = optarg; break;
         case 'h': usage(stdout, ops); exit(0);
         default: bad = 1;
         }
@@ -117,9 +124,13 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
             return 2;
         }
     }
-    if (optind < argc || !o->model || !o->bus) {
+    if (optind < argc || !o->model || !o->bus || !o->bus_key != !o->bus_server_key) {
         fprintf(stderr, "%s: %s\n", ops->binary,
-                optind < argc ? "unexpected argument" : "--model and --bus are required");
+                optind < argc ? "unexpected argument"
+                : !o->model || !o->bus
+                    ? "--model and --bus are required"
+                    : "--bus-key and --bus-server-key go together (this replica's secret key "
+                      "and the gateway's public key)");
         usage(stderr, ops);
         return 2;
     }
@@ -181,9 +192,28 @@ static kiln_status draw_epoch(kiln_worker *w, kiln_err *err)
     return KILN_OK;
 }
 
+/* The bus keys, read before the model so that a bad key fails at once. */
+static kiln_status load_bus_keys(kiln_worker *w, kiln_err *err)
+{
+    const kiln_worker_opts *o = &w->opts;
+    if (!o->bus_key) {
+        if (!kiln_bus_endpoint_local(o->bus))
+            KILN_LOG_WARN("%s: connecting to the bus %s without keys: a gateway that requires "
+                          "them refuses this replica (--bus-key, --bus-server-key)",
+                          w->ops->binary, o->bus);
+        return KILN_OK;
+    }
+    if (kiln_bus_keys_load_secret(&w->bus_keys, o->bus_key, err) ||
+        kiln_bus_keys_load_server(&w->bus_keys, o->bus_server_key, err))
+        return err->code;
+    KILN_LOG_INFO("%s: bus secured with CURVE, public key %s", w->ops->binary,
+                  w->bus_keys.public_key);
+    return KILN_OK;
+}
+
 static kiln_status setup(kiln_worker *w, kiln_err *err)
 {
-    if (draw_epoch(w, err))
+    if (draw_epoch(w, err) || load_bus_keys(w, err))
         return err->code;
     char host[64] = "";
     if (gethostname(host, sizeof host - 1))
@@ -237,6 +267,7 @@ static void teardown(kiln_worker *w)
     kiln_checkpoint_close(w->ck);
     kiln_transport_destroy(w->inl);
     kiln_transport_destroy(w->shm);
+    kiln_bus_keys_free(&w->bus_keys);
     for (int i = 0; i < w->n_frames; i++)
         kiln_buf_free(&w->frames[i]);
     free(w->frames);

@@ -7,6 +7,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "common/bus.h"
 #include "common/checkpoint.h"
 #include "common/log.h"
 
@@ -35,6 +36,8 @@ static void close_all(kiln_gateway *gw)
     /* Connections first: aborting their requests sends cancels on the bus. */
     if (gw->http)
         kiln_http_server_stop(gw->http);
+    if (gw->admin)
+        kiln_http_server_stop(gw->admin);
     if (gw->bus)
         kiln_gw_bus_stop(gw->bus);
     if (gw->handles & H_TICK)
@@ -151,6 +154,47 @@ static void list_limits(kiln_gateway *gw)
     add_limit(gw, "write_timeout_seconds", o->write_timeout_ms / 1000.0);
 }
 
+/* The bus keys, and the refusal of an open bus other hosts can reach. */
+static kiln_status load_bus_keys(const kiln_gw_options *o, const char *bus, kiln_bus_keys *keys,
+                                 kiln_err *err)
+{
+    if (!o->bus_key != !o->bus_allow)
+        return kiln_err_set(err, KILN_ERR_INVALID, "--bus-key and --bus-allow go together (the "
+                            "gateway's secret key and the replicas' public keys)");
+    if (o->bus_key) {
+        if (kiln_bus_keys_load_secret(keys, o->bus_key, err) ||
+            kiln_bus_keys_load_allow(keys, o->bus_allow, err))
+            return err->code;
+        KILN_LOG_INFO("gateway: bus secured with CURVE: %d replica key(s) allowed, server key %s",
+                      keys->n_allow, keys->public_key);
+        return KILN_OK;
+    }
+    if (!kiln_bus_endpoint_local(bus) && !o->bus_insecure)
+        return kiln_err_set(err, KILN_ERR_INVALID, "the bus %s can be reached from other machines "
+                            "and has no keys, so anyone reaching it could register as a replica: "
+                            "give --bus-key and --bus-allow (docs/OPERATIONS.md), or "
+                            "--bus-insecure to accept that", bus);
+    KILN_LOG_WARN("gateway: the bus %s is not authenticated: any process that reaches it can "
+                  "register as a replica (--bus-key, --bus-allow)", bus);
+    return KILN_OK;
+}
+
+static kiln_http_server *start_http(kiln_gateway *gw, const char *host, int port,
+                                    const kiln_http_handlers *h, kiln_err *err)
+{
+    const kiln_gw_options *o = &gw->opt;
+    kiln_http_server_opts ho = {
+        .host = host, .port = port,
+        .limits = {.max_header_bytes = o->max_header_bytes, .max_body_bytes = o->max_body_bytes,
+                   .body_limit = kiln_gw_body_limit, .ud = gw},
+        .max_connections = o->max_connections, .header_timeout_ms = o->header_timeout_ms,
+        .request_timeout_ms = o->read_timeout_ms, .idle_timeout_ms = o->idle_timeout_ms,
+        .write_timeout_ms = o->write_timeout_ms, .clients = gw->clients,
+        .body_wait_ms = o->body_wait_ms,
+    };
+    return kiln_http_server_start(gw->loop, &ho, h, gw, err);
+}
+
 static int start(kiln_gateway *gw, kiln_err *err)
 {
     const kiln_gw_options *o = &gw->opt;
@@ -189,24 +233,28 @@ static int start(kiln_gateway *gw, kiln_err *err)
         snprintf(bus, sizeof bus, "%s", o->bus);
     else
         snprintf(bus, sizeof bus, "tcp://127.0.0.1:%d", o->port + 1);
-    if (!(gw->bus = kiln_gw_bus_start(gw->loop, bus, gw->max_frame, on_bus_msg, on_bus_lost, gw,
-                                      err)))
+    if (o->api_key_file && !(gw->api_keys = kiln_api_keys_load(o->api_key_file, err)))
+        return -1;
+    kiln_bus_keys keys = {0};
+    if (load_bus_keys(o, bus, &keys, err)) {
+        kiln_bus_keys_free(&keys);
+        return -1;
+    }
+    gw->bus = kiln_gw_bus_start(gw->loop, bus, gw->max_frame, &keys, on_bus_msg, on_bus_lost, gw,
+                                err);
+    kiln_bus_keys_free(&keys);
+    if (!gw->bus)
         return -1;
     kiln_gw_clients_limits cl = {.max_connections = o->max_client_connections,
                                  .body_budget = o->body_budget_bytes,
                                  .client_body_budget = o->client_body_budget_bytes};
     if (!(gw->clients = kiln_gw_clients_create(&cl, err)))
         return -1;
-    kiln_http_server_opts ho = {
-        .host = o->host, .port = o->port,
-        .limits = {.max_header_bytes = o->max_header_bytes, .max_body_bytes = o->max_body_bytes,
-                   .body_limit = kiln_gw_body_limit, .ud = gw},
-        .max_connections = o->max_connections, .header_timeout_ms = o->header_timeout_ms,
-        .request_timeout_ms = o->read_timeout_ms, .idle_timeout_ms = o->idle_timeout_ms,
-        .write_timeout_ms = o->write_timeout_ms, .clients = gw->clients,
-        .body_wait_ms = o->body_wait_ms,
-    };
-    if (!(gw->http = kiln_http_server_start(gw->loop, &ho, &kiln_gw_http_handlers, gw, err)))
+    if (!(gw->http = start_http(gw, o->host, o->port, &kiln_gw_http_handlers, err)))
+        return -1;
+    if (o->admin_port >= 0 &&
+        !(gw->admin = start_http(gw, o->admin_host ? o->admin_host : o->host, o->admin_port,
+                                 &kiln_gw_admin_handlers, err)))
         return -1;
     int rc;
     if ((rc = uv_timer_init(gw->loop, &gw->tick)) == 0) {
@@ -228,6 +276,11 @@ static int start(kiln_gateway *gw, kiln_err *err)
     gw->tick.data = gw->sigint.data = gw->sigterm.data = gw;
     KILN_LOG_INFO("gateway: serving model '%s' on http://%s:%d, bus %s", gw->model_id, o->host,
                   kiln_http_server_port(gw->http), bus);
+    if (gw->admin)
+        KILN_LOG_INFO("gateway: health, readiness and metrics on admin http://%s:%d",
+                      o->admin_host ? o->admin_host : o->host, kiln_http_server_port(gw->admin));
+    KILN_LOG_INFO("gateway: the HTTP API %s", gw->api_keys ? "needs an API key (Bearer)"
+                                                           : "is open (no --api-key-file)");
     return 0;
 }
 
@@ -249,13 +302,19 @@ int kiln_gateway_run(const kiln_gw_options *o)
     int status = 0;
     if (start(gw, &err)) {
         KILN_LOG_ERROR("gateway: %s", err.msg);
-        status = 1;
+        /* A bad checkpoint, key or option stays bad: EX_CONFIG tells a
+         * supervisor not to restart us in a loop (as the workers do). */
+        status = err.code == KILN_ERR_INVALID || err.code == KILN_ERR_NOT_FOUND ||
+                         err.code == KILN_ERR_FORMAT || err.code == KILN_ERR_UNSUPPORTED
+                     ? 78
+                     : 1;
         close_all(gw);
     }
     uv_run(loop, UV_RUN_DEFAULT);
     kiln_sched_destroy(gw->sched);
     kiln_metrics_destroy(gw->metrics);
     kiln_gw_clients_destroy(gw->clients);
+    kiln_api_keys_free(gw->api_keys);
     if (uv_loop_close(loop))
         KILN_LOG_WARN("gateway: event loop closed with handles still open");
     free(loop);

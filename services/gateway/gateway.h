@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "api_keys.h"
 #include "api_request.h"
 #include "gw_bus.h"
 #include "http_server.h"
@@ -27,6 +28,17 @@ typedef struct kiln_gw_options {
     const char *host;
     int port;
     const char *bus;       /* NULL: tcp://127.0.0.1:<port + 1> */
+    /* Bus security (common/bus_keys.h): the gateway's secret key file and
+     * the allow-list of the replicas' public keys, both or neither.
+     * Without them a bus reachable from other hosts is refused unless
+     * bus_insecure says the operator accepts a bus anyone can join. */
+    const char *bus_key, *bus_allow;
+    int bus_insecure;
+    const char *api_key_file; /* NULL: the HTTP API is open (api_keys.h) */
+    /* -1: no admin port; else /healthz, /readyz and /metrics are served
+     * there, open, and /metrics on the main port needs the API key. */
+    int admin_port;
+    const char *admin_host; /* NULL: host */
     const char *model_dir; /* the checkpoint the replicas serve */
     int min_size, max_size;
     size_t max_body_bytes, max_header_bytes;
@@ -46,7 +58,8 @@ typedef struct kiln_gw_options {
 } kiln_gw_options;
 
 #define KILN_GW_DEFAULTS                                                                        \
-    ((kiln_gw_options){.host = "0.0.0.0", .port = 8000, .min_size = 256, .max_size = 2048,      \
+    ((kiln_gw_options){.host = "0.0.0.0", .port = 8000, .admin_port = -1, .min_size = 256,     \
+                       .max_size = 2048,                                                       \
                        .max_body_bytes = 64u << 20, .max_header_bytes = 16u << 10,              \
                        .max_connections = 1024, .queue_max = 128, .header_timeout_ms = 10000,   \
                        .read_timeout_ms = 60000, .idle_timeout_ms = 60000,                     \
@@ -68,6 +81,8 @@ typedef struct kiln_gateway {
     size_t max_frame; /* the largest bus frame a replica may send */
     kiln_metrics_limit limits[24]; /* for /metrics */
     int n_limits;
+    kiln_http_server *admin; /* NULL without --admin-port */
+    kiln_api_keys *api_keys; /* NULL: the API is open */
     kiln_gw_bus *bus;
     kiln_sched *sched;
     kiln_metrics *metrics;
@@ -82,13 +97,16 @@ typedef struct kiln_gateway {
 } kiln_gateway;
 
 /* Runs the gateway; returns the process exit status (0 after a clean
- * shutdown, 1 when it cannot start). */
+ * shutdown, 78 (EX_CONFIG) when its checkpoint, keys or options are
+ * unusable, 1 when it cannot start otherwise). */
 int kiln_gateway_run(const kiln_gw_options *o);
 
-/* routes.c: the HTTP side. */
+/* routes.c: the HTTP side (the API port, and the admin port's health,
+ * readiness and metrics). */
 extern const kiln_http_handlers kiln_gw_http_handlers;
 /* routes.c: kiln_http_limits.body_limit (ud is the kiln_gateway). */
 size_t kiln_gw_body_limit(void *ud, const kiln_http_request *head);
+extern const kiln_http_handlers kiln_gw_admin_handlers;
 /* routes.c: the scheduler's ops (ud is the kiln_gateway). */
 kiln_status kiln_gw_send(void *ud, const char *peer, const kiln_msg *m, kiln_err *err);
 void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res);

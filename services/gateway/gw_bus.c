@@ -197,6 +197,7 @@ static void on_closed(uv_handle_t *h)
 }
 
 kiln_gw_bus *kiln_gw_bus_start(uv_loop_t *loop, const char *endpoint, size_t max_msg,
+                               const kiln_bus_keys *keys,
                                kiln_gw_bus_msg_cb on_msg, kiln_gw_bus_lost_cb on_lost, void *ud,
                                kiln_err *err)
 {
@@ -213,7 +214,7 @@ kiln_gw_bus *kiln_gw_bus_start(uv_loop_t *loop, const char *endpoint, size_t max
         return NULL;
     }
     pthread_mutex_init(&b->mu, NULL);
-    b->bus = kiln_bus_bind(endpoint, max_msg, err);
+    b->bus = kiln_bus_bind(endpoint, max_msg, keys, err);
     int rc = b->bus ? uv_async_init(loop, &b->async, on_async) : -1;
     if (rc) {
         if (b->bus)

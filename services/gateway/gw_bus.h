@@ -1,7 +1,8 @@
 /* kiln gateway bus bridge: a thread that owns the gateway's ZeroMQ ROUTER
  * (common/bus.h) and exchanges messages with the libuv event loop.
  *
- *   kiln_gw_bus *b = kiln_gw_bus_start(loop, "tcp://127.0.0.1:8001", on_msg, on_lost, ud, &err);
+ *   kiln_gw_bus *b = kiln_gw_bus_start(loop, "tcp://127.0.0.1:8001", &keys, on_msg, on_lost, ud,
+ *                                      &err);
  *   kiln_gw_bus_send(b, "denoise-box-42", &msg, &err);   // from the loop thread
  *   ... on_msg(ud, peer, msg) runs on the loop thread for every message ...
  *   kiln_gw_bus_stop(b);                                   // joins the thread
@@ -23,6 +24,7 @@
 
 #include <uv.h>
 
+#include "common/bus_keys.h"
 #include "common/error.h"
 #include "common/proto.h"
 
@@ -33,9 +35,11 @@ typedef void (*kiln_gw_bus_msg_cb)(void *ud, const char *peer, kiln_msg *m);
 typedef void (*kiln_gw_bus_lost_cb)(void *ud, const char *peer);
 
 /* Binds the ROUTER, taking frames of at most max_msg bytes (kiln_bus_bind;
- * KILN_ERR_IO naming the endpoint when it cannot) and starts the thread.
- * NULL with err set. */
+ * KILN_ERR_IO naming the endpoint when it cannot; with CURVE when `keys`
+ * has a secret key, see common/bus.h) and starts the thread.  NULL with
+ * err set. */
 kiln_gw_bus *kiln_gw_bus_start(uv_loop_t *loop, const char *endpoint, size_t max_msg,
+                               const kiln_bus_keys *keys,
                                kiln_gw_bus_msg_cb on_msg, kiln_gw_bus_lost_cb on_lost, void *ud,
                                kiln_err *err);
 

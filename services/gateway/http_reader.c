@@ -20,6 +20,7 @@ struct kiln_http_reader {
     kiln_http_request req;
     size_t target_len, ctype_len, expect_len, auth_len;
     int in_request, headers_done, complete, continue_pending;
+    int n_auth, bad_auth; /* Authorization headers; one unusable (cut short, repeated) */
     int error_status;
     const char *error_msg;
     kiln_http_strict strict; /* the raw bytes, checked before http-parser sees them */
@@ -144,6 +145,8 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
             note(r, 400, "Content-Length is given more than once");
         if ((r->kind == H_TE || r->kind == H_LENGTH) && r->n_te && r->n_length)
             note(r, 400, "Transfer-Encoding and Content-Length are both given");
+        if (r->kind == H_AUTH && r->n_auth++)
+            r->bad_auth = 1;
     }
     switch (r->kind) {
     case H_HOST:
@@ -165,6 +168,8 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
         size_t cap = r->kind == H_EXPECT ? sizeof r->expect - 1 : KILN_HTTP_AUTH_MAX;
         size_t *len = r->kind == H_EXPECT ? &r->expect_len : &r->auth_len;
         size_t room = cap - *len, k = n < room ? n : room;
+        if (r->kind == H_AUTH && k < n)
+            r->bad_auth = 1;
         keep(buf, cap, len, at, k);
         break;
     }
@@ -241,6 +246,8 @@ static int on_headers_complete(http_parser *p)
     if (query)
         *query = '\0';
     q->keep_alive = http_should_keep_alive(p);
+    if (r->bad_auth)
+        q->authorization[0] = '\0';
     r->headers_done = 1;
     int has_length = (p->flags & F_CONTENTLENGTH) != 0;
     r->chunked = (p->flags & F_CHUNKED) != 0;
@@ -304,6 +311,7 @@ static void reset_request(kiln_http_reader *r)
     r->target_len = r->ctype_len = r->expect_len = r->auth_len = r->field_len = 0;
     r->in_request = r->headers_done = r->complete = r->continue_pending = 0;
     r->in_value = r->n_ctype = r->noted_status = 0;
+    r->n_auth = r->bad_auth = 0;
     r->noted_msg = NULL;
     r->expect[0] = r->field[0] = '\0';
     r->n_host = r->n_te = r->n_length = r->chunked = r->bad_method = 0;

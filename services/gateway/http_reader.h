@@ -23,7 +23,9 @@
  * refuses, is 400, except a well-formed method the parser does not know
  * (501).  A request with `Expect: 100-continue` sets a flag the server reads
  * with kiln_http_reader_take_continue once its headers are in.  A major
- * version other than 1 is 505.
+ * version other than 1 is 505.  Method, path, Content-Type and
+ * Authorization are there once kiln_http_reader_headers_done says so
+ * (kiln_http_reader_request), before the body.
  *
  * Not thread-safe: one reader per connection, used by one thread.
  */
@@ -71,7 +73,10 @@ struct kiln_http_request {
     char path[KILN_HTTP_TARGET_MAX + 1]; /* the target without its query */
     char content_type[KILN_HTTP_CTYPE_MAX + 1];
     int keep_alive; /* the client allows another request on this connection */
-    char authorization[KILN_HTTP_AUTH_MAX + 1]; /* the header's value, "" when absent */
+    /* The Authorization header's value; empty when the request had none,
+     * more than one, or one longer than KILN_HTTP_AUTH_MAX (none of which
+     * can carry a valid key or name a client). */
+    char authorization[KILN_HTTP_AUTH_MAX + 1];
     uint64_t client; /* who sent it (the server sets it: clients.h), 0 when unknown */
     kiln_buf body;  /* NUL-terminated after body.len (not counted) */
 };

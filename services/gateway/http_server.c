@@ -34,6 +34,7 @@ struct kiln_http_conn {
     size_t in_off;
     conn_state state;
     int reading, closing, n_closed, eof, close_after, head_only;
+    int headers_seen; /* on_headers ran for the request being read */
     void *pending;
     char head[512];
     kiln_buf body;
@@ -187,6 +188,7 @@ static void on_written(uv_write_t *w, int status)
         return;
     }
     kiln_http_reader_next(c->reader);
+    c->headers_seen = 0;
     c->state = C_READING;
     c->t_state = uv_now(c->srv->loop);
     process(c);
@@ -383,6 +385,26 @@ static int admit_body(kiln_http_conn *c, int whole)
     return 0;
 }
 
+/* Gives the handler the request's headers once; 1 when it refused the
+ * request (and answered it). */
+static int check_headers(kiln_http_conn *c)
+{
+    if (c->headers_seen || !c->srv->h.on_headers || !kiln_http_reader_headers_done(c->reader))
+        return 0;
+    c->headers_seen = 1;
+    kiln_http_request *req = kiln_http_reader_request(c->reader);
+    /* As if handling it: a refusal is answered like any response, and
+     * the rest of the request is never read. */
+    c->state = C_BUSY;
+    c->close_after = 1;
+    c->head_only = req->method == KILN_HTTP_HEAD;
+    if (c->srv->h.on_headers(c->srv->ud, c, req))
+        return 1;
+    c->state = C_READING;
+    c->close_after = 0;
+    return 0;
+}
+
 static void process(kiln_http_conn *c)
 {
     while (c->state == C_READING && !c->closing && c->in_off < c->in.len) {
@@ -393,6 +415,8 @@ static void process(kiln_http_conn *c)
         c->in_off += n;
         if (!was_in_request && (kiln_http_reader_in_request(c->reader) || ev != KILN_HTTP_NEED_MORE))
             c->t_request = uv_now(c->srv->loop);
+        if (ev != KILN_HTTP_ERROR && check_headers(c))
+            return; /* answered; the connection closes after it */
         if (kiln_http_reader_take_continue(c->reader)) {
             static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
             uv_buf_t b = uv_buf_init((char *)cont, sizeof cont - 1);

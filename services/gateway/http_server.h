@@ -65,6 +65,12 @@ typedef struct kiln_http_server kiln_http_server;
 typedef struct kiln_http_conn kiln_http_conn;
 
 typedef struct kiln_http_handlers {
+    /* Optional: a request's headers are in, its body may still be on its
+     * way.  Return 0 to go on (on_request follows once it is complete),
+     * or answer now with kiln_http_respond and return 1 to refuse it
+     * unread (an unauthenticated upload costs no memory): the connection
+     * closes after that response. */
+    int (*on_headers)(void *ud, kiln_http_conn *c, const kiln_http_request *req);
     /* A complete request: answer with kiln_http_respond, now or later.
      * The handler may move req->body out. */
     void (*on_request)(void *ud, kiln_http_conn *c, kiln_http_request *req);

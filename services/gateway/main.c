@@ -12,6 +12,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kiln-gateway --model DIR [--port P] [--host ADDR] [--bus ENDPOINT]\n"
+            "  [--bus-key FILE --bus-allow FILE | --bus-insecure] [--api-key-file FILE]\n"
+            "  [--admin-port P] [--admin-host ADDR]\n"
             "  [--min-size PX] [--max-size PX] [--max-body-mb N] [--max-header-kb N]\n"
             "  [--max-connections N] [--queue-max N] [--request-timeout-s S]\n"
             "  [--header-timeout-ms MS] [--read-timeout-ms MS] [--idle-timeout-ms MS]\n"
@@ -20,6 +22,10 @@ static void usage(FILE *f)
             "  [--client-body-budget-mb N] [--body-wait-ms MS] [--max-cost MTOK]\n"
             "  [--client-queue-share F] [--cancel-timeout-s S]\n"
             "Defaults: --host 0.0.0.0 --port 8000 --bus tcp://127.0.0.1:<port+1>\n"
+            "--bus-key: the gateway's CURVE secret key; --bus-allow: the replicas' public\n"
+            "keys (kiln keygen); a bus other hosts can reach needs them or --bus-insecure.\n"
+            "--api-key-file: Bearer keys the HTTP API requires (one per line).\n"
+            "--admin-port: /healthz, /readyz, /metrics there (open) instead of on --port.\n"
             "--min-size 256 --max-size 2048 --max-body-mb 64 --max-header-kb 16\n"
             "--max-connections 1024 --queue-max 128 --request-timeout-s 300\n"
             "--header-timeout-ms 10000 --read-timeout-ms 60000 --idle-timeout-ms 60000\n"
@@ -46,7 +52,8 @@ int main(int argc, char **argv)
     enum { O_MIN = 256, O_MAX, O_BODY, O_HEADER, O_CONNS, O_QUEUE, O_REQ_TIMEOUT, O_HDR_TIMEOUT,
            O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_WRITE_TIMEOUT, O_HB, O_PROGRESS, O_DRAIN,
            O_CLIENT_CONNS, O_BODY_BUDGET, O_CLIENT_BODY_BUDGET, O_BODY_WAIT, O_MAX_COST,
-           O_CLIENT_SHARE, O_CANCEL_TIMEOUT };
+           O_CLIENT_SHARE, O_CANCEL_TIMEOUT, O_BUS_KEY, O_BUS_ALLOW, O_BUS_INSECURE, O_API_KEY,
+           O_ADMIN_PORT, O_ADMIN_HOST };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"port", required_argument, 0, 'p'},
@@ -73,6 +80,12 @@ int main(int argc, char **argv)
         {"max-cost", required_argument, 0, O_MAX_COST},
         {"client-queue-share", required_argument, 0, O_CLIENT_SHARE},
         {"cancel-timeout-s", required_argument, 0, O_CANCEL_TIMEOUT},
+        {"bus-key", required_argument, 0, O_BUS_KEY},
+        {"bus-allow", required_argument, 0, O_BUS_ALLOW},
+        {"bus-insecure", no_argument, 0, O_BUS_INSECURE},
+        {"api-key-file", required_argument, 0, O_API_KEY},
+        {"admin-port", required_argument, 0, O_ADMIN_PORT},
+        {"admin-host", required_argument, 0, O_ADMIN_HOST},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -111,6 +124,12 @@ int main(int argc, char **argv)
         case O_MAX_COST: bad = num(optarg, 0, 1e12, &v), o.max_cost = v; break;
         case O_CLIENT_SHARE: bad = num(optarg, 0, 1, &v), o.client_queue_share = v; break;
         case O_CANCEL_TIMEOUT: bad = num(optarg, 0, 1e6, &v), o.cancel_timeout_s = v; break;
+        case O_BUS_KEY: o.bus_key = optarg; break;
+        case O_BUS_ALLOW: o.bus_allow = optarg; break;
+        case O_BUS_INSECURE: o.bus_insecure = 1; break;
+        case O_API_KEY: o.api_key_file = optarg; break;
+        case O_ADMIN_PORT: bad = num(optarg, 0, 65535, &v), o.admin_port = (int)v; break;
+        case O_ADMIN_HOST: o.admin_host = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -1,6 +1,7 @@
 /* The HTTP routes: health, readiness, metrics, models, and the two image
  * routes, whose requests are parsed on the worker pool and then handed to
  * the scheduler. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,10 +279,59 @@ static const struct {
     {R_GENERATIONS, RT_GENERATIONS, 1}, {R_EDITS, RT_EDITS, 1}, {R_MODELS, RT_MODELS, 0},
     {R_HEALTH, RT_HEALTH, 0},           {R_READY, RT_READY, 0}, {R_METRICS, RT_METRICS, 0},
 };
+#define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))
 
-static void on_request(void *ud, kiln_http_conn *c, kiln_http_request *req)
+/* The routes' index for a path, or -1. */
+static int find_route(const char *path)
+{
+    for (int k = 0; k < N_ROUTES; k++)
+        /* /v1/models/<id> is the models route too. */
+        if (!strcmp(path, routes[k].path) ||
+            (routes[k].id == RT_MODELS && !strncmp(path, R_MODELS "/", sizeof R_MODELS)))
+            return k;
+    return -1;
+}
+
+/* The routes the admin port serves, open on the main port as well unless
+ * an admin port takes /metrics away from it. */
+static int is_admin_route(int k)
+{
+    return k >= 0 && (routes[k].id == RT_HEALTH || routes[k].id == RT_READY ||
+                      routes[k].id == RT_METRICS);
+}
+
+static int needs_key(const kiln_gateway *gw, int k)
+{
+    if (!gw->api_keys)
+        return 0;
+    if (k < 0)
+        return 1; /* an unknown route says nothing before the key is right */
+    switch (routes[k].id) {
+    case RT_HEALTH:
+    case RT_READY: return 0;           /* probes: they tell only replica counts */
+    case RT_METRICS: return gw->admin != NULL; /* open here unless the admin port has it */
+    default: return 1;
+    }
+}
+
+/* The API key check, before the body is read (http_server.h on_headers). */
+static int on_headers(void *ud, kiln_http_conn *c, const kiln_http_request *req)
 {
     kiln_gateway *gw = ud;
+    int k = find_route(req->path);
+    if (!needs_key(gw, k) || kiln_api_keys_check(gw->api_keys, req->authorization))
+        return 0;
+    reply_error(gw, c, k < 0 ? R_OTHER : routes[k].path, 401,
+                req->authorization[0]
+                    ? "Incorrect API key provided."
+                    : "You didn't provide an API key. Provide it in an Authorization header "
+                      "using Bearer auth (Authorization: Bearer YOUR_KEY).",
+                NULL, "invalid_api_key", "WWW-Authenticate: Bearer realm=\"kiln\"\r\n");
+    return 1;
+}
+
+static void serve(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request *req, int admin)
+{
     const char *path = req->path;
     if (req->method == KILN_HTTP_UNIMPLEMENTED) {
         char msg[96];
@@ -289,12 +339,8 @@ static void on_request(void *ud, kiln_http_conn *c, kiln_http_request *req)
         reply_error(gw, c, R_OTHER, 501, msg, NULL, "not_implemented", NULL);
         return;
     }
-    int k = 0, n = (int)(sizeof routes / sizeof routes[0]);
-    /* /v1/models/<id> is the models route too. */
-    while (k < n && strcmp(path, routes[k].path) != 0 &&
-           !(routes[k].id == RT_MODELS && strncmp(path, R_MODELS "/", sizeof R_MODELS) == 0))
-        k++;
-    if (k == n) {
+    int k = find_route(path);
+    if (k < 0 || (admin && !is_admin_route(k))) {
         reply_error(gw, c, R_OTHER, 404, "Unknown route", NULL, "not_found", NULL);
         return;
     }
@@ -324,6 +370,11 @@ static void on_request(void *ud, kiln_http_conn *c, kiln_http_request *req)
 size_t kiln_gw_body_limit(void *ud, const kiln_http_request *head)
 {
     kiln_gateway *gw = ud;
+    /* Without the key the request is refused (401, on_headers) before any
+     * body byte is read: a route's limit says nothing to such a client. */
+    if (needs_key(gw, find_route(head->path)) &&
+        !kiln_api_keys_check(gw->api_keys, head->authorization))
+        return SIZE_MAX;
     if (head->method != KILN_HTTP_POST)
         return SMALL_BODY;
     if (strcmp(head->path, R_EDITS) == 0)
@@ -331,6 +382,16 @@ size_t kiln_gw_body_limit(void *ud, const kiln_http_request *head)
     if (strcmp(head->path, R_GENERATIONS) == 0)
         return kiln_api_body_limit(&gw->api, KILN_API_GENERATE);
     return SMALL_BODY;
+}
+
+static void on_request(void *ud, kiln_http_conn *c, kiln_http_request *req)
+{
+    serve(ud, c, req, 0);
+}
+
+static void on_admin_request(void *ud, kiln_http_conn *c, kiln_http_request *req)
+{
+    serve(ud, c, req, 1);
 }
 
 static void on_abort(void *ud, kiln_http_conn *c, void *pending)
@@ -356,7 +417,14 @@ static void on_own_response(void *ud, int status)
 }
 
 const kiln_http_handlers kiln_gw_http_handlers = {
+    .on_headers = on_headers,
     .on_request = on_request,
+    .on_abort = on_abort,
+    .on_own_response = on_own_response,
+};
+
+const kiln_http_handlers kiln_gw_admin_handlers = {
+    .on_request = on_admin_request,
     .on_abort = on_abort,
     .on_own_response = on_own_response,
 };

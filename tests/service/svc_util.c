@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/bus.h"
+#include "common/bus_keys.h"
 #include "common/log.h"
 #include "services/gateway/base64.h"
 
@@ -365,7 +367,13 @@ pid_t svc_serve(int denoisers, const char *const *extra, const char *const *env,
     for (int i = 0; extra && extra[i] && k < 47; i++)
         argv[k++] = extra[i];
     argv[k] = NULL;
-    pid_t pid = svc_spawn(argv, env, svc_tmp("serve.log"));
+    /* Its bus keys in our folder, where svc_fake_open finds them. */
+    static char tmpdir[PATH_MAX + 8];
+    snprintf(tmpdir, sizeof tmpdir, "TMPDIR=%s", svc.tmpdir);
+    const char *envs[32] = {tmpdir};
+    for (int i = 0; env && env[i] && i < 30; i++)
+        envs[i + 1] = env[i];
+    pid_t pid = svc_spawn(argv, envs, svc_tmp("serve.log"));
     double v;
     return pid > 0 && svc_wait_ready(*port, 90000) == 0 &&
                    svc_wait_metric(*port, "kiln_replicas{stage=\"denoise\"}", denoisers, 60000,
@@ -681,13 +689,38 @@ int svc_fake_send(svc_fake *f, kiln_msg *m)
     return -1;
 }
 
+/* Loads the replica keys of the `kiln serve` svc_serve started (its key
+ * folder under our tmpdir); 0 when there is none. */
+static int serve_keys(kiln_bus_keys *k, kiln_err *err)
+{
+    DIR *d = opendir(svc.tmpdir);
+    if (!d)
+        return 0;
+    int found = 0;
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        if (strncmp(e->d_name, "kiln-serve-", 11))
+            continue;
+        char key[PATH_MAX], pub[PATH_MAX];
+        snprintf(key, sizeof key, "%s/%s/replica.key", svc.tmpdir, e->d_name);
+        snprintf(pub, sizeof pub, "%s/%s/gateway.pub", svc.tmpdir, e->d_name);
+        found = !kiln_bus_keys_load_secret(k, key, err) && !kiln_bus_keys_load_server(k, pub, err)
+                    ? 1
+                    : -1;
+    }
+    closedir(d);
+    return found;
+}
+
 int svc_fake_open(svc_fake *f, const char *endpoint, const char *id, uint64_t epoch)
 {
     memset(f, 0, sizeof *f);
     snprintf(f->id, sizeof f->id, "%s", id);
     f->epoch = epoch;
     kiln_err err = {0};
-    f->bus = kiln_bus_connect(endpoint, id, &err);
+    kiln_bus_keys keys = {0};
+    int keyed = serve_keys(&keys, &err);
+    f->bus = keyed >= 0 ? kiln_bus_connect(endpoint, id, keyed ? &keys : NULL, &err) : NULL;
+    kiln_bus_keys_free(&keys);
     if (!f->bus)
         fprintf(stderr, "%s: %s\n", id, err.msg);
     return f->bus ? 0 : -1;

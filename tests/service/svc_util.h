@@ -202,7 +202,10 @@ typedef struct svc_fake {
 } svc_fake;
 
 /* Connects a DEALER with routing id `id` to the bus at `endpoint`; its
- * messages carry `epoch`.  0, or -1 (logged). */
+ * messages carry `epoch`.  It holds the replicas' CURVE key of the `kiln
+ * serve` svc_serve started, when there is one: an insider that
+ * misbehaves, not a stranger (the bus refuses those,
+ * test_service_security).  0, or -1 (logged). */
 int svc_fake_open(svc_fake *f, const char *endpoint, const char *id, uint64_t epoch);
 /* Stamps m with the fake's epoch and sends it; 0 or -1. */
 int svc_fake_send(svc_fake *f, kiln_msg *m);

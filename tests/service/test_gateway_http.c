@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "services/gateway/api_keys.h"
 #include "services/gateway/http_reader.h"
 #include "tests/test.h"
 
@@ -329,6 +332,99 @@ static void test_strict_messages(void)
     }
 }
 
+/* The Authorization header: available once the headers are in (before
+ * the body), split anywhere; repeated or over-long ones are emptied (no
+ * key can match them); the next request starts without it. */
+static void test_authorization(void)
+{
+    const char *s = "POST /v1/x HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer abc\r\n"
+                    "Content-Length: 2\r\n\r\nhi"
+                    "GET /y HTTP/1.1\r\nHost: a\r\n\r\n";
+    for (size_t chunk = 0; chunk <= 1; chunk++) { /* whole, and byte by byte */
+        kiln_http_reader *r = kiln_http_reader_create(&limits, NULL);
+        kiln_http_event ev = KILN_HTTP_NEED_MORE;
+        size_t off = 0, len = strlen(s);
+        int seen_early = 0;
+        while (ev == KILN_HTTP_NEED_MORE && off < len) {
+            size_t give = chunk && len - off > chunk ? chunk : len - off;
+            off += kiln_http_reader_feed(r, s + off, give, &ev);
+            if (ev == KILN_HTTP_NEED_MORE && kiln_http_reader_headers_done(r))
+                seen_early |= !strcmp(kiln_http_reader_request(r)->authorization, "Bearer abc");
+        }
+        CHECK(ev == KILN_HTTP_REQUEST);
+        CHECK(!strcmp(kiln_http_reader_request(r)->authorization, "Bearer abc"));
+        CHECK(!chunk || seen_early);
+        kiln_http_reader_next(r);
+        kiln_http_reader_feed(r, s + off, len - off, &ev);
+        CHECK(ev == KILN_HTTP_REQUEST && kiln_http_reader_request(r)->authorization[0] == '\0');
+        kiln_http_reader_destroy(r);
+    }
+    kiln_http_limits big = {.max_header_bytes = 8192, .max_body_bytes = 100};
+    kiln_http_reader *r = kiln_http_reader_create(&big, NULL);
+    kiln_http_event ev;
+    const char *twice =
+        "GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n";
+    kiln_http_reader_feed(r, twice, strlen(twice), &ev);
+    CHECK(ev == KILN_HTTP_REQUEST && kiln_http_reader_request(r)->authorization[0] == '\0');
+    kiln_http_reader_next(r);
+    char lng[4096];
+    int n = snprintf(lng, sizeof lng, "GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer %0*d\r\n\r\n",
+                     KILN_HTTP_AUTH_MAX, 0);
+    kiln_http_reader_feed(r, lng, (size_t)n, &ev);
+    CHECK(ev == KILN_HTTP_REQUEST && kiln_http_reader_request(r)->authorization[0] == '\0');
+    kiln_http_reader_destroy(r);
+}
+
+/* API key files and the bearer check. */
+static void test_api_keys(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kiln-test-apikeys-%ld", (long)getpid());
+    kiln_err err = {0};
+    static const struct {
+        const char *text;
+        int ok;
+    } cases[] = {
+        {"# rotation: old and new\nkey-old-0123456789\n\n  key-new-0123456789  \n", 1},
+        {"", 0},                                  /* no key */
+        {"# nothing\n", 0},                       /* no key */
+        {"short\n", 0},                           /* under 16 characters */
+        {"has a space in it 0123\n", 0},          /* spaces */
+        {"k\x01y0123456789012345\n", 0},          /* control character */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        CHECK(f && fputs(cases[i].text, f) >= 0);
+        if (f)
+            fclose(f);
+        kiln_api_keys *k = kiln_api_keys_load(path, &err);
+        CHECKF(!k == !cases[i].ok, "case %zu: %s", i, err.msg);
+        if (!cases[i].ok)
+            CHECK(err.code == KILN_ERR_INVALID && strstr(err.msg, path));
+        kiln_api_keys_free(k);
+    }
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(cases[0].text, f) >= 0);
+    if (f)
+        fclose(f);
+    kiln_api_keys *k = kiln_api_keys_load(path, &err);
+    CHECK(k != NULL);
+    if (k) {
+        CHECK(kiln_api_keys_check(k, "Bearer key-old-0123456789"));
+        CHECK(kiln_api_keys_check(k, "bearer   key-new-0123456789 "));
+        CHECK(!kiln_api_keys_check(k, NULL));
+        CHECK(!kiln_api_keys_check(k, ""));
+        CHECK(!kiln_api_keys_check(k, "key-old-0123456789"));
+        CHECK(!kiln_api_keys_check(k, "Basic key-old-0123456789"));
+        CHECK(!kiln_api_keys_check(k, "Bearer key-old-012345678"));
+        CHECK(!kiln_api_keys_check(k, "Bearer key-old-01234567890"));
+        CHECK(!kiln_api_keys_check(k, "Bearer "));
+    }
+    kiln_api_keys_free(k);
+    unlink(path);
+    CHECK(kiln_api_keys_load(path, &err) == NULL && err.code == KILN_ERR_NOT_FOUND);
+}
+
 int main(void)
 {
     RUN(test_pipelined);
@@ -340,5 +436,7 @@ int main(void)
     RUN(test_in_request);
     RUN(test_smuggling_corpus);
     RUN(test_strict_messages);
+    RUN(test_authorization);
+    RUN(test_api_keys);
     return test_finish();
 }

@@ -147,7 +147,7 @@ static int start(cluster *c, const char *model, const char *layers, const char *
     memset(c, 0, sizeof *c);
     c->next_job = 1;
     kiln_err err = {0};
-    c->bus = kiln_bus_bind(endpoint, 0, &err);
+    c->bus = kiln_bus_bind(endpoint, 0, NULL, &err);
     CHECKF(c->bus != NULL, "%s", err.msg);
     if (!c->bus)
         return -1;
