@@ -494,6 +494,15 @@ static void zap_serve(kiln_bus *b)
 
 int kiln_bus_refusals(const kiln_bus *b) { return b->refusals; }
 
+int kiln_bus_bound_endpoint(kiln_bus *b, char *out, size_t cap)
+{
+    size_t len = cap;
+    if (zmq_getsockopt(b->sock, ZMQ_LAST_ENDPOINT, out, &len) || len == 0 || len > cap)
+        return -1;
+    out[len - 1] = '\0';
+    return 0;
+}
+
 int kiln_bus_wait(kiln_bus *b, int fd, int timeout_ms, kiln_err *err)
 {
     zmq_pollitem_t items[4] = {{.socket = b->sock, .events = ZMQ_POLLIN}};

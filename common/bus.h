@@ -109,6 +109,10 @@ enum {
  * (0 on timeout or after answering handshakes), or -1 with err set. */
 int kiln_bus_wait(kiln_bus *b, int fd, int timeout_ms, kiln_err *err);
 
+/* The endpoint the socket bound last, with the port the system picked
+ * for a wildcard port (ZMQ_LAST_ENDPOINT), into out (cap bytes).  0 or -1. */
+int kiln_bus_bound_endpoint(kiln_bus *b, char *out, size_t cap);
+
 /* How many handshakes of this socket failed so far (kiln_bus_wait sees
  * them): a DEALER's refused by the gateway, a ROUTER's refused peers. */
 int kiln_bus_refusals(const kiln_bus *b);

@@ -13,7 +13,7 @@ static const char *const msg_names[KILN_MSG_TYPE_END] = {
     [KILN_MSG_DONE] = "done",     [KILN_MSG_RELEASE] = "release", [KILN_MSG_BYE] = "bye",
     [KILN_MSG_JOB] = "job",
     [KILN_MSG_CANCEL] = "cancel", [KILN_MSG_FREE] = "free",     [KILN_MSG_FENCED] = "fenced",
-    [KILN_MSG_GONE] = "gone",
+    [KILN_MSG_GONE] = "gone",     [KILN_MSG_FETCH] = "fetch",
 };
 
 const char *kiln_msg_type_name(kiln_msg_type t)
@@ -224,8 +224,62 @@ static kiln_status check_string(const char *s, const char *what, kiln_err *err)
 
 static int side_ok(int v) { return v >= 16 && v <= 16384 && v % 16 == 0; }
 
+/* A data socket endpoint: "tcp://" and a host:port of printable
+ * characters, shorter than KILN_PROTO_ENDPOINT_MAX. */
+static int endpoint_valid(const char *e)
+{
+    size_t n = strnlen(e, KILN_PROTO_ENDPOINT_MAX);
+    if (n >= KILN_PROTO_ENDPOINT_MAX || n <= 6 || strncmp(e, "tcp://", 6) || !strchr(e + 6, ':'))
+        return 0;
+    for (size_t i = 6; i < n; i++)
+        if (!name_char(e[i]) && !strchr(":[]", e[i]))
+            return 0;
+    return 1;
+}
+
+/* "" or 40 characters of Z85's alphabet (the key itself is checked when
+ * a socket takes it). */
+static int key_valid(const char *k)
+{
+    size_t n = strnlen(k, KILN_PROTO_KEY_TEXT);
+    if (!n)
+        return 1;
+    if (n != KILN_PROTO_KEY_TEXT - 1)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (k[i] <= 0x20 || k[i] >= 0x7f || strchr("\"',;_`|~\\", k[i]))
+            return 0;
+    return 1;
+}
+
+static kiln_status check_domain(const kiln_domain *d, kiln_err *err)
+{
+    if (!kiln_domain_id_valid(d->host, KILN_DOMAIN_ID_MAX))
+        return kiln_err_set(err, KILN_ERR_INVALID, "domain.host: 1..%d characters of "
+                            "[A-Za-z0-9._:-]", KILN_DOMAIN_ID_MAX - 1);
+    if (d->shm[0] && !kiln_domain_id_valid(d->shm, KILN_DOMAIN_ID_MAX))
+        return kiln_err_set(err, KILN_ERR_INVALID, "domain.shm: bad identity");
+    if (d->n_gpus < 0 || d->n_gpus > KILN_DOMAIN_MAX_GPUS)
+        return kiln_err_set(err, KILN_ERR_INVALID, "domain.gpus: at most %d",
+                            KILN_DOMAIN_MAX_GPUS);
+    for (int i = 0; i < d->n_gpus; i++)
+        if (!kiln_domain_id_valid(d->gpus[i], KILN_DOMAIN_GPU_MAX))
+            return kiln_err_set(err, KILN_ERR_INVALID, "domain.gpus: bad GPU id");
+    if (d->gpu < -1 || d->gpu >= d->n_gpus)
+        return kiln_err_set(err, KILN_ERR_INVALID, "domain.gpu: not one of its gpus");
+    return KILN_OK;
+}
+
 static kiln_status check_job(const kiln_msg_job *j, kiln_err *err)
 {
+    if (j->out_kinds >> KILN_REF_KIND_COUNT)
+        return kiln_err_set(err, KILN_ERR_INVALID, "outk: unknown transports");
+    if (j->n_src < 0 || j->n_src > KILN_PROTO_MAX_TENSORS)
+        return kiln_err_set(err, KILN_ERR_INVALID, "src: at most %d", KILN_PROTO_MAX_TENSORS);
+    for (int i = 0; i < j->n_src; i++)
+        if (!id_valid(j->src[i].owner) || !j->src[i].endpoint ||
+            !endpoint_valid(j->src[i].endpoint) || !j->src[i].key || !key_valid(j->src[i].key))
+            return kiln_err_set(err, KILN_ERR_INVALID, "src: bad owner, endpoint or key");
     switch (j->stage) {
     case KILN_STAGE_ENCODE: {
         const kiln_job_encode *e = &j->encode;
@@ -321,7 +375,10 @@ static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
             return kiln_err_set(err, KILN_ERR_INVALID, "hello: bad transports");
         if (h->version < 0)
             return kiln_err_set(err, KILN_ERR_INVALID, "hello: bad version");
-        return KILN_OK;
+        if ((h->data && h->data[0] && !endpoint_valid(h->data)) ||
+            (h->data_key && !key_valid(h->data_key)))
+            return kiln_err_set(err, KILN_ERR_INVALID, "hello: bad data endpoint or key");
+        return check_domain(&h->domain, err) ? kiln_err_wrap(err, "hello") : KILN_OK;
     }
     case KILN_MSG_READY:
         if (m->ready.credits < 1 || m->ready.credits > KILN_PROTO_MAX_CREDITS)
@@ -335,6 +392,7 @@ static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
         return check_done(&m->done, err) ? kiln_err_wrap(err, "done") : KILN_OK;
     case KILN_MSG_RELEASE:
     case KILN_MSG_FREE:
+    case KILN_MSG_FETCH:
         if (m->refs.n < 1 || m->refs.n > KILN_PROTO_MAX_REFS)
             return kiln_err_set(err, KILN_ERR_INVALID, "refs: 1 to %d expected",
                                 KILN_PROTO_MAX_REFS);

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "buf.h"
+#include "domain.h"
 #include "error.h"
 #include "image.h"
 #include "tensor.h"
@@ -56,6 +57,8 @@
 #define KILN_PROTO_MAX_STEPS 1000
 #define KILN_PROTO_MAX_CREDITS 65536
 #define KILN_PROTO_ALIGN 64               /* slab offsets are multiples of this */
+#define KILN_PROTO_ENDPOINT_MAX 256       /* data socket endpoints, with the NUL */
+#define KILN_PROTO_KEY_TEXT 41            /* a CURVE public key in Z85, with the NUL */
 
 typedef enum kiln_msg_type {
     /* replica -> gateway */
@@ -71,6 +74,8 @@ typedef enum kiln_msg_type {
     KILN_MSG_FREE,
     KILN_MSG_FENCED,
     KILN_MSG_GONE,
+    /* consumer -> producer, on the producer's data socket */
+    KILN_MSG_FETCH,
     KILN_MSG_TYPE_END /* one past the last type */
 } kiln_msg_type;
 
@@ -185,6 +190,12 @@ typedef struct kiln_msg_hello {
     int max_batch;       /* >= 1 */
     unsigned transports; /* KILN_TRANSPORT_BIT mask, non-zero */
     int version;         /* KILN_PROTO_VERSION (encode writes it when 0) */
+    /* Where its shm / cuda_ipc references can be opened (common/domain.h). */
+    kiln_domain domain;
+    /* Its data socket (consumers in other domains fetch its outputs there
+     * by value), "tcp://host:port"; "" or NULL when it has none.  With
+     * CURVE, data_key is its public key (Z85), else "" or NULL. */
+    const char *data, *data_key;
 } kiln_msg_hello;
 
 typedef struct kiln_msg_ready {
@@ -245,9 +256,25 @@ typedef struct kiln_job_decode {
     int compression; /* 0..100, already resolved (kiln_request_resolve) */
 } kiln_job_decode;
 
+/* Where a consumer fetches the inputs of one owner by value (a producer
+ * in another transport domain): its data socket and CURVE key. */
+typedef struct kiln_fetch_src {
+    char owner[KILN_PROTO_ID_MAX];
+    const char *endpoint; /* "tcp://host:port" */
+    const char *key;      /* Z85 public key, or "" without CURVE */
+} kiln_fetch_src;
+
 typedef struct kiln_msg_job {
     uint64_t job;
     kiln_stage stage;
+    /* The reference kinds the job's tensor outputs may take
+     * (KILN_TRANSPORT_BIT mask; 0 = any the replica chooses): the gateway
+     * leaves cuda_ipc out when no replica of the next stage could open it. */
+    unsigned out_kinds;
+    /* Inputs of these owners are fetched from their data socket instead
+     * of opened here (another transport domain). */
+    int n_src;
+    kiln_fetch_src src[KILN_PROTO_MAX_TENSORS];
     union {
         kiln_job_encode encode;
         kiln_job_denoise denoise;
@@ -269,7 +296,7 @@ typedef struct kiln_msg {
         kiln_msg_hello hello;
         kiln_msg_ready ready;
         kiln_msg_done done;
-        kiln_msg_refs refs; /* release and free */
+        kiln_msg_refs refs; /* release, free and fetch */
         kiln_msg_job job;
         uint64_t cancel_job; /* cancel */
         /* hb: the replica's progress counter (denoising steps, batches and

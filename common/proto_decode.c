@@ -336,10 +336,34 @@ static kiln_status array(dec *d, const msgpack_object *map, const char *k, uint3
     return KILN_OK;
 }
 
+static kiln_status domain(dec *d, const msgpack_object *map, kiln_domain *dom)
+{
+    const msgpack_object *o, *gpus;
+    if (need(d, map, "domain", MSGPACK_OBJECT_MAP, &o) ||
+        get_name(d, o, "host", dom->host, sizeof dom->host) ||
+        get_name(d, o, "shm", dom->shm, sizeof dom->shm) || get_u64(d, o, "ipc", &dom->ipc_ns) ||
+        get_u64(d, o, "mnt", &dom->mnt_ns) || get_u64(d, o, "pid", &dom->pid_ns) ||
+        array(d, o, "gpus", KILN_DOMAIN_MAX_GPUS, 1, &gpus) || get_int(d, o, "gpu", &dom->gpu))
+        return kiln_err_wrap(d->err, "domain");
+    for (uint32_t i = 0; i < gpus->via.array.size; i++) {
+        const msgpack_object *g = &gpus->via.array.ptr[i];
+        if (g->type != MSGPACK_OBJECT_STR || g->via.str.size >= KILN_DOMAIN_GPU_MAX ||
+            memchr(g->via.str.ptr, 0, g->via.str.size))
+            return bad(d, "domain.gpus", "not a GPU id");
+        memcpy(dom->gpus[i], g->via.str.ptr, g->via.str.size);
+        dom->gpus[i][g->via.str.size] = '\0';
+        dom->n_gpus++;
+    }
+    return KILN_OK;
+}
+
 static kiln_status hello(dec *d, const msgpack_object *o, kiln_msg_hello *h)
 {
     const char *stage;
     const msgpack_object *tr;
+    if (domain(d, o, &h->domain) || get_str(d, o, "data", &h->data) ||
+        get_str(d, o, "dkey", &h->data_key))
+        return KILN_ERR_INVALID;
     if (get_str(d, o, "stage", &stage) || get_str(d, o, "replica", &h->replica) ||
         get_str(d, o, "model", &h->model) || get_str(d, o, "host", &h->host) ||
         get_int(d, o, "max_batch", &h->max_batch) || get_int(d, o, "version", &h->version) ||
@@ -458,10 +482,34 @@ static kiln_status job_decode(dec *d, const msgpack_object *o, kiln_job_decode *
     return KILN_OK;
 }
 
+/* The job's fetch sources (optional: none). */
+static kiln_status job_src(dec *d, const msgpack_object *o, kiln_msg_job *j)
+{
+    const msgpack_object *a;
+    if (array(d, o, "src", KILN_PROTO_MAX_TENSORS, 0, &a))
+        return KILN_ERR_INVALID;
+    for (uint32_t i = 0; a && i < a->via.array.size; i++) {
+        const msgpack_object *e = &a->via.array.ptr[i];
+        kiln_fetch_src *s = &j->src[j->n_src++];
+        if (e->type != MSGPACK_OBJECT_MAP || get_name(d, e, "owner", s->owner, sizeof s->owner) ||
+            get_str(d, e, "ep", &s->endpoint) || get_str(d, e, "key", &s->key))
+            return bad(d, "src", "not a map of owner, ep and key");
+    }
+    return KILN_OK;
+}
+
 static kiln_status job(dec *d, const msgpack_object *o, kiln_msg_job *j)
 {
     char stage[16];
+    int outk = 0;
     if (get_u64(d, o, "job", &j->job) || get_name(d, o, "stage", stage, sizeof stage))
+        return KILN_ERR_INVALID;
+    if (get(o, "outk") && get_int(d, o, "outk", &outk))
+        return KILN_ERR_INVALID;
+    if (outk < 0)
+        return bad(d, "outk", "out of range");
+    j->out_kinds = (unsigned)outk;
+    if (job_src(d, o, j))
         return KILN_ERR_INVALID;
     if (kiln_stage_parse(stage, &j->stage))
         return bad(d, "stage", "unknown");
@@ -489,7 +537,8 @@ static kiln_status extract(dec *d, const msgpack_object *o, kiln_msg *m)
     case KILN_MSG_HB: return get_u64(d, o, "progress", &m->progress);
     case KILN_MSG_DONE: return done(d, o, &m->done);
     case KILN_MSG_RELEASE:
-    case KILN_MSG_FREE: return refs(d, o, &m->refs);
+    case KILN_MSG_FREE:
+    case KILN_MSG_FETCH: return refs(d, o, &m->refs);
     case KILN_MSG_JOB: return job(d, o, &m->job);
     case KILN_MSG_CANCEL: return get_u64(d, o, "job", &m->cancel_job);
     case KILN_MSG_FENCED: return KILN_OK;

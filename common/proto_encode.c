@@ -103,10 +103,29 @@ static void ref_map(msgpack_packer *pk, const char *k, const kiln_ref_map *m)
     }
 }
 
+static void domain(msgpack_packer *pk, const kiln_domain *d)
+{
+    key(pk, "domain");
+    msgpack_pack_map(pk, 7);
+    kv_str(pk, "host", d->host);
+    kv_str(pk, "shm", d->shm);
+    kv_u64(pk, "ipc", d->ipc_ns);
+    kv_u64(pk, "mnt", d->mnt_ns);
+    kv_u64(pk, "pid", d->pid_ns);
+    key(pk, "gpus");
+    msgpack_pack_array(pk, (size_t)d->n_gpus);
+    for (int i = 0; i < d->n_gpus; i++)
+        str(pk, d->gpus[i]);
+    kv_int(pk, "gpu", d->gpu);
+}
+
 static void hello(msgpack_packer *pk, const kiln_msg *m)
 {
     const kiln_msg_hello *h = &m->hello;
-    head(pk, m, 7);
+    head(pk, m, 10);
+    domain(pk, &h->domain);
+    kv_str(pk, "data", h->data ? h->data : "");
+    kv_str(pk, "dkey", h->data_key ? h->data_key : "");
     kv_str(pk, "stage", kiln_stage_name(h->stage));
     kv_str(pk, "replica", h->replica);
     kv_str(pk, "model", h->model);
@@ -152,10 +171,19 @@ static void job(msgpack_packer *pk, const kiln_msg *m)
 {
     const kiln_msg_job *j = &m->job;
     static const int fields[KILN_STAGE_COUNT] = {4, 7, 4};
-    head(pk, m, (size_t)(3 + fields[j->stage]));
+    head(pk, m, (size_t)(5 + fields[j->stage]));
     kv_u64(pk, "job", j->job);
     kv_str(pk, "stage", kiln_stage_name(j->stage));
     ref_map(pk, "in", &j->in);
+    kv_int(pk, "outk", j->out_kinds);
+    key(pk, "src");
+    msgpack_pack_array(pk, (size_t)j->n_src);
+    for (int i = 0; i < j->n_src; i++) {
+        msgpack_pack_map(pk, 3);
+        kv_str(pk, "owner", j->src[i].owner);
+        kv_str(pk, "ep", j->src[i].endpoint);
+        kv_str(pk, "key", j->src[i].key);
+    }
     switch (j->stage) {
     case KILN_STAGE_ENCODE: {
         const kiln_job_encode *e = &j->encode;
@@ -233,7 +261,8 @@ kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err)
         break;
     case KILN_MSG_DONE: done(&pk, m); break;
     case KILN_MSG_RELEASE:
-    case KILN_MSG_FREE: refs(&pk, m); break;
+    case KILN_MSG_FREE:
+    case KILN_MSG_FETCH: refs(&pk, m); break;
     case KILN_MSG_JOB: job(&pk, m); break;
     case KILN_MSG_CANCEL:
         head(&pk, m, 1);

@@ -226,10 +226,10 @@ static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const c
             snprintf(name, sizeof name, "%s[%d]", bins[st], i);
             snprintf(gpu, sizeof gpu, "%d", o->stage_gpu[st] >= 0 ? o->stage_gpu[st] : i % o->gpus);
             snprintf(batch, sizeof batch, "%d", o->max_batch);
-            const char *argv[20] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
+            const char *argv[24] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
                                     "--gpu", gpu, "--max-batch", batch, "--bus-key", keys->rep_key,
-                                    "--bus-server-key", keys->gw_pub};
-            int k = 15;
+                                    "--bus-server-key", keys->gw_pub, "--bus-allow", keys->rep_pub};
+            int k = 17;
             if (st == 0 && o->layers)
                 argv[k++] = "--text-encoder-out-layers", argv[k++] = o->layers;
             if (st == 0 && o->prompt_cache_mb)

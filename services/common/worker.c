@@ -70,7 +70,11 @@ static void send_hello(kiln_worker *w)
                             .host = w->host, .max_batch = w->opts.max_batch,
                             .transports = KILN_TRANSPORT_BIT(KILN_REF_INLINE) |
                                           KILN_TRANSPORT_BIT(KILN_REF_SHM) |
-                                          (w->cuda ? KILN_TRANSPORT_BIT(KILN_REF_CUDA_IPC) : 0)}};
+                                          (w->cuda ? KILN_TRANSPORT_BIT(KILN_REF_CUDA_IPC) : 0),
+                            .domain = w->domain, .data = w->data_ep,
+                            .data_key = w->data_ep[0] && w->bus_keys.secret[0]
+                                            ? w->bus_keys.public_key
+                                            : ""}};
     worker_send(w, &m);
     pthread_mutex_lock(&w->mu);
     int credits = w->capacity - w->n_held;
@@ -488,6 +492,10 @@ void worker_shutdown(kiln_worker *w)
                   "cuda_ipc %d slab(s) with %d range(s) in use, %d free(s) refused",
                   w->ops->binary, held, st.slabs, st.live, dev.slabs, dev.live,
                   st.refused + dev.refused);
+    KILN_LOG_INFO("%s: by value: %lld input(s) fetched (%lld bytes), %lld output(s) served "
+                  "(%lld bytes)", w->ops->binary, (long long)atomic_load(&w->fetched),
+                  (long long)atomic_load(&w->fetched_bytes), (long long)atomic_load(&w->served),
+                  (long long)atomic_load(&w->served_bytes));
     atomic_store(&w->bus_stop, 1);
     wake(w);
     pthread_join(w->bus_thread, NULL);

@@ -36,6 +36,14 @@ typedef struct kiln_worker_opts {
     /* CURVE (common/bus_keys.h): this replica's secret key file and the
      * gateway's public key file, both or neither. */
     const char *bus_key, *bus_server_key;
+    /* The replicas' public keys (--bus-allow): who may fetch this
+     * producer's outputs by value when the bus runs CURVE. */
+    const char *bus_allow;
+    /* The data socket for by-value hand-offs (producer stages): the port
+     * to bind (0: any free one, -1: none) and the host name or address
+     * other stages reach this replica by (NULL: its host name). */
+    int data_port;
+    const char *data_host;
     const char *device;  /* "cpu" or "cuda" */
     int gpu;
     int max_batch;       /* rows per batch (a bigger job runs alone) */

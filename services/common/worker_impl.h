@@ -32,7 +32,8 @@ typedef struct worker_fault {
 
 typedef struct job_input {
     kiln_tensor_ref ref; /* a copy: the message may be freed first */
-    kiln_transport *tx;  /* the transport it was opened with */
+    kiln_transport *tx;  /* the transport it was opened with; NULL when fetched */
+    void *fetched;       /* its bytes, fetched by value (owned) */
     kiln_tensor t;       /* backend tensor when uploaded (owned) */
     int uploaded;
 } job_input;
@@ -101,8 +102,21 @@ struct kiln_worker {
     worker_fault fault;
     pthread_t bus_thread;
     int bus_started;
-    kiln_bus_keys bus_keys; /* loaded from opts.bus_key / bus_server_key */
+    kiln_bus_keys bus_keys; /* loaded from opts.bus_key / bus_server_key / bus_allow */
     kiln_bus *bus;
+
+    /* Transport domain and the by-value hand-off (worker_data.c). */
+    kiln_domain domain;
+    char data_host[KILN_PROTO_ENDPOINT_MAX - 16]; /* how other stages reach this one */
+    char data_ep[KILN_PROTO_ENDPOINT_MAX];        /* announced in hello; "" when none */
+    kiln_bus *data;                               /* producer: the data thread's socket */
+    pthread_t data_thread;
+    int data_started;
+    atomic_int data_stop;
+    struct data_conn *conns; /* consumer: sockets to producers (the backend thread's) */
+    int n_conns;
+    unsigned conn_serial;
+    atomic_llong fetched, fetched_bytes, served, served_bytes;
 };
 
 /* Set by the SIGINT/SIGTERM handler, polled by the bus thread. */
@@ -128,6 +142,16 @@ int worker_fault_setup(kiln_worker *w);
 void worker_progress(kiln_worker *w);
 
 kiln_status worker_start(kiln_worker *w, kiln_err *err);
+
+/* worker_data.c: binds the data socket of a producer stage and starts its
+ * thread (nothing for the decoder, or when --data-port is -1). */
+kiln_status worker_data_start(kiln_worker *w, kiln_err *err);
+void worker_data_stop(kiln_worker *w);
+/* Fetches the bytes of shm reference `ref` from its owner's data socket
+ * into *out (64-byte aligned, the caller frees), giving up after 30 s or
+ * when the job is cancelled.  On the thread that opens the job's inputs. */
+kiln_status worker_data_fetch(kiln_worker *w, kiln_worker_job *j, const kiln_fetch_src *src,
+                              const kiln_tensor_ref *ref, void **out, kiln_err *err);
 /* Runs batches until stop, then fails queued jobs and winds down. */
 void worker_serve(kiln_worker *w);
 void worker_shutdown(kiln_worker *w);

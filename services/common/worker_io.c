@@ -46,6 +46,16 @@ static kiln_transport *transport_for(kiln_worker *w, kiln_ref_kind k)
                                     : NULL;
 }
 
+/* The data socket the gateway said to fetch `owner`'s inputs from, or
+ * NULL when they open here. */
+static const kiln_fetch_src *fetch_src(const kiln_msg_job *job, const char *owner)
+{
+    for (int i = 0; i < job->n_src; i++)
+        if (!strcmp(job->src[i].owner, owner))
+            return &job->src[i];
+    return NULL;
+}
+
 static kiln_status open_input(kiln_worker *w, kiln_worker_job *j, const char *name, int required,
                               job_input **out, const void **data, kiln_err *err)
 {
@@ -53,6 +63,22 @@ static kiln_status open_input(kiln_worker *w, kiln_worker_job *j, const char *na
     const kiln_tensor_ref *ref = kiln_ref_map_get(&j->msg->job.in, name);
     if (!ref)
         return required ? kiln_err_set(err, KILN_ERR_INVALID, "input %s missing", name) : KILN_OK;
+    const kiln_fetch_src *src = ref->kind != KILN_REF_INLINE ? fetch_src(&j->msg->job, ref->owner)
+                                                              : NULL;
+    if (src) {
+        if (j->n_in == KILN_PROTO_MAX_TENSORS)
+            return kiln_err_set(err, KILN_ERR_INTERNAL, "input %s opened too often", name);
+        void *bytes;
+        if (worker_data_fetch(w, j, src, ref, &bytes, err))
+            return kiln_err_wrap(err, "input %s", name);
+        job_input *in = &j->in[j->n_in++];
+        memset(in, 0, sizeof *in);
+        in->ref = *ref;
+        in->fetched = bytes;
+        *data = bytes;
+        *out = in;
+        return KILN_OK;
+    }
     kiln_transport *tx = transport_for(w, ref->kind);
     if (!tx)
         return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "input %s: %s references are not supported "
@@ -136,14 +162,18 @@ void kiln_worker_release_inputs(kiln_worker *w, kiln_worker_job *j)
         }
     for (int i = 0; i < j->n_in; i++) {
         kiln_err err = {0};
-        if (kiln_transport_verify(j->in[i].tx, &j->in[i].ref, &err)) {
+        /* A fetched input was verified by its owner when it sent it. */
+        if (j->in[i].tx && kiln_transport_verify(j->in[i].tx, &j->in[i].ref, &err)) {
             KILN_LOG_WARN("%s: job %llu: %s", w->ops->binary, (unsigned long long)j->msg->job.job,
                           err.msg);
             j->inputs_lost = 1;
         }
         if (j->in[i].uploaded)
             kiln_be_free(w->be, &j->in[i].t);
-        kiln_transport_close(j->in[i].tx, &j->in[i].ref);
+        if (j->in[i].tx)
+            kiln_transport_close(j->in[i].tx, &j->in[i].ref);
+        free(j->in[i].fetched);
+        j->in[i].fetched = NULL;
     }
     /* A halted incarnation's releases would not count. */
     if (worker_halted(w))
@@ -189,7 +219,11 @@ kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *n
     view.data = (char *)src->data + (size_t)row0 * row_bytes;
     kiln_tensor_ref ref;
     void *dst;
-    if (src->on_device && w->cuda_out && !as_inline) {
+    /* cuda_ipc unless the gateway said no replica of the next stage could
+     * open it (outk): then the host copy below, which any can fetch. */
+    unsigned allowed = j->msg->job.out_kinds;
+    if (src->on_device && w->cuda_out && !as_inline &&
+        (!allowed || (allowed & KILN_TRANSPORT_BIT(KILN_REF_CUDA_IPC)))) {
         /* Device to device, and the copy complete before done can carry
          * the reference. */
         if (kiln_transport_alloc(w->cuda, src->dtype, view.ndim, view.shape, &ref, &dst, err))

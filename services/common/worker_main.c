@@ -16,13 +16,16 @@
 static void usage(FILE *f, const kiln_stage_ops *ops)
 {
     fprintf(f,
-            "usage: %s --model DIR --bus ENDPOINT [--bus-key FILE --bus-server-key FILE]\n"
-            "  [--device cpu|cuda] [--gpu N]\n"
+            "usage: %s --model DIR --bus ENDPOINT [--bus-key FILE --bus-server-key FILE\n"
+            "  [--bus-allow FILE]] [--data-port P] [--data-host HOST] [--device cpu|cuda] [--gpu N]\n"
             "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]\n"
             "  [--replica-id ID]%s\n"
             "Serves the %s stage of the checkpoint's pipeline to the kiln gateway at\n"
             "ENDPOINT (e.g. tcp://127.0.0.1:8001); --bus-key is this replica's CURVE secret\n"
-            "key and --bus-server-key the gateway's public key (kiln keygen).\n",
+            "key and --bus-server-key the gateway's public key (kiln keygen); --bus-allow\n"
+            "the replicas' public keys, who may fetch this stage's outputs by value from\n"
+            "its data socket (--data-port, default any free port, -1: none), which other\n"
+            "stages reach at --data-host (default: the host name).\n",
             ops->binary,
             ops->stage == KILN_STAGE_ENCODE
                 ? "\n  [--text-encoder-out-layers A,B,C] [--prompt-cache-mb N (default 256, 0: off)]"
@@ -73,7 +76,7 @@ static int replica_id_ok(const char *id)
 static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_worker_opts *o)
 {
     enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID, O_BUS_KEY,
-           O_BUS_SERVER_KEY };
+           O_BUS_SERVER_KEY, O_BUS_ALLOW, O_DATA_PORT, O_DATA_HOST };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
@@ -84,6 +87,9 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         {"replica-id", required_argument, 0, O_REPLICA_ID},
         {"bus-key", required_argument, 0, O_BUS_KEY},
         {"bus-server-key", required_argument, 0, O_BUS_SERVER_KEY},
+        {"bus-allow", required_argument, 0, O_BUS_ALLOW},
+        {"data-port", required_argument, 0, O_DATA_PORT},
+        {"data-host", required_argument, 0, O_DATA_HOST},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     /* No batch window by default: an idle stage starts a job at once (a
@@ -113,6 +119,12 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         case O_REPLICA_ID: o->replica_id = optarg, bad = !replica_id_ok(optarg); break;
         case O_BUS_KEY: o->bus_key = optarg; break;
         case O_BUS_SERVER_KEY: o->bus_server_key = optarg; break;
+        case O_BUS_ALLOW: o->bus_allow = optarg; break;
+        case O_DATA_PORT: bad = kiln_parse_int(optarg, -1, 65535, &o->data_port); break;
+        case O_DATA_HOST:
+            o->data_host = optarg;
+            bad = !kiln_domain_id_valid(optarg, KILN_PROTO_ENDPOINT_MAX - 24);
+            break;
         case 'h': usage(stdout, ops); exit(0);
         default: bad = 1;
         }
@@ -124,11 +136,14 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
             return 2;
         }
     }
-    if (optind < argc || !o->model || !o->bus || !o->bus_key != !o->bus_server_key) {
+    if (optind < argc || !o->model || !o->bus || !o->bus_key != !o->bus_server_key ||
+        (o->bus_allow && !o->bus_key)) {
         fprintf(stderr, "%s: %s\n", ops->binary,
                 optind < argc ? "unexpected argument"
                 : !o->model || !o->bus
                     ? "--model and --bus are required"
+                : o->bus_allow && !o->bus_key
+                    ? "--bus-allow needs --bus-key (it says who may fetch by value on a CURVE bus)"
                     : "--bus-key and --bus-server-key go together (this replica's secret key "
                       "and the gateway's public key)");
         usage(stderr, ops);
@@ -204,16 +219,58 @@ static kiln_status load_bus_keys(kiln_worker *w, kiln_err *err)
         return KILN_OK;
     }
     if (kiln_bus_keys_load_secret(&w->bus_keys, o->bus_key, err) ||
-        kiln_bus_keys_load_server(&w->bus_keys, o->bus_server_key, err))
+        kiln_bus_keys_load_server(&w->bus_keys, o->bus_server_key, err) ||
+        (o->bus_allow && kiln_bus_keys_load_allow(&w->bus_keys, o->bus_allow, err)))
         return err->code;
     KILN_LOG_INFO("%s: bus secured with CURVE, public key %s", w->ops->binary,
                   w->bus_keys.public_key);
     return KILN_OK;
 }
 
+/* A producer stage places every output in /dev/shm; the 64 MiB a
+ * container gets by default fits no more than one slab, and a full
+ * /dev/shm would fail every request later (posix_fallocate's ENOSPC), so
+ * too small a one is refused now, with what to do about it. */
+#define SHM_MIN_BYTES (256ull << 20)
+
+static kiln_status check_shm(kiln_worker *w, kiln_err *err)
+{
+    if (w->ops->stage == KILN_STAGE_DECODE)
+        return KILN_OK; /* it maps its inputs, it creates nothing there */
+    uint64_t avail, total;
+    if (kiln_domain_fs_space("/dev/shm", &avail, &total, err))
+        return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "%s: there is no usable /dev/shm; a stage "
+                            "hands its outputs on through it (mount a tmpfs there)", err->msg);
+    if (avail < SHM_MIN_BYTES)
+        return kiln_err_set(err, KILN_ERR_UNSUPPORTED,
+                            "/dev/shm has %llu MiB free of %llu MiB; this stage needs at least %llu "
+                            "MiB there to hand its outputs on (containers get 64 MiB by default: "
+                            "docker/podman --shm-size=2g, compose shm_size, or a Kubernetes "
+                            "emptyDir with medium: Memory mounted at /dev/shm)",
+                            (unsigned long long)(avail >> 20), (unsigned long long)(total >> 20),
+                            SHM_MIN_BYTES >> 20);
+    return KILN_OK;
+}
+
+/* Where this replica's references open (common/domain.h); its GPUs once
+ * the backend runs. */
+static kiln_status probe_domain(kiln_worker *w, kiln_err *err)
+{
+    if (kiln_domain_probe(&w->domain, err))
+        return err->code;
+    char host[KILN_PROTO_ENDPOINT_MAX - 24] = "";
+    if (w->opts.data_host)
+        snprintf(w->data_host, sizeof w->data_host, "%s", w->opts.data_host);
+    else if (!gethostname(host, sizeof host - 1) && kiln_domain_id_valid(host, (int)sizeof host))
+        snprintf(w->data_host, sizeof w->data_host, "%s", host);
+    else
+        snprintf(w->data_host, sizeof w->data_host, "localhost");
+    return KILN_OK;
+}
+
 static kiln_status setup(kiln_worker *w, kiln_err *err)
 {
-    if (draw_epoch(w, err) || load_bus_keys(w, err))
+    if (draw_epoch(w, err) || load_bus_keys(w, err) || probe_domain(w, err) || check_shm(w, err))
         return err->code;
     char host[64] = "";
     if (gethostname(host, sizeof host - 1))
@@ -245,6 +302,8 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
         return err->code;
     if (setup_cuda_ipc(w, err))
         return err->code;
+    if (w->cuda && kiln_domain_add_gpus(&w->domain, w->opts.gpu, err))
+        return err->code;
     double t0 = kiln_now_ms();
     w->state = w->ops->load(w->be, w->ck, &w->opts, err);
     if (!w->state)
@@ -253,12 +312,19 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
                   kiln_now_ms() - t0);
     /* Room for a batch running and the next one gathering. */
     w->capacity = 2 * w->opts.max_batch;
+    if (worker_data_start(w, err))
+        return err->code;
+    KILN_LOG_INFO("%s: transport domain: host %s, /dev/shm %s, ipc ns %llu, pid ns %llu, %d GPU(s)",
+                  w->ops->binary, w->domain.host, w->domain.shm[0] ? w->domain.shm : "none",
+                  (unsigned long long)w->domain.ipc_ns, (unsigned long long)w->domain.pid_ns,
+                  w->domain.n_gpus);
     return worker_start(w, err);
 }
 
 static void teardown(kiln_worker *w)
 {
     worker_shutdown(w);
+    worker_data_stop(w);
     kiln_bus_close(w->bus);
     if (w->state)
         w->ops->unload(w->state);

@@ -191,29 +191,35 @@ void sched_enqueue(kiln_sched *s, sched_job *j, kiln_stage stage, int front, dou
     s->queued[stage]++;
 }
 
-/* The live replica of `stage` with the most credits, or NULL.  Ties go to
- * the least busy (jobs in flight, and cancelled ones it is still on),
- * then to the replica that got a job the longest ago: idle replicas take
- * turns, so sequential requests do not all land on the first one
- * registered. */
-static sched_replica *pick(kiln_sched *s, kiln_stage stage)
+/* The live replica of j's stage with credits that can get at j's inputs,
+ * those that open them where they are before those that would fetch them
+ * by value (scheduler_pair.c); among equals the one with the most
+ * credits.  Ties go to the least busy (jobs in flight, and cancelled ones
+ * it is still on), then to the replica that got a job the longest ago:
+ * idle replicas take turns, so sequential requests do not all land on the
+ * first one registered.  NULL when none can take it now. */
+static sched_replica *pick(kiln_sched *s, const sched_job *j)
 {
     sched_replica *best = NULL;
+    sched_pairing best_pair = PAIR_NONE;
     for (sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
         sched_replica *r = LINK_OWNER(l, sched_replica, node);
-        if (!r->alive || r->stage != stage || r->credits <= 0)
+        if (!r->alive || r->stage != j->stage || r->credits <= 0)
+            continue;
+        sched_pairing pair = sched_pairing_of(s, j, r);
+        if (pair == PAIR_NONE || pair < best_pair)
             continue;
         int busy = r->n_inflight + r->n_cancelling;
         int best_busy = best ? best->n_inflight + best->n_cancelling : 0;
-        if (!best || r->credits > best->credits ||
+        if (!best || pair > best_pair || r->credits > best->credits ||
             (r->credits == best->credits &&
              (busy < best_busy || (busy == best_busy && r->last_job < best->last_job))))
-            best = r;
+            best = r, best_pair = pair;
     }
     return best;
 }
 
-static void build_job(const sched_job *j, const sched_replica *r, kiln_msg *m)
+static void build_job(kiln_sched *s, const sched_job *j, const sched_replica *r, kiln_msg *m)
 {
     memset(m, 0, sizeof *m);
     m->type = KILN_MSG_JOB;
@@ -222,6 +228,8 @@ static void build_job(const sched_job *j, const sched_replica *r, kiln_msg *m)
     const kiln_request *q = &j->req.req;
     mj->job = j->id;
     mj->stage = j->stage;
+    mj->out_kinds = sched_out_kinds(s, r, j->stage);
+    sched_fill_src(s, j, r, mj);
     switch (j->stage) {
     case KILN_STAGE_ENCODE:
         mj->encode.n_prompts = 1;
@@ -263,7 +271,7 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
     if (!st && j->held)
         handed = !(st = sched_handoff_add(s, r, j, &err));
     if (!st) {
-        build_job(j, r, m);
+        build_job(s, j, r, m);
         st = s->ops.send(s->ud, r->id, m, &err);
     }
     free(m);
@@ -293,15 +301,53 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
     s->inflight[j->stage]++;
 }
 
+/* 1 when some live replica of `stage` has a credit left. */
+static int has_credit(const kiln_sched *s, kiln_stage stage)
+{
+    for (const sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
+        const sched_replica *r = LINK_OWNER(l, sched_replica, node);
+        if (r->alive && r->stage == stage && r->credits > 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Sends j to a replica that can take it now, or fails it when none ever
+ * could; 0 when it waits (it stays queued). */
+static int place(kiln_sched *s, sched_job *j, double now)
+{
+    sched_replica *r = pick(s, j);
+    if (r)
+        send_job(s, j, r, now);
+    else if (!sched_placeable(s, j))
+        sched_fail(s, j, 503, "stage_unavailable",
+                   "no %s replica can reach this request's tensors from where they are "
+                   "(another machine or container, and no by-value path)",
+                   kiln_stage_name(j->stage));
+    else
+        return 0;
+    return 1;
+}
+
 void sched_dispatch(kiln_sched *s, double now)
 {
-    for (int st = KILN_STAGE_COUNT - 1; st >= 0; st--) /* later stages first: finish work */
-        for (kiln_fairq_node *next; (next = kiln_fairq_peek(&s->queue[st]));) {
-            sched_replica *r = pick(s, (kiln_stage)st);
-            if (!r)
-                break;
-            send_job(s, FQ_JOB(next), r, now);
+    for (int st = KILN_STAGE_COUNT - 1; st >= 0; st--) { /* later stages first: finish work */
+        kiln_fairq *q = &s->queue[st];
+        kiln_fairq_node *head;
+        while ((head = kiln_fairq_peek(q)) && has_credit(s, (kiln_stage)st) &&
+               place(s, FQ_JOB(head), now))
+            ;
+        if (!head || !has_credit(s, (kiln_stage)st))
+            continue;
+        /* The next job waits for a busy replica that can open its inputs:
+         * the jobs behind it that another replica can take do not wait
+         * with it. */
+        for (kiln_fairq_node *n = kiln_fairq_first(q), *next; n && has_credit(s, (kiln_stage)st);
+             n = next) {
+            next = kiln_fairq_next(q, n);
+            place(s, FQ_JOB(n), now);
         }
+    }
 }
 
 kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client, double now,

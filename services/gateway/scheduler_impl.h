@@ -55,6 +55,11 @@ typedef struct sched_replica {
     int n_cancelling;
     double live_at; /* scheduler_cancel.c: when it last had live jobs in flight */
     uint64_t last_job;   /* kiln_sched.n_dispatched when it last got a job */
+    /* From its hello: where its references open, what it can open, and
+     * its data socket for by-value hand-offs ("" when none). */
+    kiln_domain domain;
+    unsigned transports;
+    char data[KILN_PROTO_ENDPOINT_MAX], data_key[KILN_PROTO_KEY_TEXT];
 } sched_replica;
 
 /* References a job took to a consumer: held here from dispatch until the
@@ -168,6 +173,21 @@ void sched_cancel_answered(sched_replica *r, uint64_t job);
 void sched_cancel_forget(sched_replica *r);
 void sched_cancel_shift(sched_replica *r, double gap);
 void sched_cancel_overdue(kiln_sched *s, double now);
+/* scheduler_pair.c: which replica may take a job whose inputs live in
+ * another replica's memory (common/domain.h). */
+typedef enum sched_pairing {
+    PAIR_NONE = 0, /* r cannot get at the inputs */
+    PAIR_FETCH,    /* r fetches some inputs by value from their owner */
+    PAIR_LOCAL,    /* r opens every input where it is */
+} sched_pairing;
+sched_pairing sched_pairing_of(kiln_sched *s, const sched_job *j, const sched_replica *r);
+/* 1 when a live replica of j's stage could take j now or later. */
+int sched_placeable(kiln_sched *s, const sched_job *j);
+/* The reference kinds a job for `producer` may output: no cuda_ipc when
+ * no live replica of the next stage could open its cuda_ipc slabs. */
+unsigned sched_out_kinds(kiln_sched *s, const sched_replica *producer, kiln_stage stage);
+/* Fills mj->src for the inputs `r` must fetch by value. */
+void sched_fill_src(kiln_sched *s, const sched_job *j, const sched_replica *r, kiln_msg_job *mj);
 
 /* scheduler_done.c */
 void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now);

@@ -177,9 +177,11 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
         link_init(&r->cancelling);
         link_insert_before(&s->replicas, &r->node);
     }
-    KILN_LOG_INFO("gateway: %s replica %s registered (epoch %016llx, host %s, max batch %d)",
-                  kiln_stage_name(h->stage), peer, (unsigned long long)m->epoch, h->host,
-                  h->max_batch);
+    KILN_LOG_INFO("gateway: %s replica %s registered (epoch %016llx, host %s, max batch %d, "
+                  "domain %.13s shm %s, %s)", kiln_stage_name(h->stage), peer,
+                  (unsigned long long)m->epoch, h->host, h->max_batch, h->domain.host,
+                  h->domain.shm[0] ? h->domain.shm : "none",
+                  h->data && h->data[0] ? h->data : "no data socket");
     /* Fencing emptied the record of the incarnation before; credits come
      * with `ready`. */
     r->epoch = m->epoch;
@@ -190,6 +192,10 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
     r->last_seen = now;
     r->progress = 0;
     r->progress_at = now;
+    r->domain = h->domain;
+    r->transports = h->transports;
+    snprintf(r->data, sizeof r->data, "%s", h->data ? h->data : "");
+    snprintf(r->data_key, sizeof r->data_key, "%s", h->data_key ? h->data_key : "");
 }
 
 void sched_replica_gc(kiln_sched *s, double now)

@@ -150,12 +150,18 @@ static void deliver(world *w, const char *peer, const kiln_msg *m)
         kiln_sched_on_msg(w->s, peer, d, w->now);
 }
 
+/* Every replica of these tests shares one transport domain, unless a test
+ * says otherwise (test_domains). */
+static const kiln_domain one_box = {.host = "boot-1", .shm = "27:1", .ipc_ns = 1, .mnt_ns = 2,
+                                    .pid_ns = 3, .gpu = -1};
+
 /* Registers a new incarnation of `id` (a new epoch each call). */
 static void hello(world *w, const char *id, kiln_stage st, const char *model, int credits)
 {
     kiln_msg m = {.type = KILN_MSG_HELLO, .epoch = new_epoch(w, id),
                   .hello = {.stage = st, .replica = id, .model = model, .host = "test",
-                            .max_batch = 4, .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+                            .max_batch = 4, .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM),
+                            .domain = one_box}};
     deliver(w, id, &m);
     if (credits) {
         kiln_msg r = {.type = KILN_MSG_READY, .ready.credits = credits};
@@ -561,7 +567,8 @@ static void test_replica_loss(void)
     kiln_msg again = {.type = KILN_MSG_HELLO, .epoch = epoch_of(&w, first),
                       .hello = {.stage = KILN_STAGE_DENOISE, .replica = first,
                                 .model = "klein-tiny", .host = "test", .max_batch = 4,
-                                .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+                                .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM),
+                                .domain = one_box}};
     deliver(&w, first, &again);
     expect_sent(&w, KILN_MSG_FENCED, first);
     kiln_sched_gauges(w.s, &g);
@@ -843,7 +850,8 @@ static void test_hello_again(void)
     kiln_msg zombie = {.type = KILN_MSG_HELLO, .epoch = old,
                        .hello = {.stage = KILN_STAGE_DENOISE, .replica = "denoise-a",
                                  .model = "klein-tiny", .host = "test", .max_batch = 4,
-                                 .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+                                 .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM),
+                                 .domain = one_box}};
     deliver(&w, "denoise-a", &zombie);
     expect_sent(&w, KILN_MSG_FENCED, "denoise-a");
     expect_quiet(&w);
@@ -855,7 +863,8 @@ static void test_hello_again(void)
     kiln_msg same = {.type = KILN_MSG_HELLO, .epoch = epoch_of(&w, "denoise-a"),
                      .hello = {.stage = KILN_STAGE_DENOISE, .replica = "denoise-a",
                                .model = "klein-tiny", .host = "test", .max_batch = 4,
-                               .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM)}};
+                               .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM),
+                               .domain = one_box}};
     deliver(&w, "denoise-a", &same);
     CHECK(w.n_finished == 1 && w.last_status == 503);
     expect_free(&w, "encode-a", &emb2);
@@ -1110,6 +1119,133 @@ static void test_cancel_in_live_batch(void)
     world_free(&w);
 }
 
+/* Transport domains (scheduler_pair.c): a consumer that opens the inputs
+ * where it is goes first, even with fewer credits; without one, any
+ * consumer takes the job and fetches shm inputs from the owner's data
+ * socket (src); a producer without a data socket, or cuda_ipc inputs,
+ * only go where they open, and a job nobody could ever take fails at
+ * once; a producer is told not to make cuda_ipc outputs (outk) when no
+ * replica of the next stage could open them. */
+static kiln_domain dom(const char *host, const char *shm, uint64_t ipc, int gpu)
+{
+    kiln_domain d = {.ipc_ns = ipc, .mnt_ns = ipc + 1, .pid_ns = 7, .gpu = -1};
+    snprintf(d.host, sizeof d.host, "%s", host);
+    snprintf(d.shm, sizeof d.shm, "%s", shm);
+    if (gpu >= 0) {
+        d.n_gpus = 2, d.gpu = gpu;
+        snprintf(d.gpus[0], sizeof d.gpus[0], "GPU-0000");
+        snprintf(d.gpus[1], sizeof d.gpus[1], "GPU-1111");
+    }
+    return d;
+}
+
+static void hello_in(world *w, const char *id, kiln_stage st, int credits, kiln_domain d,
+                     unsigned transports, const char *data)
+{
+    kiln_msg m = {.type = KILN_MSG_HELLO, .epoch = new_epoch(w, id),
+                  .hello = {.stage = st, .replica = id, .model = "klein-tiny", .host = "test",
+                            .max_batch = 4, .transports = transports, .domain = d,
+                            .data = data, .data_key = ""}};
+    deliver(w, id, &m);
+    if (credits) {
+        kiln_msg r = {.type = KILN_MSG_READY, .ready.credits = credits};
+        deliver(w, id, &r);
+    }
+}
+
+static void test_domains(void)
+{
+    const unsigned host = KILN_TRANSPORT_BIT(KILN_REF_INLINE) | KILN_TRANSPORT_BIT(KILN_REF_SHM);
+    const unsigned gpu = host | KILN_TRANSPORT_BIT(KILN_REF_CUDA_IPC);
+    world w;
+    world_init(&w, 8);
+    hello_in(&w, "encode-a", KILN_STAGE_ENCODE, 4, dom("boot-a", "27:1", 100, -1), host,
+             "tcp://pod-a:7001");
+    hello_in(&w, "denoise-a", KILN_STAGE_DENOISE, 0, dom("boot-a", "27:1", 100, -1), host, "");
+    hello_in(&w, "denoise-b", KILN_STAGE_DENOISE, 3, dom("boot-b", "27:1", 100, -1), host, "");
+    hello_in(&w, "decode-a", KILN_STAGE_DECODE, 4, dom("boot-a", "27:1", 100, -1), host, "");
+    /* The local denoiser is busy: the other machine's fetches by value. */
+    uint64_t id;
+    CHECK(submit(&w, "{\"prompt\":\"p\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    CHECK(m && m->job.out_kinds == host); /* no consumer opens cuda_ipc */
+    kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 0);
+    done_with(&w, "encode-a", id, "embeds", &emb);
+    m = expect_sent(&w, KILN_MSG_JOB, "denoise-b");
+    CHECK(m && m->job.n_src == 1 && !strcmp(m->job.src[0].owner, "encode-a") &&
+          !strcmp(m->job.src[0].endpoint, "tcp://pod-a:7001"));
+    /* Once the local one has a credit it goes first, with fewer credits. */
+    kiln_msg r = {.type = KILN_MSG_READY, .ready.credits = 1};
+    deliver(&w, "denoise-a", &r);
+    uint64_t id2;
+    CHECK(submit(&w, "{\"prompt\":\"q\",\"size\":\"64x64\"}", &id2) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 256);
+    done_with(&w, "encode-a", id2, "embeds", &emb);
+    m = expect_sent(&w, KILN_MSG_JOB, "denoise-a");
+    CHECK(m && m->job.n_src == 0);
+    /* Another /dev/shm on the same kernel is another domain too. */
+    CHECK(!kiln_domain_can_open(KILN_REF_SHM, &(kiln_domain){.host = "k", .shm = "1:1"},
+                                &(kiln_domain){.host = "k", .shm = "2:1"}, host));
+    world_free(&w);
+
+    /* A producer without a data socket: only its own domain can take its
+     * outputs; with no consumer there at all, the job fails at once. */
+    world_init(&w, 8);
+    hello_in(&w, "encode-c", KILN_STAGE_ENCODE, 4, dom("boot-c", "27:1", 100, -1), host, "");
+    hello_in(&w, "denoise-b", KILN_STAGE_DENOISE, 3, dom("boot-b", "27:1", 100, -1), host, "");
+    hello_in(&w, "decode-b", KILN_STAGE_DECODE, 3, dom("boot-b", "27:1", 100, -1), host, "");
+    CHECK(submit(&w, "{\"prompt\":\"p\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "encode-c");
+    emb = shm_ref(&w, "encode-c", "/kiln-encode-1-0", 0);
+    done_with(&w, "encode-c", id, "embeds", &emb);
+    CHECK(w.n_finished == 1 && w.last_status == 503);
+    m = expect_sent(&w, KILN_MSG_FREE, "encode-c"); /* its range goes back */
+    expect_quiet(&w);
+    world_free(&w);
+
+    /* cuda_ipc: a denoiser is told to make it only when a decoder that
+     * sees its GPU shares its IPC and PID namespaces; its cuda_ipc
+     * latents never go to a CPU decoder or one in another IPC namespace. */
+    world_init(&w, 8);
+    hello_in(&w, "encode-g", KILN_STAGE_ENCODE, 4, dom("boot-g", "27:1", 100, 0), gpu, "");
+    hello_in(&w, "denoise-g", KILN_STAGE_DENOISE, 4, dom("boot-g", "27:1", 100, 1), gpu, "");
+    hello_in(&w, "decode-cpu", KILN_STAGE_DECODE, 4, dom("boot-g", "27:1", 100, -1), host, "");
+    hello_in(&w, "decode-ns", KILN_STAGE_DECODE, 4, dom("boot-g", "27:1", 200, 1), gpu, "");
+    CHECK(submit(&w, "{\"prompt\":\"p\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    m = expect_sent(&w, KILN_MSG_JOB, "encode-g");
+    CHECK(m && m->job.out_kinds == gpu); /* denoise-g sees GPU 0 in the same namespaces */
+    emb = shm_ref(&w, "encode-g", "/kiln-encode-1-0", 0);
+    done_with(&w, "encode-g", id, "embeds", &emb);
+    m = expect_sent(&w, KILN_MSG_JOB, "denoise-g");
+    CHECK(m && m->job.out_kinds == host); /* no decoder shares its IPC namespace and GPU */
+    hello_in(&w, "decode-g", KILN_STAGE_DECODE, 1, dom("boot-g", "27:1", 100, 1), gpu, "");
+    uint64_t id3;
+    CHECK(submit(&w, "{\"prompt\":\"r\",\"size\":\"64x64\"}", &id3) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "encode-g");
+    kiln_tensor_ref emb3 = shm_ref(&w, "encode-g", "/kiln-encode-1-0", 256);
+    done_with(&w, "encode-g", id3, "embeds", &emb3);
+    m = expect_sent(&w, KILN_MSG_JOB, "denoise-g");
+    CHECK(m && (m->job.out_kinds & KILN_TRANSPORT_BIT(KILN_REF_CUDA_IPC)));
+    kiln_tensor_ref lat = shm_ref(&w, "denoise-g", "/kiln-cuda-denoise-1-0-64", 0);
+    lat.kind = KILN_REF_CUDA_IPC, lat.device = 1;
+    done_with(&w, "denoise-g", id3, "latents", &lat);
+    expect_free(&w, "encode-g", &emb3); /* the inputs it did not release */
+    expect_sent(&w, KILN_MSG_JOB, "decode-g"); /* not the CPU one with more credits */
+    /* decode-g is now out of credits: the next cuda_ipc latents wait for
+     * it rather than going to a decoder that cannot open them. */
+    lat = shm_ref(&w, "denoise-g", "/kiln-cuda-denoise-1-0-64", 256);
+    lat.kind = KILN_REF_CUDA_IPC, lat.device = 1;
+    done_with(&w, "denoise-g", id, "latents", &lat);
+    expect_free(&w, "encode-g", &emb);
+    expect_quiet(&w);
+    CHECK(w.n_finished == 0);
+    r = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = 1};
+    deliver(&w, "decode-g", &r);
+    expect_sent(&w, KILN_MSG_JOB, "decode-g");
+    world_free(&w);
+}
+
 int main(void)
 {
     RUN(test_flow);
@@ -1128,5 +1264,6 @@ int main(void)
     RUN(test_hello_again);
     RUN(test_cancel_answered_or_fenced);
     RUN(test_cancel_in_live_batch);
+    RUN(test_domains);
     return test_finish();
 }

@@ -55,7 +55,8 @@ static void test_hello_ready_hb_cancel(void)
                   .hello = {.stage = KILN_STAGE_DENOISE, .replica = "denoise-box-17",
                             .model = "klein-tiny", .host = "box", .max_batch = 4,
                             .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM) |
-                                          KILN_TRANSPORT_BIT(KILN_REF_INLINE)}};
+                                          KILN_TRANSPORT_BIT(KILN_REF_INLINE),
+                            .domain = {.host = "boot-1", .gpu = -1}}};
     kiln_msg *d = roundtrip(&m);
     if (d) {
         CHECK(d->type == KILN_MSG_HELLO && d->hello.stage == KILN_STAGE_DENOISE);
@@ -432,6 +433,74 @@ static void test_model_id(void)
     CHECK(!strcmp(id, "abcd"));
 }
 
+/* Transport domains in hello, a job's fetch sources and output kinds, and
+ * the fetch message: round trips, and bad values refused on both ends. */
+static void test_domains(void)
+{
+    kiln_msg m = {.type = KILN_MSG_HELLO, .epoch = EPOCH,
+                  .hello = {.stage = KILN_STAGE_ENCODE, .replica = "encode-pod-1", .model = "m",
+                            .host = "pod", .max_batch = 2, .transports = 7,
+                            .domain = {.host = "362292c9-d106-496a", .shm = "27:1", .ipc_ns = 11,
+                                       .mnt_ns = 12, .pid_ns = 13, .n_gpus = 2, .gpu = 1,
+                                       .gpus = {"GPU-aa", "GPU-bb"}},
+                            .data = "tcp://10.0.0.7:7001",
+                            .data_key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"}};
+    kiln_msg *d = roundtrip(&m);
+    if (d) {
+        const kiln_domain *o = &d->hello.domain;
+        CHECK(!strcmp(o->host, "362292c9-d106-496a") && !strcmp(o->shm, "27:1"));
+        CHECK(o->ipc_ns == 11 && o->mnt_ns == 12 && o->pid_ns == 13);
+        CHECK(o->n_gpus == 2 && o->gpu == 1 && !strcmp(o->gpus[1], "GPU-bb"));
+        CHECK(!strcmp(d->hello.data, "tcp://10.0.0.7:7001") &&
+              !strcmp(d->hello.data_key, m.hello.data_key));
+    }
+    kiln_msg_free(d);
+    kiln_buf b = {0};
+    kiln_err err = {0};
+    kiln_msg bad = m;
+    snprintf(bad.hello.domain.host, sizeof bad.hello.domain.host, "a host");
+    CHECK(kiln_msg_encode(&bad, &b, &err) == KILN_ERR_INVALID && strstr(err.msg, "domain.host"));
+    bad = m, bad.hello.domain.host[0] = '\0';
+    CHECK(kiln_msg_encode(&bad, &b, &err) == KILN_ERR_INVALID);
+    bad = m, bad.hello.domain.gpu = 2;
+    CHECK(kiln_msg_encode(&bad, &b, &err) == KILN_ERR_INVALID && strstr(err.msg, "domain.gpu"));
+    bad = m, bad.hello.data = "ipc:///tmp/x";
+    CHECK(kiln_msg_encode(&bad, &b, &err) == KILN_ERR_INVALID);
+    bad = m, bad.hello.data = "tcp://host-without-port";
+    CHECK(kiln_msg_encode(&bad, &b, &err) == KILN_ERR_INVALID);
+    bad = m, bad.hello.data_key = "short";
+    CHECK(kiln_msg_encode(&bad, &b, &err) == KILN_ERR_INVALID);
+
+    kiln_msg *j = calloc(1, sizeof *j);
+    j->type = KILN_MSG_JOB;
+    j->epoch = EPOCH;
+    j->job.stage = KILN_STAGE_DECODE;
+    j->job.decode = (kiln_job_decode){.width = 64, .height = 64, .format = KILN_IMAGE_PNG};
+    j->job.out_kinds = KILN_TRANSPORT_BIT(KILN_REF_SHM);
+    j->job.n_src = 1;
+    snprintf(j->job.src[0].owner, sizeof j->job.src[0].owner, "denoise-pod-2");
+    j->job.src[0].endpoint = "tcp://[fd00::2]:7001";
+    j->job.src[0].key = "";
+    d = roundtrip(j);
+    CHECK(d && d->job.out_kinds == KILN_TRANSPORT_BIT(KILN_REF_SHM) && d->job.n_src == 1 &&
+          !strcmp(d->job.src[0].owner, "denoise-pod-2") &&
+          !strcmp(d->job.src[0].endpoint, "tcp://[fd00::2]:7001") && !strcmp(d->job.src[0].key, ""));
+    kiln_msg_free(d);
+    j->job.src[0].endpoint = "tcp://x y:1";
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID && strstr(err.msg, "src"));
+    j->job.src[0].endpoint = "tcp://x:1";
+    j->job.out_kinds = 1u << KILN_REF_KIND_COUNT;
+    CHECK(kiln_msg_encode(j, &b, &err) == KILN_ERR_INVALID && strstr(err.msg, "outk"));
+    free(j);
+
+    kiln_msg f = {.type = KILN_MSG_FETCH, .epoch = EPOCH, .refs = {.n = 1}};
+    f.refs.refs[0] = shm_ref("/kiln-denoise-1-0", 128, 2);
+    d = roundtrip(&f);
+    CHECK(d && d->type == KILN_MSG_FETCH && d->refs.n == 1 && d->refs.refs[0].off == 128);
+    kiln_msg_free(d);
+    kiln_buf_free(&b);
+}
+
 int main(void)
 {
     RUN(test_hello_ready_hb_cancel);
@@ -441,5 +510,6 @@ int main(void)
     RUN(test_malformed);
     RUN(test_corruption);
     RUN(test_model_id);
+    RUN(test_domains);
     return test_finish();
 }
