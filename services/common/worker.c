@@ -83,6 +83,7 @@ static void send_hello(kiln_worker *w)
         m = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = credits};
         worker_send(w, &m);
     }
+    atomic_store(&w->registered, 1);
     KILN_LOG_INFO("%s: registered with the gateway as %s epoch %016llx (%d credits)",
                   w->ops->binary, w->replica, (unsigned long long)w->epoch,
                   credits > 0 ? credits : 0);
@@ -304,6 +305,7 @@ static void *bus_main(void *arg)
             begin_stop(w);
         }
         double now = kiln_now_ms();
+        atomic_store(&w->bus_tick_ms, (long long)now);
         if (worker_halted(w) && !halted_at)
             halted_at = now;
         if (halted_at && now - halted_at > WORKER_HALT_EXIT_MS) {

@@ -44,6 +44,7 @@ typedef struct kiln_worker_opts {
      * other stages reach this replica by (NULL: its host name). */
     int data_port;
     const char *data_host;
+    int health_port; /* 0: none; else /healthz and /readyz there (worker_health.c) */
     const char *device;  /* "cpu" or "cuda" */
     int gpu;
     int max_batch;       /* rows per batch (a bigger job runs alone) */

@@ -117,6 +117,13 @@ struct kiln_worker {
     int n_conns;
     unsigned conn_serial;
     atomic_llong fetched, fetched_bytes, served, served_bytes;
+
+    /* Health port (worker_health.c). */
+    atomic_int loaded, registered; /* model loaded; hello sent on a live connection */
+    atomic_llong bus_tick_ms;      /* the bus thread's last turn */
+    int health_fd, health_started;
+    atomic_int health_stop;
+    pthread_t health_thread;
 };
 
 /* Set by the SIGINT/SIGTERM handler, polled by the bus thread. */
@@ -142,6 +149,10 @@ int worker_fault_setup(kiln_worker *w);
 void worker_progress(kiln_worker *w);
 
 kiln_status worker_start(kiln_worker *w, kiln_err *err);
+
+/* worker_health.c: the --health-port thread (nothing without one). */
+kiln_status worker_health_start(kiln_worker *w, kiln_err *err);
+void worker_health_stop(kiln_worker *w);
 
 /* worker_data.c: binds the data socket of a producer stage and starts its
  * thread (nothing for the decoder, or when --data-port is -1). */

@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -17,7 +20,8 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
 {
     fprintf(f,
             "usage: %s --model DIR --bus ENDPOINT [--bus-key FILE --bus-server-key FILE\n"
-            "  [--bus-allow FILE]] [--data-port P] [--data-host HOST] [--device cpu|cuda] [--gpu N]\n"
+            "  [--bus-allow FILE]] [--data-port P] [--data-host HOST] [--health-port P]\n"
+            "  [--device cpu|cuda] [--gpu N]\n"
             "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]\n"
             "  [--replica-id ID]%s\n"
             "Serves the %s stage of the checkpoint's pipeline to the kiln gateway at\n"
@@ -25,7 +29,9 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
             "key and --bus-server-key the gateway's public key (kiln keygen); --bus-allow\n"
             "the replicas' public keys, who may fetch this stage's outputs by value from\n"
             "its data socket (--data-port, default any free port, -1: none), which other\n"
-            "stages reach at --data-host (default: the host name).\n",
+            "stages reach at --data-host (default: the address it reaches the gateway\n"
+            "from).  --health-port serves\n"
+            "GET /healthz (loaded and not hung) and /readyz (registered) for probes.\n",
             ops->binary,
             ops->stage == KILN_STAGE_ENCODE
                 ? "\n  [--text-encoder-out-layers A,B,C] [--prompt-cache-mb N (default 256, 0: off)]"
@@ -76,7 +82,7 @@ static int replica_id_ok(const char *id)
 static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_worker_opts *o)
 {
     enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID, O_BUS_KEY,
-           O_BUS_SERVER_KEY, O_BUS_ALLOW, O_DATA_PORT, O_DATA_HOST };
+           O_BUS_SERVER_KEY, O_BUS_ALLOW, O_DATA_PORT, O_DATA_HOST, O_HEALTH_PORT };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
@@ -90,6 +96,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         {"bus-allow", required_argument, 0, O_BUS_ALLOW},
         {"data-port", required_argument, 0, O_DATA_PORT},
         {"data-host", required_argument, 0, O_DATA_HOST},
+        {"health-port", required_argument, 0, O_HEALTH_PORT},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     /* No batch window by default: an idle stage starts a job at once (a
@@ -121,6 +128,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         case O_BUS_SERVER_KEY: o->bus_server_key = optarg; break;
         case O_BUS_ALLOW: o->bus_allow = optarg; break;
         case O_DATA_PORT: bad = kiln_parse_int(optarg, -1, 65535, &o->data_port); break;
+        case O_HEALTH_PORT: bad = kiln_parse_int(optarg, 1, 65535, &o->health_port); break;
         case O_DATA_HOST:
             o->data_host = optarg;
             bad = !kiln_domain_id_valid(optarg, KILN_PROTO_ENDPOINT_MAX - 24);
@@ -252,25 +260,70 @@ static kiln_status check_shm(kiln_worker *w, kiln_err *err)
     return KILN_OK;
 }
 
+/* The address this host reaches the gateway from, which is where the
+ * gateway's other clients reach it too (the pod IP in Kubernetes, the
+ * container's on a compose network): the local end of a UDP "connection"
+ * to the bus's host, which sends nothing.  0, or -1 when the bus is not
+ * tcp:// or its host does not resolve. */
+static int address_towards_bus(const char *bus, char *out, size_t cap)
+{
+    char host[256];
+    if (strncmp(bus, "tcp://", 6) || snprintf(host, sizeof host, "%s", bus + 6) >= (int)sizeof host)
+        return -1;
+    char *colon = strrchr(host, ':');
+    if (!colon)
+        return -1;
+    *colon = '\0';
+    const char *port = colon + 1, *name = host;
+    if (host[0] == '[' && colon[-1] == ']') /* [v6] */
+        colon[-1] = '\0', name = host + 1;
+    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *ai = NULL;
+    if (getaddrinfo(name, port, &hints, &ai) || !ai)
+        return -1;
+    int rc = -1, fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage local;
+    socklen_t len = sizeof local;
+    if (fd >= 0 && !connect(fd, ai->ai_addr, ai->ai_addrlen) &&
+        !getsockname(fd, (struct sockaddr *)&local, &len)) {
+        char ip[INET6_ADDRSTRLEN];
+        const void *a = local.ss_family == AF_INET6
+                            ? (const void *)&((struct sockaddr_in6 *)&local)->sin6_addr
+                            : (const void *)&((struct sockaddr_in *)&local)->sin_addr;
+        if (inet_ntop(local.ss_family, a, ip, sizeof ip))
+            rc = snprintf(out, cap, local.ss_family == AF_INET6 ? "[%s]" : "%s", ip) < (int)cap
+                     ? 0
+                     : -1;
+    }
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(ai);
+    return rc;
+}
+
 /* Where this replica's references open (common/domain.h); its GPUs once
- * the backend runs. */
+ * the backend runs.  The host its data socket is announced at:
+ * --data-host, else the address it reaches the gateway from, else its
+ * host name. */
 static kiln_status probe_domain(kiln_worker *w, kiln_err *err)
 {
     if (kiln_domain_probe(&w->domain, err))
         return err->code;
     char host[KILN_PROTO_ENDPOINT_MAX - 24] = "";
-    if (w->opts.data_host)
+    if (w->opts.data_host) {
         snprintf(w->data_host, sizeof w->data_host, "%s", w->opts.data_host);
-    else if (!gethostname(host, sizeof host - 1) && kiln_domain_id_valid(host, (int)sizeof host))
-        snprintf(w->data_host, sizeof w->data_host, "%s", host);
-    else
-        snprintf(w->data_host, sizeof w->data_host, "localhost");
+    } else if (address_towards_bus(w->opts.bus, w->data_host, sizeof w->data_host)) {
+        int named = !gethostname(host, sizeof host - 1) && kiln_domain_id_valid(host, (int)sizeof host);
+        snprintf(w->data_host, sizeof w->data_host, "%s", named ? host : "localhost");
+    }
     return KILN_OK;
 }
 
 static kiln_status setup(kiln_worker *w, kiln_err *err)
 {
-    if (draw_epoch(w, err) || load_bus_keys(w, err) || probe_domain(w, err) || check_shm(w, err))
+    /* The health port answers from the start (503 while loading), so a
+     * startup probe tells a slow load from a dead process. */
+    if (draw_epoch(w, err) || load_bus_keys(w, err) || probe_domain(w, err) ||
+        check_shm(w, err) || worker_health_start(w, err))
         return err->code;
     char host[64] = "";
     if (gethostname(host, sizeof host - 1))
@@ -314,6 +367,7 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
     w->capacity = 2 * w->opts.max_batch;
     if (worker_data_start(w, err))
         return err->code;
+    atomic_store(&w->loaded, 1);
     KILN_LOG_INFO("%s: transport domain: host %s, /dev/shm %s, ipc ns %llu, pid ns %llu, %d GPU(s)",
                   w->ops->binary, w->domain.host, w->domain.shm[0] ? w->domain.shm : "none",
                   (unsigned long long)w->domain.ipc_ns, (unsigned long long)w->domain.pid_ns,
@@ -325,6 +379,7 @@ static void teardown(kiln_worker *w)
 {
     worker_shutdown(w);
     worker_data_stop(w);
+    worker_health_stop(w);
     kiln_bus_close(w->bus);
     if (w->state)
         w->ops->unload(w->state);
@@ -344,7 +399,7 @@ static void teardown(kiln_worker *w)
 
 int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops)
 {
-    kiln_worker w = {.ops = ops, .efd = -1};
+    kiln_worker w = {.ops = ops, .efd = -1, .health_fd = -1};
     int rc = parse_args(argc, argv, ops, &w.opts);
     if (rc)
         return rc;

@@ -14,7 +14,9 @@
  *   another machine's (the by-value path is the real one either way).
  * - a producer stage whose /dev/shm is the 64 MiB a container gets by
  *   default refuses to start (exit 78) and says what to do.
- * - KILN_DOMAIN_HOST that could not travel is refused at start. */
+ * - KILN_DOMAIN_HOST that could not travel is refused at start.
+ * - a stage's --health-port answers /healthz and /readyz (200 once loaded
+ *   and registered). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,7 @@
 #include "tests/test.h"
 
 static int port;
+static char health[16];
 static char bus[64], gw_key[256], gw_pub[256], rep_key[256], rep_pub[256];
 
 static int keygen(const char *name)
@@ -167,11 +170,18 @@ static void run_split(int namespaces)
         const char *env[] = {"KILN_DOMAIN_HOST=another-machine", NULL};
         stage_argv(argv, "services/kiln-denoiser");
         den = svc_spawn(argv, env, svc_tmp("denoiser.log"));
-        stage_argv(argv, "services/kiln-decoder");
+        int n = stage_argv(argv, "services/kiln-decoder");
+        snprintf(health, sizeof health, "%d", svc_free_port());
+        argv[n++] = "--health-port", argv[n++] = health, argv[n] = NULL;
         dec = svc_spawn(argv, env, svc_tmp("decoder.log"));
     }
     CHECK(svc_wait_ready(port, 60000) == 0);
     check_images(namespaces ? "ns" : "env");
+    if (!namespaces) { /* the stage's probes */
+        int hp = atoi(health);
+        CHECK(svc_get_status(hp, "/healthz") == 200 && svc_get_status(hp, "/readyz") == 200);
+        CHECK(svc_get_status(hp, "/metrics") == 404);
+    }
 
     /* nsenter execs the decoder; unshare ignores SIGTERM while it waits
      * for its child, so the denoiser itself is told, and unshare ends

@@ -1,0 +1,113 @@
+/* The health port of a stage worker (--health-port): what a container
+ * runtime or Kubernetes probes, since a stage has no HTTP API of its own.
+ * GET /healthz is 200 once the model is loaded while the bus thread keeps
+ * running (it heartbeats every 250 ms; 10 s without a turn is a hung
+ * process), else 503; GET /readyz is 200 when, besides, the replica is
+ * registered with the gateway, not halted and not shutting down.  One thread, one
+ * connection at a time, answers within a second or drops it. */
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "worker_impl.h"
+
+#define STUCK_MS 10000.0
+
+static void answer(kiln_worker *w, int fd)
+{
+    char req[512];
+    size_t n = 0;
+    double until = kiln_now_ms() + 1000;
+    while (n < sizeof req - 1 && !memchr(req, '\n', n) && kiln_now_ms() < until) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t r = read(fd, req + n, sizeof req - 1 - n);
+        if (r <= 0)
+            return;
+        n += (size_t)r;
+    }
+    req[n] = '\0';
+    int live = atomic_load(&w->loaded) &&
+               kiln_now_ms() - (double)atomic_load(&w->bus_tick_ms) < STUCK_MS;
+    /* A halted incarnation (fenced, or its device lost) takes no work
+     * and exits to be restarted. */
+    int ready = live && atomic_load(&w->registered) && !atomic_load(&w->stop) &&
+                !worker_halted(w);
+    int ok, known = 1;
+    if (!strncmp(req, "GET /healthz ", 13) || !strncmp(req, "HEAD /healthz ", 14))
+        ok = live;
+    else if (!strncmp(req, "GET /readyz ", 12) || !strncmp(req, "HEAD /readyz ", 13))
+        ok = ready;
+    else
+        ok = 0, known = 0;
+    char out[256];
+    const char *body = !known ? "{\"error\":\"not found\"}\n"
+                       : ok   ? "{\"status\":\"ok\"}\n"
+                              : live ? "{\"status\":\"not_ready\"}\n" : "{\"status\":\"down\"}\n";
+    int len = snprintf(out, sizeof out,
+                       "HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                       "Connection: close\r\n\r\n%s",
+                       !known ? "404 Not Found" : ok ? "200 OK" : "503 Service Unavailable",
+                       strlen(body), body);
+    if (write(fd, out, (size_t)len) != len)
+        KILN_LOG_DEBUG("%s: health probe went away", w->ops->binary);
+}
+
+static void *health_main(void *arg)
+{
+    kiln_worker *w = arg;
+    while (!atomic_load(&w->health_stop)) {
+        struct pollfd p = {.fd = w->health_fd, .events = POLLIN};
+        if (poll(&p, 1, 200) <= 0)
+            continue;
+        int fd = accept(w->health_fd, NULL, NULL);
+        if (fd < 0)
+            continue;
+        answer(w, fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+kiln_status worker_health_start(kiln_worker *w, kiln_err *err)
+{
+    if (w->opts.health_port <= 0)
+        return KILN_OK;
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int off = 0, on = 1;
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)w->opts.health_port),
+                             .sin6_addr = in6addr_any};
+    if (fd < 0 || setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) ||
+        bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 16)) {
+        kiln_err_set(err, KILN_ERR_IO, "--health-port %d: %s", w->opts.health_port,
+                     strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return err->code;
+    }
+    w->health_fd = fd;
+    if (pthread_create(&w->health_thread, NULL, health_main, w)) {
+        close(fd);
+        w->health_fd = -1;
+        return kiln_err_set(err, KILN_ERR_NOMEM, "cannot start the health thread");
+    }
+    w->health_started = 1;
+    return KILN_OK;
+}
+
+void worker_health_stop(kiln_worker *w)
+{
+    if (!w->health_started)
+        return;
+    atomic_store(&w->health_stop, 1);
+    pthread_join(w->health_thread, NULL);
+    close(w->health_fd);
+    w->health_started = 0;
+}
