@@ -36,8 +36,10 @@ static void usage(FILE *f)
 }
 
 /* The tokenizer copy kiln ships: the data/ folder of the source tree the
- * binary was built from, else ../../data next to the executable (a build
- * tree moved to another machine, e.g. the GPU host). */
+ * binary was built from; else, next to the executable, ../share/kiln (an
+ * installation: `meson install`, the container images) or ../../data (a
+ * build tree moved to another machine, e.g. the GPU host).  The first
+ * that exists; the source tree's when none does (the error names it). */
 static void default_tokenizer_dir(char *buf, size_t len)
 {
     snprintf(buf, len, "%s/qwen3-tokenizer", KILN_DATA_DIR);
@@ -51,8 +53,16 @@ static void default_tokenizer_dir(char *buf, size_t len)
     char *slash = strrchr(exe, '/');
     if (slash)
         *slash = '\0';
-    if (snprintf(buf, len, "%s/../../data/qwen3-tokenizer", exe) >= (int)len)
-        buf[0] = '\0';
+    static const char *const rel[] = {"../share/kiln/qwen3-tokenizer", "../../data/qwen3-tokenizer"};
+    char try[PATH_MAX + 64];
+    for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+        if (snprintf(try, sizeof try, "%s/%s", exe, rel[i]) >= (int)sizeof try)
+            continue;
+        if (access(try, R_OK) == 0 && strlen(try) < len) {
+            snprintf(buf, len, "%s", try);
+            return;
+        }
+    }
 }
 
 static kiln_status make_dir(const char *path, kiln_err *err)

@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# The container end-to-end test (docs/OPERATIONS.md, "Container test"):
+#  1. a Debian bookworm base image made with debootstrap (no registry);
+#  2. the CPU images of deploy/Dockerfile built with Podman;
+#  3. a tiny checkpoint made with the image's `kiln make-checkpoint`, bus keys
+#     with its `kiln keygen`;
+#  4. the compose stack (deploy/compose.yaml) up with podman-compose;
+#  5. requests whose images must be the bytes of the image's `kiln generate`
+#     for the same request: at start, after restarting the denoiser, after
+#     killing the decoder (restart policy), with the denoiser scaled to 2,
+#     and with a second denoiser + decoder in a pod of their own (own IPC
+#     namespace and /dev/shm) while the compose ones are stopped;
+#  6. tear-down.
+# Needs root; installs podman, podman-compose, debootstrap and runc with
+# apt-get when they are missing.  Work files go to $KILN_CT_DIR (default
+# /var/tmp/kiln-ct; the base image and build cache are reused from there).
+# Ends with "N passed, N failed".
+set -uo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+work=${KILN_CT_DIR:-/var/tmp/kiln-ct}
+port=${KILN_CT_PORT:-18480}
+project=kiln
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok   $*"; }
+bad() { failed=$((failed + 1)); echo "FAIL $*"; }
+finish() {
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+  exit
+}
+die() {
+  bad "$*"
+  finish
+}
+
+[ "$(id -u)" -eq 0 ] || die "deploy/test.sh needs root (rootful Podman, debootstrap)"
+need=()
+for tool in podman podman-compose debootstrap runc; do
+  command -v "$tool" >/dev/null || need+=("$tool")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends podman podman-compose \
+    debootstrap runc uidmap slirp4netns fuse-overlayfs containernetworking-plugins iptables \
+    >/dev/null || die "cannot install ${need[*]}"
+fi
+mkdir -p "$work"
+
+# Podman on these machines: runc (crun is not installed), cgroupfs, and
+# ulimits within the session's own hard limits (the defaults exceed them).
+nofile=$(ulimit -Hn)
+[ "$nofile" = unlimited ] && nofile=1048576
+cat >"$work/containers.conf" <<EOF
+[containers]
+default_ulimits = ["nofile=$nofile:$nofile", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+export CONTAINERS_CONF=$work/containers.conf
+ulimits=(--ulimit "nofile=$nofile:$nofile" --ulimit nproc=4096:4096)
+
+# ---- 1. the base image ----
+base=localhost/kiln-base:bookworm
+if ! podman image exists "$base"; then
+  rm -rf "$work/rootfs"
+  debootstrap --variant=minbase bookworm "$work/rootfs" http://deb.debian.org/debian \
+    >"$work/debootstrap.log" 2>&1 || die "debootstrap (see $work/debootstrap.log)"
+  tar -C "$work/rootfs" -c . | podman import - "$base" >/dev/null || die "podman import"
+  rm -rf "$work/rootfs"
+fi
+ok "base image $base"
+
+# ---- 2. the images ----
+t0=$(date +%s)
+for target in gateway encoder denoiser decoder kiln; do
+  name=localhost/kiln-$target:latest
+  [ "$target" = kiln ] && name=localhost/kiln:latest
+  podman build --format docker "${ulimits[@]}" -f "$src/deploy/Dockerfile" --target "$target" \
+    --build-arg BASE="$base" --build-arg RUNTIME_BASE="$base" -t "$name" "$src" \
+    >"$work/build-$target.log" 2>&1 || die "podman build --target $target (see $work/build-$target.log)"
+done
+ok "images built in $(($(date +%s) - t0)) s"
+user=$(podman image inspect localhost/kiln-denoiser:latest --format '{{.Config.User}}')
+[ "$user" = 10001:10001 ] && ok "images run as $user" || bad "images run as '$user'"
+
+# ---- 3. checkpoint and keys, made by the image ----
+rm -rf "$work/model" "$work/keys" "$work/out"
+mkdir -p "$work/model" "$work/keys" "$work/out"
+chmod 0777 "$work/model" "$work/keys" "$work/out"
+kiln() { podman run --rm "${ulimits[@]}" --read-only -v "$work/model:/models:ro" \
+  -v "$work/out:/out" localhost/kiln:latest "$@"; }
+podman run --rm "${ulimits[@]}" --read-only -v "$work/model:/models" localhost/kiln:latest \
+  make-checkpoint --preset tiny --out /models/klein >"$work/make-checkpoint.log" 2>&1 &&
+  [ -f "$work/model/klein/tokenizer/vocab.json" ] &&
+  ok "kiln make-checkpoint in the image (tokenizer found)" ||
+  die "kiln make-checkpoint in the image (see $work/make-checkpoint.log)"
+for k in gateway replica; do
+  podman run --rm "${ulimits[@]}" --read-only -v "$work/keys:/keys" localhost/kiln:latest \
+    keygen --out "/keys/$k" >/dev/null || die "kiln keygen $k"
+done
+cp "$work/keys/replica.pub" "$work/keys/replicas.allow"
+ok "bus keys"
+
+# ---- 4. the compose stack ----
+cat >"$work/compose.test.yaml" <<'EOF'
+# The tiny checkpoint has 4 text encoder layers; small images for speed.
+services:
+  gateway:
+    command: ["--model", "/models/klein", "--host", "0.0.0.0", "--port", "8000",
+              "--bus", "tcp://0.0.0.0:8001", "--bus-key", "/keys/gateway.key",
+              "--bus-allow", "/keys/replicas.allow", "--admin-port", "9090",
+              "--min-size", "64", "--drain-s", "10"]
+  encoder:
+    command: ["--model", "/models/klein", "--bus", "tcp://gateway:8001",
+              "--bus-key", "/keys/replica.key", "--bus-server-key", "/keys/gateway.pub",
+              "--bus-allow", "/keys/replicas.allow", "--data-port", "7001",
+              "--health-port", "9091", "--text-encoder-out-layers", "1,2,3"]
+EOF
+compose() {
+  KILN_MODEL=$work/model/klein KILN_KEYS=$work/keys KILN_PORT=$port \
+    podman-compose -p "$project" -f "$src/deploy/compose.yaml" -f "$work/compose.test.yaml" "$@"
+}
+cleanup() {
+  podman pod rm -f kiln-pod2 >/dev/null 2>&1
+  compose down -v >/dev/null 2>&1
+}
+cleanup
+compose up -d >"$work/compose-up.log" 2>&1 || die "podman-compose up (see $work/compose-up.log)"
+trap cleanup EXIT
+
+ready() { # waits up to $1 s for /readyz
+  local until=$(($(date +%s) + $1))
+  while [ "$(date +%s)" -lt "$until" ]; do
+    curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  return 1
+}
+ready 300 && ok "compose stack ready" || { podman ps -a; die "compose stack not ready"; }
+
+# ---- 5. requests against the CLI's bytes ----
+# check TAG SEED N: one request; every image must be `kiln generate`'s bytes
+# for the same request (the image's own CLI: the same compiled code).
+compare_py='
+import base64, json, sys
+out, seed, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+r = json.load(sys.stdin)
+imgs = [base64.b64decode(d["b64_json"]) for d in r["data"]]
+assert len(imgs) == n, f"{len(imgs)} images"
+for i, img in enumerate(imgs):
+    ref = f"{out}/cli-{seed}-{n}.png" if n == 1 else f"{out}/cli-{seed}-{n}-{i}.png"
+    assert open(ref, "rb").read() == img, f"image {i} differs from {ref}"
+'
+check() {
+  local tag=$1 seed=$2 n=$3
+  local body
+  body=$(curl -sS -m 300 "http://127.0.0.1:$port/v1/images/generations" \
+    -d "{\"prompt\":\"a red kiln\",\"size\":\"64x64\",\"seed\":$seed,\"n\":$n,\"num_inference_steps\":2}") ||
+    { bad "$tag: request failed"; return; }
+  if [ ! -f "$work/out/cli-$seed-$n.png" ] && [ ! -f "$work/out/cli-$seed-$n-0.png" ]; then
+    kiln generate --model /models/klein --text-encoder-out-layers 1,2,3 --prompt "a red kiln" \
+      --seed "$seed" -n "$n" --width 64 --height 64 --steps 2 --out "/out/cli-$seed-$n.png" \
+      >>"$work/cli.log" 2>&1 || { bad "$tag: kiln generate"; return; }
+  fi
+  if python3 -c "$compare_py" "$work/out" "$seed" "$n" <<<"$body" 2>"$work/compare.err"; then
+    ok "$tag: $n image(s) = kiln generate's bytes"
+  else
+    bad "$tag: $(cat "$work/compare.err" | tail -1) (response: ${body:0:200})"
+  fi
+}
+
+check "compose" 1 1
+check "compose" 2 2
+
+c() { echo "${project}_$1_1"; }
+podman restart "$(c denoiser)" >/dev/null && ready 120 && check "denoiser restarted" 3 1 ||
+  bad "denoiser restart"
+podman kill --signal KILL "$(c decoder)" >/dev/null
+sleep 2
+until_=$(($(date +%s) + 120))
+while [ "$(podman inspect -f '{{.State.Running}}' "$(c decoder)")" != true ] &&
+  [ "$(date +%s)" -lt "$until_" ]; do sleep 1; done
+if [ "$(podman inspect -f '{{.State.Running}}' "$(c decoder)")" = true ]; then
+  ok "killed decoder restarted by its restart policy"
+else
+  bad "killed decoder not restarted by the restart policy; starting it"
+  podman start "$(c decoder)" >/dev/null
+fi
+ready 120 && check "after a killed decoder" 4 2 || bad "not ready after the decoder kill"
+
+compose up -d --scale denoiser=2 >"$work/compose-scale.log" 2>&1
+sleep 5
+n_den=$(podman ps --filter "name=${project}_denoiser" --format '{{.Names}}' | wc -l)
+[ "$n_den" -ge 2 ] && ok "denoiser scaled to $n_den" || bad "denoiser not scaled ($n_den running)"
+for s in 5 6 7 8; do check "2 denoisers" "$s" 1; done
+
+# A second "stage pod": its own IPC namespace and /dev/shm (a Podman pod
+# shares one among its containers), on the compose network; the compose
+# denoisers and decoder stop, so all work goes through the pod.
+net=$(podman network ls --format '{{.Name}}' | grep "^${project}" | head -1)
+podman pod create --name kiln-pod2 --network "$net" --shm-size 512m >/dev/null ||
+  bad "podman pod create"
+for st in denoiser decoder; do
+  podman run -d --pod kiln-pod2 --name "kiln-pod2-$st" "${ulimits[@]}" --read-only \
+    --tmpfs /tmp --cap-drop ALL -v "$work/model/klein:/models/klein:ro" -v "$work/keys:/keys:ro" \
+    "localhost/kiln-$st:latest" --model /models/klein --bus tcp://gateway:8001 \
+    --bus-key /keys/replica.key --bus-server-key /keys/gateway.pub \
+    --bus-allow /keys/replicas.allow --data-port 7002 >/dev/null || bad "pod2 $st"
+done
+sleep 5
+podman stop -t 20 $(podman ps --filter "name=${project}_denoiser" --format '{{.Names}}') \
+  "$(c decoder)" >/dev/null
+ipc_pod=$(podman exec kiln-pod2-denoiser readlink /proc/1/ns/ipc 2>/dev/null)
+ipc_enc=$(podman exec "$(c encoder)" readlink /proc/1/ns/ipc 2>/dev/null)
+[ -n "$ipc_pod" ] && [ "$ipc_pod" != "$ipc_enc" ] &&
+  ok "pod2 has its own IPC namespace ($ipc_pod vs $ipc_enc)" || bad "pod2 IPC namespace"
+ready 120 && for s in 9 10; do check "pod2 stages" "$s" 2; done
+podman stop -t 20 kiln-pod2-denoiser >/dev/null
+fetched=$(podman logs kiln-pod2-denoiser 2>&1 | sed -n 's/.*by value: \([0-9]*\) input(s) fetched.*/\1/p' | tail -1)
+[ "${fetched:-0}" -ge 2 ] && ok "pod2 denoiser fetched $fetched inputs by value" ||
+  bad "pod2 denoiser fetched '${fetched:-none}' inputs by value"
+slabs=$(podman exec "$(c encoder)" sh -c 'ls /dev/shm | wc -l' 2>/dev/null)
+echo "     (slabs left in the shared /dev/shm with only the encoder running: ${slabs:-?})"
+
+echo "logs: podman logs ${project}_<service>_1; work files in $work"
+finish

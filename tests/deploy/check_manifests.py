@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Rules the schemas cannot see, over deploy/k8s/*.yaml and deploy/compose*.yaml:
+every kiln container runs non-root on a read-only root file system without
+privileges, with requests and limits and startup, liveness and readiness
+probes on ports it declares; containers of one pod (which share its network)
+use distinct ports; stages reach the gateway through the bus Service that
+readiness does not gate; the gateway's grace period outlasts its drain; the
+compose stages share a /dev/shm volume and have health checks and a restart
+policy.  Prints each broken rule and exits 1 when there is one."""
+import glob
+import os
+import sys
+
+import yaml
+
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy")
+problems = []
+
+
+def bad(where, what):
+    problems.append(f"{where}: {what}")
+
+
+def arg_after(args, flag):
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def check_pod(where, spec):
+    sc = spec.get("securityContext", {})
+    if not sc.get("runAsNonRoot"):
+        bad(where, "pod securityContext.runAsNonRoot is not true")
+    if spec.get("automountServiceAccountToken") is not False:
+        bad(where, "automountServiceAccountToken is not false")
+    seen_ports = {}
+    for c in spec.get("containers", []):
+        cw = f"{where}/{c['name']}"
+        csc = c.get("securityContext", {})
+        if not csc.get("readOnlyRootFilesystem"):
+            bad(cw, "readOnlyRootFilesystem is not true")
+        if csc.get("allowPrivilegeEscalation") is not False:
+            bad(cw, "allowPrivilegeEscalation is not false")
+        if "ALL" not in csc.get("capabilities", {}).get("drop", []):
+            bad(cw, "capabilities are not all dropped")
+        res = c.get("resources", {})
+        for kind in ("requests", "limits"):
+            for r in ("cpu", "memory"):
+                if r not in res.get(kind, {}):
+                    bad(cw, f"no {kind}.{r}")
+        ports = {}
+        for p in c.get("ports", []):
+            if p["containerPort"] in seen_ports:
+                bad(cw, f"port {p['containerPort']} also used by {seen_ports[p['containerPort']]}"
+                        " (containers of a pod share its network)")
+            seen_ports[p["containerPort"]] = c["name"]
+            ports[p["containerPort"]] = p
+            if "name" in p:
+                ports[p["name"]] = p
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            pr = c.get(probe)
+            if not pr:
+                bad(cw, f"no {probe}")
+                continue
+            port = pr.get("httpGet", {}).get("port")
+            if port not in ports:
+                bad(cw, f"{probe} probes port {port}, which the container does not declare")
+        args = c.get("args", [])
+        for flag, port in (("--health-port", None), ("--data-port", None)):
+            v = arg_after(args, flag)
+            if v is not None and int(v) not in ports:
+                bad(cw, f"{flag} {v} is not a declared container port")
+        bus = arg_after(args, "--bus")
+        if bus and not bus.startswith("tcp://0.0.0.0") and "kiln-bus" not in bus:
+            bad(cw, f"connects to the bus at {bus}, not through the kiln-bus Service")
+        if c["name"] == "gateway":
+            drain = float(arg_after(args, "--drain-s") or 30)
+            if spec.get("terminationGracePeriodSeconds", 30) <= drain:
+                bad(cw, "terminationGracePeriodSeconds does not outlast --drain-s")
+
+
+def check_k8s():
+    docs = []
+    for path in sorted(glob.glob(os.path.join(root, "k8s", "*.yaml"))):
+        with open(path) as f:
+            docs += [(os.path.basename(path), d) for d in yaml.safe_load_all(f) if d]
+    services = {}
+    for name, d in docs:
+        where = f"{name} {d['kind']}/{d['metadata']['name']}"
+        if d["kind"] == "Deployment":
+            check_pod(where, d["spec"]["template"]["spec"])
+        if d["kind"] == "Service":
+            services[d["metadata"]["name"]] = d
+    bus = services.get("kiln-bus")
+    if not bus or not bus["spec"].get("publishNotReadyAddresses"):
+        bad("k8s", "the kiln-bus Service must publish not-ready addresses (readiness must not "
+                   "gate the stages' way to the gateway)")
+
+
+def check_compose():
+    with open(os.path.join(root, "compose.yaml")) as f:
+        c = yaml.safe_load(f)
+    for name, s in c["services"].items():
+        where = f"compose.yaml {name}"
+        for key in ("restart", "healthcheck", "read_only"):
+            if key not in s:
+                bad(where, f"no {key}")
+        if "ALL" not in s.get("cap_drop", []):
+            bad(where, "cap_drop is not ALL")
+        if name != "gateway" and not any(str(v).endswith(":/dev/shm") for v in s.get("volumes", [])):
+            bad(where, "no shared /dev/shm volume")
+        if s.get("ipc") == "host" or s.get("pid") == "host":
+            bad(where, "joins the host's IPC or PID namespace (only compose.cuda.yaml may)")
+
+
+check_k8s()
+check_compose()
+for p in problems:
+    print(p)
+print(f"{len(problems)} problem(s)")
+sys.exit(1 if problems else 0)
