@@ -127,6 +127,8 @@ compose() {
 cleanup() {
   podman pod rm -f kiln-pod2 >/dev/null 2>&1
   compose down -v >/dev/null 2>&1
+  podman rm -f "${project}_denoiser_2" >/dev/null 2>&1
+  podman volume rm -f "${project}_kiln-shm" >/dev/null 2>&1
 }
 cleanup
 # podman-compose 1.0 creates volumes without their driver_opts, which would

@@ -75,23 +75,47 @@ static void *health_main(void *arg)
     return NULL;
 }
 
+/* A listening socket on every address: IPv6 with v4-mapped addresses
+ * where the kernel has IPv6, else IPv4 alone (clusters that disable it). */
+static int listen_any(int port)
+{
+    int on = 1, off = 0;
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port),
+                                 .sin6_addr = in6addr_any};
+        if (!setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) &&
+            !setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) &&
+            !bind(fd, (struct sockaddr *)&a, sizeof a) && !listen(fd, 16))
+            return fd;
+        int e = errno;
+        close(fd);
+        if (e != EAFNOSUPPORT && e != EADDRNOTAVAIL) {
+            errno = e;
+            return -1;
+        }
+    }
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr = {htonl(INADDR_ANY)}};
+    if (fd >= 0 && !setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) &&
+        !bind(fd, (struct sockaddr *)&a4, sizeof a4) && !listen(fd, 16))
+        return fd;
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    errno = e;
+    return -1;
+}
+
 kiln_status worker_health_start(kiln_worker *w, kiln_err *err)
 {
     if (w->opts.health_port <= 0)
         return KILN_OK;
-    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int off = 0, on = 1;
-    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)w->opts.health_port),
-                             .sin6_addr = in6addr_any};
-    if (fd < 0 || setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) ||
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) ||
-        bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 16)) {
-        kiln_err_set(err, KILN_ERR_IO, "--health-port %d: %s", w->opts.health_port,
-                     strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return err->code;
-    }
+    int fd = listen_any(w->opts.health_port);
+    if (fd < 0)
+        return kiln_err_set(err, KILN_ERR_IO, "--health-port %d: %s", w->opts.health_port,
+                            strerror(errno));
     w->health_fd = fd;
     if (pthread_create(&w->health_thread, NULL, health_main, w)) {
         close(fd);
