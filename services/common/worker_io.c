@@ -65,32 +65,23 @@ static kiln_status open_input(kiln_worker *w, kiln_worker_job *j, const char *na
         return required ? kiln_err_set(err, KILN_ERR_INVALID, "input %s missing", name) : KILN_OK;
     const kiln_fetch_src *src = ref->kind != KILN_REF_INLINE ? fetch_src(&j->msg->job, ref->owner)
                                                               : NULL;
-    if (src) {
-        if (j->n_in == KILN_PROTO_MAX_TENSORS)
-            return kiln_err_set(err, KILN_ERR_INTERNAL, "input %s opened too often", name);
-        void *bytes;
-        if (worker_data_fetch(w, j, src, ref, &bytes, err))
-            return kiln_err_wrap(err, "input %s", name);
-        job_input *in = &j->in[j->n_in++];
-        memset(in, 0, sizeof *in);
-        in->ref = *ref;
-        in->fetched = bytes;
-        *data = bytes;
-        *out = in;
-        return KILN_OK;
-    }
-    kiln_transport *tx = transport_for(w, ref->kind);
-    if (!tx)
+    kiln_transport *tx = src ? NULL : transport_for(w, ref->kind);
+    if (!src && !tx)
         return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "input %s: %s references are not supported "
                             "by this replica", name, kiln_ref_kind_name(ref->kind));
     if (j->n_in == KILN_PROTO_MAX_TENSORS)
         return kiln_err_set(err, KILN_ERR_INTERNAL, "input %s opened too often", name);
-    if (kiln_transport_open(tx, ref, data, err))
+    void *fetched = NULL;
+    if (src ? worker_data_fetch(w, j, src, ref, &fetched, err)
+            : kiln_transport_open(tx, ref, data, err))
         return kiln_err_wrap(err, "input %s", name);
     job_input *in = &j->in[j->n_in++];
     memset(in, 0, sizeof *in);
     in->ref = *ref;
     in->tx = tx;
+    in->fetched = fetched;
+    if (fetched)
+        *data = fetched;
     *out = in;
     return KILN_OK;
 }

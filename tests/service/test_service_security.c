@@ -30,6 +30,8 @@
 #define REQ "{\"prompt\":\"a locked door\",\"size\":\"64x64\",\"seed\":5,\"num_inference_steps\":1}"
 
 static int port, admin_port;
+/* <tmp>/gw.key, gw.pub, rep.key, rep.pub, rogue.key */
+static char gw_key[256], gw_pub[256], rep_key[256], rep_pub[256], rogue_key[256];
 
 /* `kiln keygen --out <tmp>/name`; 0 or -1. */
 static int keygen(const char *name)
@@ -110,12 +112,6 @@ static void test_keys_and_api_key(void)
     snprintf(p, sizeof p, "%d", port);
     snprintf(ap, sizeof ap, "%d", admin_port);
     snprintf(bus, sizeof bus, "tcp://127.0.0.1:%d", port + 1);
-    char gw_key[256], gw_pub[256], rep_key[256], rep_pub[256], rogue_key[256];
-    snprintf(gw_key, sizeof gw_key, "%s", svc_tmp("gw.key"));
-    snprintf(gw_pub, sizeof gw_pub, "%s", svc_tmp("gw.pub"));
-    snprintf(rep_key, sizeof rep_key, "%s", svc_tmp("rep.key"));
-    snprintf(rep_pub, sizeof rep_pub, "%s", svc_tmp("rep.pub"));
-    snprintf(rogue_key, sizeof rogue_key, "%s", svc_tmp("rogue.key"));
     const char *gw_argv[] = {svc_exe("services/gateway/kiln-gateway"), "--model", svc.model,
                              "--host", "127.0.0.1", "--port", p, "--min-size", "64", "--bus",
                              bus, "--bus-key", gw_key, "--bus-allow", rep_pub,
@@ -236,10 +232,7 @@ static void test_bad_config(void)
 {
     const char *gw = svc_exe("services/gateway/kiln-gateway");
     const char *den = svc_exe("services/kiln-denoiser");
-    char gw_key[256], gw_pub[256], rep_pub[256], bad[256], api[256];
-    snprintf(gw_key, sizeof gw_key, "%s", svc_tmp("gw.key"));
-    snprintf(gw_pub, sizeof gw_pub, "%s", svc_tmp("gw.pub"));
-    snprintf(rep_pub, sizeof rep_pub, "%s", svc_tmp("rep.pub"));
+    char bad[256], api[256];
     snprintf(bad, sizeof bad, "%s", svc_tmp("bad.key"));
     snprintf(api, sizeof api, "%s", svc_tmp("short-api-keys"));
     CHECK(svc_write_file(bad, "not a key\n", 10) == 0);
@@ -293,6 +286,11 @@ int main(void)
 {
     if (svc_init("security"))
         return 1;
+    snprintf(gw_key, sizeof gw_key, "%s", svc_tmp("gw.key"));
+    snprintf(gw_pub, sizeof gw_pub, "%s", svc_tmp("gw.pub"));
+    snprintf(rep_key, sizeof rep_key, "%s", svc_tmp("rep.key"));
+    snprintf(rep_pub, sizeof rep_pub, "%s", svc_tmp("rep.pub"));
+    snprintf(rogue_key, sizeof rogue_key, "%s", svc_tmp("rogue.key"));
     RUN(test_keys_and_api_key);
     RUN(test_serve_keys);
     RUN(test_bad_config);
