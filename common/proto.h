@@ -38,7 +38,7 @@
 #include "image.h"
 #include "tensor.h"
 
-#define KILN_PROTO_VERSION 2
+#define KILN_PROTO_VERSION 3
 
 #define KILN_PROTO_MAX_FRAME (512u << 20) /* bytes in one message */
 #define KILN_PROTO_ID_MAX 128             /* replica ids, host and model names, with the NUL */
@@ -299,9 +299,15 @@ typedef struct kiln_msg {
         kiln_msg_refs refs; /* release, free and fetch */
         kiln_msg_job job;
         uint64_t cancel_job; /* cancel */
-        /* hb: the replica's progress counter (denoising steps, batches and
-         * jobs finished so far); it moves while the backend works. */
-        uint64_t progress;
+        struct { /* hb */
+            /* the replica's progress counter (denoising steps, batches and
+             * jobs finished so far); it moves while the backend works */
+            uint64_t progress;
+            /* bytes of shared memory a producer needs and /dev/shm has no
+             * room for (kiln_transport_stats.short_bytes while still so);
+             * 0: none.  Such a replica takes no work until there is. */
+            uint64_t shm_short;
+        };
         kiln_msg_gone gone;
         /* bye: why this incarnation stops now (its device is lost); its
          * jobs will not be answered.  For logs, never for clients. */

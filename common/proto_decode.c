@@ -534,7 +534,11 @@ static kiln_status extract(dec *d, const msgpack_object *o, kiln_msg *m)
     switch (m->type) {
     case KILN_MSG_HELLO: return hello(d, o, &m->hello);
     case KILN_MSG_READY: return get_int(d, o, "credits", &m->ready.credits);
-    case KILN_MSG_HB: return get_u64(d, o, "progress", &m->progress);
+    case KILN_MSG_HB:
+        return get_u64(d, o, "progress", &m->progress) ||
+                       get_u64(d, o, "shm_short", &m->shm_short)
+                   ? KILN_ERR_INVALID
+                   : KILN_OK;
     case KILN_MSG_DONE: return done(d, o, &m->done);
     case KILN_MSG_RELEASE:
     case KILN_MSG_FREE:

@@ -253,8 +253,9 @@ kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err)
         kv_int(&pk, "credits", m->ready.credits);
         break;
     case KILN_MSG_HB:
-        head(&pk, m, 1);
+        head(&pk, m, 2);
         kv_u64(&pk, "progress", m->progress);
+        kv_u64(&pk, "shm_short", m->shm_short);
         break;
     case KILN_MSG_FENCED:
         head(&pk, m, 0);

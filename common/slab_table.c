@@ -37,6 +37,7 @@ typedef struct kiln_slab_table {
     uint64_t next_gen; /* the last generation handed out */
     int refused;       /* frees refused */
     int lost;          /* slabs retired by kind->alive */
+    size_t short_bytes; /* the last slab kind->make had no memory for; 0 once one was made */
     char stage[STAGE_MAX];
     int device;
     size_t slab_bytes, max_bytes, total;
@@ -138,10 +139,13 @@ static kiln_status new_slab(kiln_slab_table *tab, size_t size, pool_slab **out, 
     p->s.fd = -1;
     kiln_status st = tab->kind->make(&p->s, tab->stage, tab->epoch, tab->device, err);
     if (st) {
+        if (st == KILN_ERR_NOMEM)
+            tab->short_bytes = size;
         kiln_slab_ranges_release(&p->ranges);
         free(p);
         return st;
     }
+    tab->short_bytes = 0;
     tab->slabs[tab->n_slabs++] = p;
     tab->total += size;
     *out = p;
@@ -427,6 +431,7 @@ static void table_stats(kiln_transport *t, kiln_transport_stats *st)
     st->open = tab->open;
     st->refused = tab->refused;
     st->lost = tab->lost;
+    st->short_bytes = tab->short_bytes;
     pthread_mutex_unlock(&tab->mu);
 }
 

@@ -59,6 +59,10 @@ typedef struct kiln_transport_stats {
     int open;          /* consumer: references opened and not closed */
     int refused;       /* producer: frees refused (not a live range of ours) */
     int lost;          /* producer: slabs retired because consumers could no longer open them */
+    /* producer: the size of the last slab it could not make for want of
+     * memory (shm: no room left in /dev/shm; cuda_ipc: device memory), 0
+     * once it made one since */
+    size_t short_bytes;
 } kiln_transport_stats;
 
 typedef struct kiln_transport_ops {

@@ -22,6 +22,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -87,12 +88,27 @@ static kiln_status shm_make(kiln_slab *s, const char *stage, uint64_t epoch, int
         rc ? MAP_FAILED : mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
     if (!rc && base == MAP_FAILED)
         rc = errno;
+    if (rc == ENOSPC) {
+        /* What the operator must act on, said as such (issue 13: a small
+         * /dev/shm used to fail every request with a bare ENOSPC). */
+        struct statvfs v;
+        unsigned long long avail = 0, total = 0;
+        if (!fstatvfs(s->fd, &v))
+            avail = (unsigned long long)v.f_bavail * v.f_frsize >> 20,
+            total = (unsigned long long)v.f_blocks * v.f_frsize >> 20;
+        shm_unlink(s->name);
+        close(s->fd);
+        s->fd = -1;
+        return kiln_err_set(err, KILN_ERR_NOMEM,
+                            SHM_DIR " is full: no room for a slab of %.1f MiB (%llu MiB free of "
+                            "%llu MiB); give the stages a bigger " SHM_DIR,
+                            (double)s->size / (1 << 20), avail, total);
+    }
     if (rc) {
         shm_unlink(s->name);
         close(s->fd);
         s->fd = -1;
-        return kiln_err_set(err, rc == ENOSPC ? KILN_ERR_NOMEM : KILN_ERR_IO,
-                            "shm slab of %zu bytes: %s", s->size, strerror(rc));
+        return kiln_err_set(err, KILN_ERR_IO, "shm slab of %zu bytes: %s", s->size, strerror(rc));
     }
     s->base = base;
     return KILN_OK;

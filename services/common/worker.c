@@ -293,6 +293,32 @@ static void begin_stop(kiln_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* Whether this producer has room in /dev/shm for its outputs: the slab
+ * its pool last failed to make for want of room, for as long as /dev/shm
+ * still has less than that free (then the gateway sends it no work); 0
+ * otherwise.  Sets w->shm_short and logs the changes.  Bus thread. */
+static uint64_t worker_shm_short(kiln_worker *w)
+{
+    kiln_transport_stats st = {0};
+    if (w->shm)
+        kiln_transport_stats_get(w->shm, &st);
+    uint64_t need = st.short_bytes, avail = 0, total = 0;
+    kiln_err err = {0};
+    int known = need && !kiln_domain_fs_space("/dev/shm", &avail, &total, &err);
+    if (known && avail >= need)
+        need = 0;
+    uint64_t was = atomic_exchange(&w->shm_short, need);
+    if (need && !was)
+        KILN_LOG_ERROR("%s: /dev/shm has no room for the %.1f MiB slab this stage's outputs "
+                       "need (%llu MiB free of %llu MiB): it takes no work until there is; "
+                       "give the stages a bigger /dev/shm", w->ops->binary,
+                       (double)need / (1 << 20), (unsigned long long)(avail >> 20),
+                       (unsigned long long)(total >> 20));
+    else if (!need && was)
+        KILN_LOG_INFO("%s: /dev/shm has room again", w->ops->binary);
+    return need;
+}
+
 static void *bus_main(void *arg)
 {
     kiln_worker *w = arg;
@@ -318,7 +344,8 @@ static void *bus_main(void *arg)
             _exit(KILN_WORKER_EXIT_RESTART);
         }
         if (now >= next_hb && !worker_halted(w)) {
-            kiln_msg hb = {.type = KILN_MSG_HB, .progress = atomic_load(&w->progress)};
+            kiln_msg hb = {.type = KILN_MSG_HB, .progress = atomic_load(&w->progress),
+                           .shm_short = worker_shm_short(w)};
             worker_send(w, &hb);
             next_hb = now + WORKER_HB_MS;
         }

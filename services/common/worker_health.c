@@ -3,8 +3,9 @@
  * GET /healthz is 200 once the model is loaded while the bus thread keeps
  * running (it heartbeats every 250 ms; 10 s without a turn is a hung
  * process), else 503; GET /readyz is 200 when, besides, the replica is
- * registered with the gateway, not halted and not shutting down.  One thread, one
- * connection at a time, answers within a second or drops it. */
+ * registered with the gateway, not halted, has room in /dev/shm for its
+ * outputs and is not shutting down.  One thread, one connection at a
+ * time, answers within a second or drops it. */
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -38,7 +39,7 @@ static void answer(kiln_worker *w, int fd)
     /* A halted incarnation (fenced, or its device lost) takes no work
      * and exits to be restarted. */
     int ready = live && atomic_load(&w->registered) && !atomic_load(&w->stop) &&
-                !worker_halted(w);
+                !worker_halted(w) && !atomic_load(&w->shm_short);
     int ok, known = 1;
     if (!strncmp(req, "GET /healthz ", 13) || !strncmp(req, "HEAD /healthz ", 14))
         ok = live;

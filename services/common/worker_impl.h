@@ -97,6 +97,9 @@ struct kiln_worker {
     /* What the backend finished (steps, batches, jobs answered), sent with
      * every hb: the gateway's proof that a replica with work is alive. */
     atomic_uint_fast64_t progress;
+    /* Bytes of /dev/shm its outputs need and cannot have now (hb.shm_short,
+     * worker_shm_short): no work comes while it is not 0. */
+    atomic_uint_fast64_t shm_short;
     uint64_t steps;          /* kiln_worker_step calls (backend thread) */
     uint64_t steps_at_batch; /* steps when the running batch started */
     worker_fault fault;

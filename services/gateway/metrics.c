@@ -170,9 +170,12 @@ kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges
         {"kiln_replicas", "Live replicas of a stage."},
         {"kiln_replicas_busy", "Live replicas of a stage running jobs or still on cancelled ones."},
         {"kiln_cancelling", "Cancels sent to replicas running the job, not answered yet."},
+        {"kiln_replicas_shm_full", "Live replicas of a stage without room in /dev/shm for their "
+                                   "outputs (they take no work)."},
     };
-    const int *values[] = {g->queued, g->inflight, g->replicas, g->busy, g->cancelling};
-    for (int k = 0; k < 5; k++) {
+    const int *values[] = {g->queued, g->inflight, g->replicas, g->busy, g->cancelling,
+                           g->shm_short};
+    for (int k = 0; k < 6; k++) {
         const int *v = values[k];
         put(&w, "# HELP %s %s\n# TYPE %s gauge\n", gauges[k].name, gauges[k].help, gauges[k].name);
         for (int s = 0; s < KILN_STAGE_COUNT; s++)

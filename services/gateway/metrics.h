@@ -87,6 +87,7 @@ typedef struct kiln_metrics_gauges {
     int replicas[KILN_STAGE_COUNT]; /* live replicas */
     int busy[KILN_STAGE_COUNT];     /* live replicas running jobs or still on cancelled ones */
     int cancelling[KILN_STAGE_COUNT]; /* cancels sent to running jobs, not yet answered */
+    int shm_short[KILN_STAGE_COUNT]; /* live replicas without room in /dev/shm for their outputs */
     int jobs;                       /* accepted requests not yet answered */
     int handoff_failures;           /* consumers that could not open their inputs, in all */
     int handoff_streak[KILN_STAGE_COUNT]; /* ...in a row into a stage */

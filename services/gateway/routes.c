@@ -94,14 +94,15 @@ static void route_ready(kiln_gateway *gw, kiln_http_conn *c)
 {
     kiln_metrics_gauges g;
     kiln_sched_gauges(gw->sched, &g);
-    char text[320];
+    char text[400];
     int ok = !gw->draining && kiln_sched_ready(gw->sched);
     snprintf(text, sizeof text,
              "{\"status\":\"%s\",\"replicas\":{\"encode\":%d,\"denoise\":%d,\"decode\":%d},"
+             "\"shm_full\":{\"encode\":%d,\"denoise\":%d,\"decode\":%d},"
              "\"handoff_failures\":{\"total\":%d,\"in_a_row\":{\"denoise\":%d,\"decode\":%d}}}",
              ok ? "ready" : gw->draining ? "draining" : "not_ready", g.replicas[0], g.replicas[1],
-             g.replicas[2], g.handoff_failures, g.handoff_streak[KILN_STAGE_DENOISE],
-             g.handoff_streak[KILN_STAGE_DECODE]);
+             g.replicas[2], g.shm_short[0], g.shm_short[1], g.shm_short[2], g.handoff_failures,
+             g.handoff_streak[KILN_STAGE_DENOISE], g.handoff_streak[KILN_STAGE_DECODE]);
     reply_text(gw, c, R_READY, ok ? 200 : 503, "application/json", text);
 }
 

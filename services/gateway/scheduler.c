@@ -70,10 +70,29 @@ int sched_live(const kiln_sched *s, kiln_stage stage)
     return n;
 }
 
+/* Live replicas of `stage` without room in /dev/shm for their outputs. */
+static int shm_short(const kiln_sched *s, kiln_stage stage)
+{
+    int n = 0;
+    for (const sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
+        const sched_replica *r = LINK_OWNER(l, sched_replica, node);
+        n += r->alive && r->stage == stage && r->shm_short;
+    }
+    return n;
+}
+
+/* 1 when `stage` has live replicas and none has room in /dev/shm. */
+static int stage_shm_full(const kiln_sched *s, kiln_stage stage)
+{
+    int live = sched_live(s, stage);
+    return live && shm_short(s, stage) == live;
+}
+
 int kiln_sched_ready(const kiln_sched *s)
 {
     for (int i = 0; i < KILN_STAGE_COUNT; i++)
-        if (!sched_live(s, (kiln_stage)i) || s->handoff_streak[i] >= SCHED_HANDOFF_STREAK)
+        if (!sched_live(s, (kiln_stage)i) || s->handoff_streak[i] >= SCHED_HANDOFF_STREAK ||
+            stage_shm_full(s, (kiln_stage)i))
             return 0;
     return 1;
 }
@@ -85,6 +104,7 @@ void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g)
         g->queued[i] = s->queued[i];
         g->inflight[i] = s->inflight[i];
         g->replicas[i] = sched_live(s, (kiln_stage)i);
+        g->shm_short[i] = shm_short(s, (kiln_stage)i);
         g->handoff_streak[i] = s->handoff_streak[i];
     }
     /* Busy: running jobs, or still on cancelled ones. */
@@ -197,14 +217,15 @@ void sched_enqueue(kiln_sched *s, sched_job *j, kiln_stage stage, int front, dou
  * credits.  Ties go to the least busy (jobs in flight, and cancelled ones
  * it is still on), then to the replica that got a job the longest ago:
  * idle replicas take turns, so sequential requests do not all land on the
- * first one registered.  NULL when none can take it now. */
+ * first one registered.  Never one without room in /dev/shm: it could not
+ * hand its outputs on.  NULL when none can take it now. */
 static sched_replica *pick(kiln_sched *s, const sched_job *j)
 {
     sched_replica *best = NULL;
     sched_pairing best_pair = PAIR_NONE;
     for (sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
         sched_replica *r = LINK_OWNER(l, sched_replica, node);
-        if (!r->alive || r->stage != j->stage || r->credits <= 0)
+        if (!r->alive || r->stage != j->stage || r->credits <= 0 || r->shm_short)
             continue;
         sched_pairing pair = sched_pairing_of(s, j, r);
         if (pair == PAIR_NONE || pair < best_pair)
@@ -324,6 +345,10 @@ static int place(kiln_sched *s, sched_job *j, double now)
                    "no %s replica can reach this request's tensors from where they are "
                    "(another machine or container, and no by-value path)",
                    kiln_stage_name(j->stage));
+    else if (stage_shm_full(s, j->stage))
+        sched_fail(s, j, 503, "stage_unavailable",
+                   "no %s replica has room for its outputs (its shared memory is full)",
+                   kiln_stage_name(j->stage));
     else
         return 0;
     return 1;
@@ -354,10 +379,16 @@ kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client
                               uint64_t *id, kiln_err *err)
 {
     s->now = now;
-    for (int st = 0; st < KILN_STAGE_COUNT; st++)
+    for (int st = 0; st < KILN_STAGE_COUNT; st++) {
         if (!sched_live(s, (kiln_stage)st))
             return kiln_err_set(err, KILN_ERR_UNAVAILABLE, "no %s replica is available",
                                 kiln_stage_name((kiln_stage)st));
+        /* The request would fail there after the stages before it ran. */
+        if (stage_shm_full(s, (kiln_stage)st))
+            return kiln_err_set(err, KILN_ERR_UNAVAILABLE,
+                                "no %s replica has room for its outputs (its shared memory is full)",
+                                kiln_stage_name((kiln_stage)st));
+    }
     for (int st = 0; st < KILN_STAGE_COUNT; st++)
         if (s->queued[st] >= s->opts.queue_max)
             return kiln_err_set(err, KILN_ERR_BUSY, "the server is busy (the %s queue is full); "
@@ -447,6 +478,16 @@ void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
         case KILN_MSG_HB:
             if (m->progress != r->progress)
                 r->progress = m->progress, r->progress_at = now;
+            if (!r->shm_short != !m->shm_short) {
+                if (m->shm_short)
+                    KILN_LOG_ERROR("gateway: %s has no room in /dev/shm for its outputs (a "
+                                   "%.1f MiB slab does not fit): it takes no work until there "
+                                   "is; give the stages a bigger /dev/shm (docs/OPERATIONS.md, "
+                                   "Sizing)", r->id, (double)m->shm_short / (1 << 20));
+                else
+                    KILN_LOG_INFO("gateway: %s has room in /dev/shm again", r->id);
+            }
+            r->shm_short = m->shm_short;
             break;
         case KILN_MSG_BYE: {
             char why[300];

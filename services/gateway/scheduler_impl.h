@@ -47,6 +47,7 @@ typedef struct sched_replica {
     int max_batch;
     double last_seen;
     uint64_t progress;  /* the last hb.progress */
+    uint64_t shm_short; /* the last hb.shm_short: no room in /dev/shm, no work */
     double progress_at; /* when it last moved (or work arrived on an idle replica) */
     sched_link inflight; /* jobs running here */
     int n_inflight;

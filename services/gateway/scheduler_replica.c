@@ -191,6 +191,7 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
     r->max_batch = h->max_batch;
     r->last_seen = now;
     r->progress = 0;
+    r->shm_short = 0;
     r->progress_at = now;
     r->domain = h->domain;
     r->transports = h->transports;

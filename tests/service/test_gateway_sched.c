@@ -1119,6 +1119,42 @@ static void test_cancel_in_live_batch(void)
     world_free(&w);
 }
 
+/* A producer whose /dev/shm has no room for its outputs (hb.shm_short)
+ * gets no work while another replica of its stage has room; when none
+ * has, requests are refused at once (503, before any stage ran) and the
+ * gateway is not ready, until a heartbeat says there is room again. */
+static void test_shm_full(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    hello(&w, "denoise-b", KILN_STAGE_DENOISE, "klein-tiny", 2);
+    kiln_msg full = {.type = KILN_MSG_HB, .shm_short = 64 << 20};
+    deliver(&w, "denoise-a", &full);
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.shm_short[KILN_STAGE_DENOISE] == 1 && kiln_sched_ready(w.s));
+    for (int i = 0; i < 2; i++) { /* taking turns, the first would be denoise-a's */
+        uint64_t a;
+        kiln_tensor_ref emb;
+        const char *den;
+        to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\"}", &a, &emb, &den);
+        CHECK(den && !strcmp(den, "denoise-b"));
+    }
+    deliver(&w, "denoise-b", &full);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.shm_short[KILN_STAGE_DENOISE] == 2 && !kiln_sched_ready(w.s));
+    uint64_t id;
+    CHECK(submit(&w, "{\"prompt\":\"b\",\"size\":\"64x64\"}", &id) == KILN_ERR_UNAVAILABLE);
+    expect_quiet(&w);
+    kiln_msg room = {.type = KILN_MSG_HB, .shm_short = 0};
+    deliver(&w, "denoise-a", &room);
+    CHECK(kiln_sched_ready(w.s));
+    CHECK(submit(&w, "{\"prompt\":\"c\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    world_free(&w);
+}
+
 /* Transport domains (scheduler_pair.c): a consumer that opens the inputs
  * where it is goes first, even with fewer credits; without one, any
  * consumer takes the job and fetches shm inputs from the owner's data
@@ -1265,5 +1301,6 @@ int main(void)
     RUN(test_cancel_answered_or_fenced);
     RUN(test_cancel_in_live_batch);
     RUN(test_domains);
+    RUN(test_shm_full);
     return test_finish();
 }

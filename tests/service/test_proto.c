@@ -96,9 +96,11 @@ static void test_hello_ready_hb_cancel(void)
     CHECK(d && d->type == KILN_MSG_READY && d->ready.credits == 7);
     kiln_msg_free(d);
 
-    m = (kiln_msg){.type = KILN_MSG_HB, .epoch = EPOCH, .progress = 1ull << 40};
+    m = (kiln_msg){.type = KILN_MSG_HB, .epoch = EPOCH, .progress = 1ull << 40,
+                   .shm_short = 64ull << 20};
     d = roundtrip(&m);
-    CHECK(d && d->type == KILN_MSG_HB && d->progress == 1ull << 40);
+    CHECK(d && d->type == KILN_MSG_HB && d->progress == 1ull << 40 &&
+          d->shm_short == 64ull << 20);
     kiln_msg_free(d);
 
     m = (kiln_msg){.type = KILN_MSG_CANCEL, .epoch = EPOCH, .cancel_job = UINT64_MAX};

@@ -13,7 +13,9 @@
  *   same runs with KILN_DOMAIN_HOST making the two stages look like
  *   another machine's (the by-value path is the real one either way).
  * - a producer stage whose /dev/shm is the 64 MiB a container gets by
- *   default refuses to start (exit 78) and says what to do.
+ *   default refuses to start (exit 78) and says what to do; one whose
+ *   /dev/shm fills up later takes no work until there is room again, and
+ *   the 503s, the logs and /readyz say why meanwhile.
  * - KILN_DOMAIN_HOST that could not travel is refused at start.
  * - a stage's --health-port answers /healthz and /readyz (200 once loaded
  *   and registered). */
@@ -240,6 +242,125 @@ static void test_small_shm(void)
     CHECK(svc_wait_log(svc_tmp("small.log"), "--shm-size", 1, 1000) == 0);
 }
 
+/* Runs `nsenter -t pid --mount -- sh -c script`: 0 when it exits 0. */
+static int in_mount_ns(pid_t pid, const char *script)
+{
+    char target[16];
+    snprintf(target, sizeof target, "%d", (int)pid);
+    const char *argv[] = {"/usr/bin/nsenter", "-t", target, "--mount", "--", "sh", "-c", script,
+                          NULL};
+    pid_t p = svc_spawn(argv, NULL, svc_tmp("nsenter.log"));
+    return p > 0 && svc_wait_exit(p, 30000) == 0 ? 0 : -1;
+}
+
+/* Polls the gateway's /readyz until its status is `want` (up to ms);
+ * the last body in *body.  0 when it was. */
+static int wait_readyz(int want, int ms, kiln_buf *body)
+{
+    for (double until = kiln_now_ms() + ms;;) {
+        gwc_response r;
+        int st = gwc_request(port, "GET", "/readyz", NULL, NULL, 0, &r, 5000) ? -1 : r.status;
+        body->len = 0;
+        if (st > 0 && r.body.len)
+            kiln_buf_append(body, r.body.data, r.body.len, NULL);
+        kiln_buf_append(body, "", 1, NULL);
+        gwc_response_free(&r);
+        if (st == want)
+            return 0;
+        if (kiln_now_ms() > until)
+            return -1;
+        svc_sleep_ms(100);
+    }
+}
+
+/* A denoiser whose /dev/shm fills up after it started (another tenant of
+ * a shared tmpfs, a leak elsewhere): its next output has no room.  The
+ * client gets a 503 OpenAI error, both logs say what is wrong and what to
+ * do, /readyz (the gateway's and the stage's health port) reports it
+ * until there is room again, requests meanwhile are refused at once, and
+ * once room is made the service serves the CLI's bytes again. */
+static void test_shm_fills(void)
+{
+    if (!can_unshare()) {
+        fprintf(stderr, "skipped: namespaces cannot be made here\n");
+        return;
+    }
+    port = svc_free_port();
+    char p[16], hp[16];
+    snprintf(p, sizeof p, "%d", port);
+    snprintf(bus, sizeof bus, "tcp://127.0.0.1:%d", port + 1);
+    snprintf(hp, sizeof hp, "%d", svc_free_port());
+    const char *gw_argv[] = {svc_exe("services/gateway/kiln-gateway"), "--model", svc.model,
+                             "--host", "127.0.0.1", "--port", p, "--min-size", "64", "--bus",
+                             bus, "--bus-key", gw_key, "--bus-allow", rep_pub, NULL};
+    pid_t gw = svc_spawn(gw_argv, NULL, svc_tmp("full-gateway.log"));
+    const char *argv[48];
+    stage_argv(argv, "services/kiln-encoder");
+    pid_t enc = svc_spawn(argv, NULL, svc_tmp("full-encoder.log"));
+    /* 300 MiB passes the start-up check (256); the first 64 MiB slab is
+     * made on the first output. */
+    const char *un[48] = {"/usr/bin/unshare", "--ipc", "--mount", "--fork",
+                          "--kill-child=SIGTERM", "sh", "-c",
+                          "mount -t tmpfs -o size=300m kiln-full /dev/shm && exec \"$@\"", "sh"};
+    int k = 9 + stage_argv(un + 9, "services/kiln-denoiser");
+    un[k++] = "--health-port", un[k++] = hp, un[k] = NULL;
+    pid_t den = svc_spawn(un, NULL, svc_tmp("full-denoiser.log")), den_worker = -1;
+    for (double until = kiln_now_ms() + 30000; den_worker < 0 && kiln_now_ms() < until;) {
+        pid_t kids[2];
+        if (svc_children(den, "kiln-denoiser", kids, 2) == 1)
+            den_worker = kids[0];
+        else
+            svc_sleep_ms(20);
+    }
+    CHECK(den_worker > 0);
+    stage_argv(argv, "services/kiln-decoder");
+    pid_t dec = svc_spawn(argv, NULL, svc_tmp("full-decoder.log"));
+    CHECK(svc_wait_ready(port, 60000) == 0);
+    CHECK(den_worker > 0 && in_mount_ns(den_worker, "fallocate -l 280M /dev/shm/filler") == 0);
+
+    char json[256];
+    snprintf(json, sizeof json,
+             "{\"prompt\":\"a door in a wall\",\"size\":\"64x64\",\"seed\":%d,\"n\":%d,"
+             "\"num_inference_steps\":1}",
+             reqs[0].seed, reqs[0].n);
+    gwc_response r;
+    char why[256];
+    CHECK(svc_post_json(port, "/v1/images/generations", json, &r, SVC_T_REQ) == 0);
+    CHECKF(r.status == 503 && svc_error_body(&r, "stage_unavailable", why, sizeof why) == 0,
+           "status %d: %s", r.status, why);
+    gwc_response_free(&r);
+    kiln_buf body = {0};
+    CHECKF(wait_readyz(503, 10000, &body) == 0, "/readyz: %s", (char *)body.data);
+    CHECKF(body.data && strstr((char *)body.data, "\"shm_full\":{\"encode\":0,\"denoise\":1"),
+           "/readyz: %s", (char *)body.data);
+    CHECK(svc_get_status(atoi(hp), "/readyz") == 503 && svc_get_status(atoi(hp), "/healthz") == 200);
+    CHECK(svc_wait_log(svc_tmp("full-denoiser.log"), "/dev/shm is full: no room for a slab", 1,
+                       1000) == 0);
+    CHECK(svc_wait_log(svc_tmp("full-gateway.log"), "has no room in /dev/shm for its outputs", 1,
+                       1000) == 0);
+    /* Meanwhile refused at once, before the encoder spends anything. */
+    double t0 = kiln_now_ms();
+    CHECK(svc_post_json(port, "/v1/images/generations", json, &r, SVC_T_REQ) == 0);
+    CHECKF(r.status == 503 && svc_error_body(&r, NULL, why, sizeof why) == 0 &&
+               r.body.data && memmem(r.body.data, r.body.len, "shared memory is full", 21),
+           "status %d: %s", r.status, why);
+    CHECKF(kiln_now_ms() - t0 < 5000, "refused after %.0f ms", kiln_now_ms() - t0);
+    gwc_response_free(&r);
+
+    /* Room again: ready within a few heartbeats, and the bytes are right. */
+    CHECK(den_worker > 0 && in_mount_ns(den_worker, "rm /dev/shm/filler") == 0);
+    CHECKF(wait_readyz(200, 10000, &body) == 0, "/readyz: %s", (char *)body.data);
+    CHECK(svc_get_status(atoi(hp), "/readyz") == 200);
+    check_images("room again");
+    kiln_buf_free(&body);
+
+    CHECK(svc_stop(gw, 30000) == 0);
+    CHECK(svc_stop(enc, 30000) == 0);
+    CHECK(svc_stop(dec, 30000) == 0);
+    CHECK(den_worker > 0 && kill(den_worker, SIGTERM) == 0);
+    CHECK(svc_wait_exit(den, 30000) == 0);
+}
+
 static void test_bad_domain_env(void)
 {
     const char *argv[40];
@@ -262,6 +383,7 @@ int main(void)
     cli_images();
     RUN(test_split_domains);
     RUN(test_small_shm);
+    RUN(test_shm_fills);
     RUN(test_bad_domain_env);
     svc_cleanup(test_failures);
     return test_finish();
