@@ -189,4 +189,14 @@ kiln_status kiln_image_flux2_ref_size(int width, int height, int *out_width, int
  * Errors: KILN_ERR_INVALID, _NOMEM; `out` is untouched on failure. */
 kiln_status kiln_image_flux2_ref_prepare(const kiln_image *img, kiln_tensor *out, kiln_err *err);
 
+/* The LANCZOS downscale of kiln_image_flux2_ref_prepare alone, in place:
+ * `img` (which must own its pixels) is replaced by its downscaled copy when
+ * it is over 1024^2 pixels, else left as it is.  Preparing the result gives
+ * the same tensor, bit for bit, as preparing the original (its area is
+ * within the target, so prepare does not resize it again, and the crop is
+ * the same), so a caller holding several references can keep each at most
+ * ~1 MP instead of as uploaded (a 64 MP reference is 192 MiB).  Errors as
+ * prepare's; `img` is unchanged on failure. */
+kiln_status kiln_image_flux2_ref_shrink(kiln_image *img, kiln_err *err);
+
 #endif

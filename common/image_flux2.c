@@ -45,6 +45,22 @@ kiln_status kiln_image_flux2_ref_size(int width, int height, int *out_width, int
     return KILN_OK;
 }
 
+kiln_status kiln_image_flux2_ref_shrink(kiln_image *img, kiln_err *err)
+{
+    if (!img || !img->pixels)
+        return kiln_err_set(err, KILN_ERR_INVALID, "missing reference image");
+    int sw = 0, sh = 0; /* gcc -O3 cannot see that scaled_size sets both */
+    kiln_status st = scaled_size(img->width, img->height, &sw, &sh, err);
+    if (st || (sw == img->width && sh == img->height))
+        return st;
+    kiln_image resized = {0};
+    if ((st = kiln_image_resize_lanczos(img, sw, sh, &resized, err)))
+        return st;
+    kiln_image_free(img);
+    *img = resized;
+    return KILN_OK;
+}
+
 kiln_status kiln_image_flux2_ref_prepare(const kiln_image *img, kiln_tensor *out, kiln_err *err)
 {
     if (!img || !img->pixels)

@@ -74,8 +74,30 @@ static int enc_compatible(const kiln_msg_job *head, const kiln_msg_job *j)
     return head->encode.max_seq == j->encode.max_seq;
 }
 
-/* Edit references: decode the uploaded files as `kiln edit` reads them,
- * then VAE-encode.  Outputs ref_tokens (1, R, C) and ref_ids (R, 4). */
+/* Reference i of the job, decoded as `kiln edit` reads it and shrunk to its
+ * prepared size at once, so that a job holds one reference as uploaded at a
+ * time, not all of them (eight 64 MP uploads would be 1.5 GiB).  Decoding
+ * and downscaling a large one takes a while: a cancel stops between those
+ * (the VAE encoder stops at its next op: kiln_worker_watch).  *mp gets the
+ * megapixels it had. */
+static kiln_status take_reference(kiln_worker_job *job, int i, kiln_image *img, double *mp,
+                                  kiln_err *err)
+{
+    const kiln_bytes *ref = &kiln_worker_job_msg(job)->encode.refs[i];
+    if (kiln_worker_cancelled(job))
+        return kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
+    kiln_status st = kiln_image_decode(ref->data, ref->len, NULL, img, err);
+    if (!st && kiln_worker_cancelled(job))
+        return kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
+    if (!st)
+        *mp = (double)img->width * img->height / 1e6;
+    if (!st)
+        st = kiln_image_flux2_ref_shrink(img, err);
+    return st ? kiln_err_wrap(err, "image %d", i) : KILN_OK;
+}
+
+/* Edit references: decoded, then VAE-encoded.  Outputs ref_tokens
+ * (1, R, C) and ref_ids (R, 4). */
 static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *job, kiln_err *err)
 {
     const kiln_job_encode *e = &kiln_worker_job_msg(job)->encode;
@@ -84,16 +106,19 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
     int32_t *ids = NULL;
     int64_t R = 0;
     kiln_status st = KILN_OK;
+    double mp = 0, t0 = kiln_now_ms();
     for (int i = 0; i < e->n_refs && !st; i++) {
-        /* Decoding a large reference takes a while: a cancel stops between
-         * them (and the VAE encoder at its next op: kiln_worker_watch). */
-        if (kiln_worker_cancelled(job))
-            st = kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
-        else if ((st = kiln_image_decode(e->refs[i].data, e->refs[i].len, NULL, &imgs[i], err)))
-            kiln_err_wrap(err, "image %d", i);
+        double one = 0;
+        st = take_reference(job, i, &imgs[i], &one, err);
+        mp += one;
     }
-    if (!st)
+    if (!st) {
+        /* Operators (and the admission test) see what uploads cost here. */
+        KILN_LOG_INFO("kiln-encoder: job %llu: %d reference(s) of %.1f MP in all decoded and "
+                      "shrunk in %.0f ms", (unsigned long long)kiln_worker_job_msg(job)->job,
+                      e->n_refs, mp, kiln_now_ms() - t0);
         st = kiln_encode_references(s->enc, imgs, e->n_refs, &tokens, &ids, &R, err);
+    }
     if (!st)
         st = kiln_worker_output(w, job, "ref_tokens", &tokens, 0, 1, 0, err);
     if (!st)

@@ -32,6 +32,8 @@
  * - a replica that does not stop a cancelled job (played by this test on
  *   the bus) counts as busy until it is fenced, --cancel-timeout-s after
  *   the cancel, while the well-behaved client is served by the real one;
+ * - decompression bombs: an edit with references of 64 MP each raises the
+ *   encoder's peak memory by about one of them decoded, not all;
  * - a request past --request-timeout-s gets 504 and its work stops at the
  *   next op, so the request behind it is served at its normal latency. */
 #include <dirent.h>
@@ -206,19 +208,23 @@ static void test_strict_framing(void)
 /* ---- body limits ---- */
 
 /* The gateway's peak resident memory since the last reset, in kB. */
-static long gateway_peak_kb(int reset)
+/* Peak RSS in kB of procs[i] (see names); with reset, the peak is reset to
+ * the current RSS first. */
+static long peak_kb(int i, int reset)
 {
     if (reset) {
         char path[64];
-        snprintf(path, sizeof path, "/proc/%ld/clear_refs", (long)procs[0]);
+        snprintf(path, sizeof path, "/proc/%ld/clear_refs", (long)procs[i]);
         int fd = open(path, O_WRONLY);
         if (fd < 0 || write(fd, "5", 1) != 1) /* resets VmHWM */
-            fprintf(stderr, "cannot reset the gateway's peak RSS\n");
+            fprintf(stderr, "cannot reset the %s's peak RSS\n", names[i]);
         if (fd >= 0)
             close(fd);
     }
-    return svc_proc_kb(procs[0], "VmHWM");
+    return svc_proc_kb(procs[i], "VmHWM");
 }
+
+static long gateway_peak_kb(int reset) { return peak_kb(0, reset); }
 
 typedef struct junk_post {
     pthread_t thread;
@@ -656,6 +662,35 @@ static double step_ms(void)
     "{\"prompt\":\"long\",\"size\":\"256x256\",\"num_inference_steps\":40,"                        \
     "\"max_sequence_length\":32}"
 
+/* An edit (64x64, one step) whose `n` references are the same side x side
+ * gradient (a small PNG whatever its size), as JSON with base64 images, NUL
+ * terminated; 0 or -1. */
+static int edit_json(int side, int n, kiln_buf *json)
+{
+    kiln_image img = {0};
+    kiln_buf png = {0}, b64 = {0};
+    int rc = kiln_image_alloc(&img, side, side, NULL) ? -1 : 0;
+    for (size_t i = 0; !rc && i < (size_t)side * side * 3; i++)
+        img.pixels[i] = (uint8_t)(i / 3 % (size_t)side * 256 / (size_t)side);
+    if (!rc)
+        rc = kiln_image_encode(&img, NULL, &png, NULL) ||
+                     kiln_base64_encode(png.data, png.len, &b64, NULL)
+                 ? -1
+                 : 0;
+    kiln_image_free(&img);
+    const char *head = "{\"prompt\":\"refs\",\"size\":\"64x64\",\"num_inference_steps\":1,"
+                       "\"max_sequence_length\":32,\"image\":[";
+    kiln_buf_append(json, head, strlen(head), NULL);
+    for (int i = 0; !rc && i < n; i++) {
+        kiln_buf_append(json, i ? ",\"" : "\"", i ? 2 : 1, NULL);
+        kiln_buf_append(json, b64.data, b64.len, NULL);
+        kiln_buf_append(json, "\"", 1, NULL);
+    }
+    kiln_buf_append(json, "]}", 3, NULL);
+    kiln_buf_free(&png), kiln_buf_free(&b64);
+    return rc;
+}
+
 static void test_cancel_stops_work(void)
 {
     double base = baseline();
@@ -678,23 +713,8 @@ static void test_cancel_stops_work(void)
 
     /* An edit with eight 1 MP references whose client leaves during their
      * VAE encoding (seconds each here). */
-    kiln_image img = {0};
-    kiln_buf png = {0}, b64 = {0}, json = {0};
-    CHECK(kiln_image_alloc(&img, 1024, 1024, NULL) == 0);
-    for (size_t i = 0; i < (size_t)1024 * 1024 * 3; i++)
-        img.pixels[i] = (uint8_t)(i / 3 % 1024 / 4); /* a gradient: a small PNG */
-    CHECK(kiln_image_encode(&img, NULL, &png, NULL) == 0);
-    kiln_image_free(&img);
-    kiln_base64_encode(png.data, png.len, &b64, NULL);
-    const char *head = "{\"prompt\":\"refs\",\"size\":\"64x64\",\"num_inference_steps\":1,"
-                       "\"max_sequence_length\":32,\"image\":[";
-    kiln_buf_append(&json, head, strlen(head), NULL);
-    for (int i = 0; i < 8; i++) {
-        kiln_buf_append(&json, i ? ",\"" : "\"", i ? 2 : 1, NULL);
-        kiln_buf_append(&json, b64.data, b64.len, NULL);
-        kiln_buf_append(&json, "\"", 1, NULL);
-    }
-    kiln_buf_append(&json, "]}", 3, NULL);
+    kiln_buf json = {0};
+    CHECK(edit_json(1024, 8, &json) == 0);
     stops = svc_log_count(svc_tmp("encoder.log"), "ms after its cancel");
     CHECK(send_and_leave("/v1/images/edits", (const char *)json.data, "encode", 300) == 0);
     ms = good_request();
@@ -706,7 +726,7 @@ static void test_cancel_stops_work(void)
            stopped);
     CHECKF(ms > 0 && ms <= 3 * base + 2000, "the request behind the cancelled edit took %.0f ms",
            ms);
-    kiln_buf_free(&png), kiln_buf_free(&b64), kiln_buf_free(&json);
+    kiln_buf_free(&json);
 }
 
 /* ---- a replica that does not stop ---- */
@@ -759,6 +779,46 @@ static void test_unanswered_cancel(void)
           metric("kiln_cancelling{stage=\"denoise\"}") == 0);
     good_check(&g, base, "a replica that does not stop");
     svc_fake_close(&f);
+}
+
+/* ---- decompression bombs ---- */
+
+#define BOMBS 4
+#define BOMB_SIDE 8192 /* 64 MP: the most a reference may have */
+
+/* An edit with BOMBS references of 64 MP (a flat PNG of about 200 KiB
+ * each, 192 MiB decoded): the encoder shrinks each to its prepared size
+ * (~1 MP) as soon as it is decoded, so its peak memory rises by about one
+ * reference as uploaded, not by BOMBS of them.  The client leaves once the
+ * references are decoded (their VAE encoding would take minutes here). */
+static void test_reference_bombs(void)
+{
+    kiln_buf json = {0}, req = {0};
+    CHECK(edit_json(BOMB_SIDE, BOMBS, &json) == 0);
+    const char *done = "reference(s) of";
+    int decoded = svc_log_count(svc_tmp("encoder.log"), done);
+    int stops = svc_log_count(svc_tmp("encoder.log"), "ms after its cancel");
+    long before = peak_kb(1, 1);
+    int fd = gwc_connect(port);
+    gwc_format(&req, "POST", "/v1/images/edits", "application/json", (const char *)json.data,
+               json.len - 1, 0);
+    CHECK(fd >= 0 && gwc_send(fd, req.data, req.len, 10000) == 0);
+    CHECK(svc_wait_log(svc_tmp("encoder.log"), done, decoded + 1, SVC_T_REQ) == 0);
+    long peak = peak_kb(1, 0);
+    if (fd >= 0)
+        close(fd);
+    double stopped = stop_latency("encoder.log", stops, 30000);
+    double one = (double)BOMB_SIDE * BOMB_SIDE * 3 / 1024;
+    KILN_LOG_INFO("admission: an edit with %d references of %dx%d (%zu bytes of JSON): the "
+                  "encoder's peak RSS rose by %ld kB (one reference decoded: %.0f kB); it "
+                  "stopped %.0f ms after the cancel", BOMBS, BOMB_SIDE, BOMB_SIDE, json.len,
+                  peak - before, one, stopped);
+    /* All of them held at once would be BOMBS x `one` (and ASan's
+     * quarantine keeps a freed one a while: up to two are resident). */
+    CHECKF(before > 0 && peak - before < 3 * one, "the encoder's peak rose by %ld kB",
+           peak - before);
+    CHECK(stopped >= 0);
+    kiln_buf_free(&json), kiln_buf_free(&req);
 }
 
 /* ---- the service ---- */
@@ -878,6 +938,7 @@ int main(void)
     RUN(test_cost_and_fairness);
     RUN(test_cancel_stops_work);
     RUN(test_unanswered_cancel);
+    RUN(test_reference_bombs);
     RUN(test_timeout_stops_work); /* restarts the gateway: last */
     for (int i = 3; i >= 0; i--) {
         int st = svc_stop(procs[i], 30000);

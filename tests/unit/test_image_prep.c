@@ -189,6 +189,48 @@ static void test_prepare_resized(void)
     kiln_image_free(&want);
 }
 
+/* Shrinking a reference first (what kiln-encoder does right after decoding
+ * each one, to hold at most ~1 MP per reference) changes nothing: its
+ * prepared tensor is bit-identical to the original's, over sizes that are
+ * downscaled on either axis's rounding and ones that are not. */
+static void test_shrink_then_prepare(void)
+{
+    static const int sizes[][2] = {{1500, 1100}, {2100, 700}, {1025, 1024}, {700, 2050},
+                                   {3001, 2999}, {900, 900},  {1024, 1024}, {64, 512}};
+    kiln_err err = {0};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int w = sizes[k][0], h = sizes[k][1];
+        kiln_image img = {0};
+        CHECK(kiln_image_alloc(&img, w, h, &err) == KILN_OK);
+        uint32_t x = 2463534242u + (uint32_t)k;
+        for (size_t i = 0; img.pixels && i < (size_t)w * h * 3; i++) {
+            x ^= x << 13, x ^= x >> 17, x ^= x << 5; /* xorshift32: texture, not flat */
+            img.pixels[i] = (uint8_t)(i % 3 == 0 ? x : (x >> 8) / 2 + (i / 3 % (size_t)w) / 8);
+        }
+        kiln_tensor want = {0}, got = {0};
+        CHECKF(kiln_image_flux2_ref_prepare(&img, &want, &err) == KILN_OK, "%s", err.msg);
+        const uint8_t *before = img.pixels;
+        CHECKF(kiln_image_flux2_ref_shrink(&img, &err) == KILN_OK, "%s", err.msg);
+        int over = (double)w * h > 1024.0 * 1024.0;
+        CHECKF(over ? img.pixels != before && (double)img.width * img.height <= 1024.0 * 1024.0
+                    : img.pixels == before && img.width == w && img.height == h,
+               "%dx%d shrunk to %dx%d", w, h, img.width, img.height);
+        CHECKF(kiln_image_flux2_ref_prepare(&img, &got, &err) == KILN_OK, "%s", err.msg);
+        CHECKF(want.data && got.data && !memcmp(want.shape, got.shape, sizeof want.shape) &&
+                   !memcmp(want.data, got.data, kiln_tensor_nbytes(&want)),
+               "%dx%d: the prepared tensors differ", w, h);
+        kiln_tensor_host_free(&want), kiln_tensor_host_free(&got);
+        kiln_image_free(&img);
+    }
+    /* A reference prepare refuses is refused, and left as it was. */
+    kiln_image small = {0};
+    CHECK(kiln_image_alloc(&small, 63, 80, &err) == KILN_OK);
+    const uint8_t *px = small.pixels;
+    CHECK(kiln_image_flux2_ref_shrink(&small, &err) == KILN_ERR_INVALID);
+    CHECK(small.pixels == px && small.width == 63 && small.height == 80);
+    kiln_image_free(&small);
+}
+
 int main(void)
 {
     const char *shared = getenv("KILN_SHARED"), *src = getenv("KILN_SOURCE_ROOT");
@@ -202,5 +244,6 @@ int main(void)
     RUN(test_ref_size);
     RUN(test_oracle_edit_refs);
     RUN(test_prepare_resized);
+    RUN(test_shrink_then_prepare);
     return test_finish();
 }
