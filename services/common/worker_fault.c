@@ -10,10 +10,16 @@
  * for good, as a hung kernel would, while the bus thread goes on
  * (stall_after_steps), or the backend is lost, as after a sticky CUDA
  * error (device_lost_after_steps: kiln_be_lose, so that every later op
- * fails and the stage answers its jobs with the device error).
+ * fails and the stage answers its jobs with the device error), or, on
+ * the CUDA backend only, a real device fault is provoked
+ * (illegal_address_after_steps: a backend op over a tensor at a device
+ * address nothing maps, then a sync: the driver's sticky
+ * cudaErrorIllegalAddress, found and handled by the backend's own error
+ * plumbing exactly as a bug's would be).
  * `once=path`: only the process that creates `path` (O_EXCL) injects, so
  * one replica of several, and not its restarts, is faulty. */
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,14 +40,25 @@ int worker_fault_setup(kiln_worker *w)
     int got = sscanf(spec, "%15[a-z]:%31[a-z_]=%llu,once=%255s", stage, kind, &n, once);
     kiln_stage st;
     int stall = !strcmp(kind, "stall_after_steps"), lost = !strcmp(kind, "device_lost_after_steps");
-    if (got < 3 || kiln_stage_parse(stage, &st) || (!stall && !lost) || !n) {
-        fprintf(stderr, "%s: KILN_FAULT_INJECT='%s': expected <stage>:stall_after_steps=<n> or "
-                "<stage>:device_lost_after_steps=<n>, then optionally ,once=<path>\n",
+    int illegal = !strcmp(kind, "illegal_address_after_steps");
+    if (got < 3 || kiln_stage_parse(stage, &st) || (!stall && !lost && !illegal) || !n) {
+        fprintf(stderr, "%s: KILN_FAULT_INJECT='%s': expected <stage>:stall_after_steps=<n>, "
+                "<stage>:device_lost_after_steps=<n> or <stage>:illegal_address_after_steps=<n>, "
+                "then optionally ,once=<path>\n",
                 w->ops->binary, spec);
         return -1;
     }
     if (st != w->ops->stage)
         return 0;
+    /* The CPU backend has no device whose memory a bad address can fault:
+     * a CPU process would crash with SIGSEGV instead, which is not the
+     * path this fault exists to prove. */
+    if (illegal && (!w->opts.device || strcmp(w->opts.device, "cuda"))) {
+        fprintf(stderr, "%s: KILN_FAULT_INJECT='%s': illegal_address_after_steps needs the CUDA "
+                "backend (--device cuda); this replica runs on %s\n",
+                w->ops->binary, spec, w->opts.device ? w->opts.device : "cpu");
+        return -1;
+    }
     if (got == 4) {
         int fd = open(once, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0) {
@@ -53,11 +70,38 @@ int worker_fault_setup(kiln_worker *w)
     }
     if (stall)
         w->fault.stall_at = n;
-    else
+    else if (lost)
         w->fault.lost_at = n;
+    else
+        w->fault.illegal_at = n;
     KILN_LOG_WARN("%s: KILN_FAULT_INJECT: %s after step %llu (a test aid)", w->ops->binary,
-                  stall ? "the backend thread stalls" : "the device is lost", n);
+                  stall  ? "the backend thread stalls"
+                  : lost ? "the device is lost"
+                         : "an op reads and writes an illegal device address",
+                  n);
     return 0;
+}
+
+/* A real device fault: silu in place over 1 Mi activations at device
+ * address 0x1000, which nothing maps (the first pages of the GPU's virtual
+ * address space are never handed out), then a sync.  The kernel's first
+ * load faults, the stream reports cudaErrorIllegalAddress and the backend
+ * marks itself lost through its ordinary error path (cuda_ok), so what
+ * follows (bye, exit 75, the jobs run again elsewhere) is what a real
+ * out-of-bounds access in a kernel would cause. */
+static void illegal_address(kiln_worker *w)
+{
+    kiln_tensor t = {0};
+    kiln_tensor_set_shape(&t, w->be->act_dtype, 1, (int64_t[]){1 << 20});
+    t.data = (void *)(uintptr_t)0x1000;
+    t.on_device = 1;
+    KILN_LOG_WARN("%s: KILN_FAULT_INJECT: silu over device address 0x1000 at step %llu",
+                  w->ops->binary, (unsigned long long)w->steps);
+    kiln_be_silu(w->be, &t, &t);
+    kiln_be_sync(w->be);
+    KILN_LOG_WARN("%s: KILN_FAULT_INJECT: after the illegal access the backend is %s: %s",
+                  w->ops->binary, kiln_be_lost(w->be) ? "lost" : "NOT lost",
+                  w->be->error.code ? w->be->error.msg : "no error");
 }
 
 void worker_progress(kiln_worker *w) { atomic_fetch_add(&w->progress, 1); }
@@ -68,6 +112,8 @@ void kiln_worker_step(kiln_worker *w)
     worker_progress(w);
     if (w->steps == w->fault.lost_at)
         kiln_be_lose(w->be, "KILN_FAULT_INJECT at step %llu", (unsigned long long)w->steps);
+    if (w->steps == w->fault.illegal_at)
+        illegal_address(w);
     if (w->steps != w->fault.stall_at)
         return;
     KILN_LOG_WARN("%s: KILN_FAULT_INJECT: backend thread stalled at step %llu", w->ops->binary,

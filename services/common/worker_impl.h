@@ -24,10 +24,10 @@
 enum { WORKER_RUNNING = 0, WORKER_FENCED, WORKER_FAULTED };
 
 /* KILN_FAULT_INJECT for this stage (worker_fault.c): after how many steps
- * (kiln_worker_step) the backend thread stalls for good, or its backend is
- * lost; 0: never. */
+ * (kiln_worker_step) the backend thread stalls for good, its backend is
+ * lost, or (CUDA) an op faults on an illegal address; 0: never. */
 typedef struct worker_fault {
-    uint64_t stall_at, lost_at;
+    uint64_t stall_at, lost_at, illegal_at;
 } worker_fault;
 
 typedef struct job_input {

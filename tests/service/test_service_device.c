@@ -13,6 +13,9 @@
  * - every denoiser's backend lost at its first step: a request fails on
  *   one, runs again on the other, fails again, and ends in a 503 naming
  *   its request id.
+ * - the real device fault (illegal_address_after_steps) is refused on the
+ *   CPU backend with a message saying why (tools/gpu/check.sh devicefault
+ *   runs it on a GPU).
  * Every 200 is byte-identical to `kiln generate` for that request. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,10 +164,27 @@ static void test_fault_every_retry(void)
     CHECK(svc_log_count(svc_tmp("serve.log"), "said bye (") >= 2);
 }
 
+/* A CPU replica refuses the CUDA-only fault at start (exit 2: a bad
+ * option, not to be restarted), naming it. */
+static void test_illegal_address_refused_on_cpu(void)
+{
+    char bus[160];
+    snprintf(bus, sizeof bus, "ipc://%s/bus-cpu", svc.tmpdir);
+    const char *env[] = {"KILN_FAULT_INJECT=denoise:illegal_address_after_steps=3", NULL};
+    pid_t pid = svc_spawn_service("denoiser", bus, NULL, env);
+    CHECK(pid > 0);
+    int st = pid > 0 ? svc_wait_exit(pid, 60000) : -1;
+    CHECKF(st == 2, "kiln-denoiser exit status %d", st);
+    CHECKF(svc_log_count(svc_tmp("denoiser.log"),
+                         "illegal_address_after_steps needs the CUDA backend") == 1,
+           "no message about the CUDA-only fault");
+}
+
 int main(void)
 {
     if (svc_init("device"))
         return 1;
+    RUN(test_illegal_address_refused_on_cpu);
     char once[320];
     snprintf(once, sizeof once, "denoise:device_lost_after_steps=3,once=%s", svc_tmp("lost-claim"));
     if (svc_cli_series("lost", LOST_SEED, 2 * N_REQ, STEPS) || (serve = start(once)) < 0) {

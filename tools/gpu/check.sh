@@ -22,6 +22,14 @@
 #          references, each bit-identical to the same request in a fresh
 #          process
 # Not run by default (slow; name them):
+#   devicefault  a real device fault healed: kiln serve --device cuda on the
+#              tiny checkpoint with 2 denoisers, one of which runs a backend
+#              op at an illegal device address at its 3rd step
+#              (KILN_FAULT_INJECT=denoise:illegal_address_after_steps=3,
+#              once=...); 8 requests (seeds 1..8) at concurrency 4 must all
+#              be 200 and identical to kiln generate --device cuda per seed;
+#              serve.log must show "illegal memory access" and the
+#              denoiser's exit status 75
 #   mixedsan   test_cuda_mixed (tiny) under compute-sanitizer memcheck, then
 #              initcheck (no report allowed)
 #   mixedfull  test_cuda_mixed on the random klein-4B checkpoint (see fullsize)
@@ -47,7 +55,7 @@ build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
 SECTIONS=(env build ops pipeline replay ipc serve mixed)
-OPTIONAL=(mixedsan mixedfull memcheck racecheck fullsize fullcpu)
+OPTIONAL=(devicefault mixedsan mixedfull memcheck racecheck fullsize fullcpu)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
           tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
@@ -251,6 +259,95 @@ sec_mixedfull() {
   "$build/tests/cuda/test_cuda_mixed" --model "$fulldir" --max-seq 512 --out-layers 9,18,27 \
     2>&1 | grep -vi "cudnn" | tee "$logs/mixedfull.log"
   return "${PIPESTATUS[0]}"
+}
+
+# Seeds 1..N at concurrency C through kiln serve, each image written to
+# DIR/served-<seed>.png.  Usage: serve_seeds PORT DIR SIZE STEPS MAXSEQ N C
+serve_seeds() {
+  python3 - "$@" <<'PY'
+import base64, concurrent.futures, json, sys, time, urllib.error, urllib.request
+port, out, size, steps, max_seq, n, conc = sys.argv[1:8]
+base = "http://127.0.0.1:%s" % port
+for _ in range(1800):
+    try:
+        if urllib.request.urlopen(base + "/readyz", timeout=2).status == 200:
+            break
+    except (urllib.error.URLError, ConnectionError):
+        pass
+    time.sleep(0.1)
+else:
+    sys.exit("kiln serve did not become ready in 180 s")
+def one(seed):
+    body = {"prompt": "a red fox sitting in fresh snow", "size": size, "seed": seed,
+            "num_inference_steps": int(steps), "max_sequence_length": int(max_seq),
+            "output_format": "png"}
+    req = urllib.request.Request(base + "/v1/images/generations", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    t0 = time.time()
+    try:
+        reply = urllib.request.urlopen(req, timeout=300)
+        data = json.load(reply)
+        open("%s/served-%d.png" % (out, seed), "wb").write(base64.b64decode(data["data"][0]["b64_json"]))
+        return seed, 200, time.time() - t0, ""
+    except urllib.error.HTTPError as e:
+        return seed, e.code, time.time() - t0, e.read().decode(errors="replace")[:200]
+    except Exception as e:
+        return seed, 0, time.time() - t0, str(e)[:200]
+bad = 0
+with concurrent.futures.ThreadPoolExecutor(int(conc)) as ex:
+    for seed, status, dt, why in ex.map(one, range(1, int(n) + 1)):
+        print("seed %d: HTTP %d in %.2f s %s" % (seed, status, dt, why))
+        bad += status != 200
+sys.exit(1 if bad else 0)
+PY
+}
+
+# A real device fault (issue 11): one of two denoisers runs silu over device
+# address 0x1000 at its 3rd step (services/common/worker_fault.c), a sticky
+# cudaErrorIllegalAddress; it must say bye and exit 75, kiln serve restarts
+# it, its jobs run again on the other, and every client gets the image
+# kiln generate makes for its seed on the same GPU.
+sec_devicefault() {
+  local dir=$logs/devicefault kiln=$build/tools/kiln port=${KILN_SERVE_PORT:-18400} pid rc=0 s
+  local ckpt layers=(--text-encoder-out-layers 1,2,3) dev=${KILN_SERVE_DEVICE:-cuda}
+  # KILN_SERVE_DEVICE=cpu KILN_DEVICEFAULT_KIND=device_lost_after_steps
+  # runs the same steps on the CPU backend (the script's own check).
+  local kind=${KILN_DEVICEFAULT_KIND:-illegal_address_after_steps} want="illegal memory access"
+  [ "$kind" = illegal_address_after_steps ] || want="device lost: KILN_FAULT_INJECT"
+  ckpt=$(oracle_root)/oracle/ckpt/klein-tiny
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  KILN_FAULT_INJECT="denoise:$kind=3,once=$dir/fault-claim" \
+    "$kiln" serve --model "$ckpt" --device "$dev" --port "$port" --denoisers 2 "${layers[@]}" \
+    >"$dir/serve.log" 2>&1 &
+  pid=$!
+  serve_seeds "$port" "$dir" 256x256 4 64 8 4 || rc=1
+  # The faulted denoiser's exit and restart may come after the last answer.
+  for s in $(seq 1 60); do
+    grep -q "exited with status 75" "$dir/serve.log" && break
+    sleep 1
+  done
+  kill -TERM "$pid"
+  wait "$pid"
+  grep -E "KILN_FAULT_INJECT|$want|said bye|exited with status" "$dir/serve.log" |
+    cut -c1-220 | head -20
+  [ -f "$dir/fault-claim" ] || { echo "no denoiser claimed the fault"; rc=1; }
+  grep -q "$want" "$dir/serve.log" || { echo "serve.log: no '$want'"; rc=1; }
+  grep -q "exited with status 75" "$dir/serve.log" ||
+    { echo "serve.log: no denoiser exited with status 75"; rc=1; }
+  for s in $(seq 1 8); do
+    "$kiln" generate --model "$ckpt" --device "$dev" "${layers[@]}" \
+      --prompt "a red fox sitting in fresh snow" --width 256 --height 256 --seed "$s" --steps 4 \
+      --max-sequence-length 64 --out "$dir/cli-$s.png" >>"$dir/cli.log" 2>&1 ||
+      { echo "kiln generate seed $s failed"; tail -5 "$dir/cli.log"; rc=1; continue; }
+    if cmp -s "$dir/served-$s.png" "$dir/cli-$s.png"; then
+      echo "seed $s: served image identical to kiln generate"
+    else
+      echo "seed $s: served image DIFFERS from kiln generate"; rc=1
+    fi
+  done
+  [ $rc -eq 0 ] || tail -30 "$dir/serve.log"
+  return $rc
 }
 
 want=("$@")
