@@ -29,7 +29,7 @@ fi
 # grew a field then crashes at run time): rebuild them all when a header is
 # newer than the oldest CUDA object.
 cu_objs=$build/kernels/libkiln_kernels.a.p
-oldest=$(ls -tr "$cu_objs"/*.cu.o 2>/dev/null | head -1)
+oldest=$(ls -tr "$cu_objs"/*.cu.o 2>/dev/null | head -1 || true)
 if [ -n "$oldest" ] && [ -n "$(find kernels common \( -name '*.h' -o -name '*.cuh' \) \
                                   -newer "$oldest" | head -1)" ]; then
   rm -f "$cu_objs"/*.cu.o
