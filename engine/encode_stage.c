@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json.h"
 #include "models/latents.h"
 #include "models/qwen3.h"
 #include "models/tokenizer.h"
@@ -17,6 +18,30 @@ struct kiln_encode_stage {
     kiln_vae *vae; /* encoder half, edits only */
     kiln_prompt_cache *cache;
 };
+
+kiln_status kiln_encode_layers_of(const kiln_checkpoint *ck, int *out, int *n, kiln_err *err)
+{
+    int64_t v[KILN_MAX_OUT_LAYERS];
+    int count = 0;
+    if (kiln_json_int_array(kiln_checkpoint_index(ck), "text_encoder_out_layers", 0, v,
+                            KILN_MAX_OUT_LAYERS, &count, err))
+        return kiln_err_wrap(err, "model_index.json");
+    if (count) {
+        for (int i = 0; i < count; i++) {
+            if (v[i] < -1000 || v[i] > 1000)
+                return kiln_err_set(err, KILN_ERR_FORMAT,
+                                    "model_index.json: text_encoder_out_layers entry %d is out "
+                                    "of range", i);
+            out[i] = (int)v[i];
+        }
+        *n = count;
+    } else if (kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE) {
+        out[0] = -2, *n = 1;
+    } else {
+        out[0] = 9, out[1] = 18, out[2] = 27, *n = 3;
+    }
+    return KILN_OK;
+}
 
 kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
                                             const kiln_encode_opts *opts, kiln_err *err)
@@ -38,7 +63,11 @@ kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpo
         kiln_err_wrap(err, "tokenizer");
         goto fail;
     }
-    s->qwen = kiln_qwen3_load(be, ck, opts->out_layers, opts->n_out_layers, err);
+    int layers[KILN_MAX_OUT_LAYERS], n_layers = opts->n_out_layers;
+    memcpy(layers, opts->out_layers, sizeof layers);
+    if (!n_layers && kiln_encode_layers_of(ck, layers, &n_layers, err))
+        goto fail;
+    s->qwen = kiln_qwen3_load(be, ck, layers, n_layers, err);
     if (!s->qwen)
         goto fail;
     if (opts->with_references) {

@@ -1,7 +1,7 @@
 /* The encode stage: prompts to FLUX.2 klein text embeddings (tokenizer +
  * Qwen3), and edit reference images to packed latent tokens (VAE encoder).
  *
- *   kiln_encode_opts o = KILN_ENCODE_DEFAULTS;      // layers 9, 18, 27
+ *   kiln_encode_opts o = KILN_ENCODE_DEFAULTS;      // the checkpoint's layers
  *   kiln_encode_stage *enc = kiln_encode_stage_create(be, ck, &o, &err);
  *   kiln_tensor emb;                                 // (B, T, J) in backend memory
  *   if (kiln_encode_prompts(enc, prompts, B, 512, &emb, &err)) ...
@@ -23,22 +23,32 @@
 
 typedef struct kiln_encode_opts {
     int out_layers[KILN_MAX_OUT_LAYERS]; /* text_encoder_out_layers */
-    int n_out_layers;
+    int n_out_layers; /* 0: the checkpoint's (kiln_encode_layers_of) */
     int with_references; /* also load the VAE encoder, for edits */
     /* Host memory for prompt embeddings already computed
      * (engine/prompt_cache.h); 0 computes every prompt. */
     size_t prompt_cache_bytes;
 } kiln_encode_opts;
 
-/* diffusers' Flux2KleinPipeline default text_encoder_out_layers.  The
+/* The checkpoint's text_encoder_out_layers (kiln_encode_layers_of).  The
  * prompt cache stays off here: the one-process users (kiln generate,
  * kiln-stagebench, which times encode with prompts it repeats) gain nothing
  * from it; kiln-encoder turns it on. */
-#define KILN_ENCODE_DEFAULTS ((kiln_encode_opts){{9, 18, 27}, 3, 1, 0})
+#define KILN_ENCODE_DEFAULTS ((kiln_encode_opts){{0}, 0, 1, 0})
 
 typedef struct kiln_encode_stage kiln_encode_stage;
 
+/* The hidden states a checkpoint's DiT consumes: model_index.json's
+ * `text_encoder_out_layers` when it records them (kiln's tiny checkpoints
+ * do: their Qwen3 has 4 layers; diffusers ignores the key, its pipelines
+ * take the layers as a call argument), else the pipeline's default
+ * (diffusers' Flux2KleinPipeline: 9, 18, 27; ZImagePipeline: -2).
+ * out gets up to KILN_MAX_OUT_LAYERS indices; KILN_ERR_FORMAT names the key
+ * when it is malformed.  Thread-safe. */
+kiln_status kiln_encode_layers_of(const kiln_checkpoint *ck, int *out, int *n, kiln_err *err);
+
 /* Loads the tokenizer, the Qwen3 layers the requested hidden states need
+ * (opts->n_out_layers 0: kiln_encode_layers_of's)
  * and, with with_references, the VAE encoder.  NULL with err set (a missing
  * component is named).  The caller owns the stage; `be` must outlive it. */
 kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpoint *ck,

@@ -52,7 +52,8 @@ static kiln_status resolve_layers(const kiln_qwen3_config *cfg, const int *layer
         if (k < 0 || k > L)
             return kiln_err_set(err, KILN_ERR_INVALID,
                                 "text_encoder_out_layers: index %d is out of range: the text "
-                                "encoder has %d layers, so hidden states 0..%d (or -%d..-1)",
+                                "encoder has %d layers, so hidden states 0..%d (or -%d..-1); "
+                                "choose them with --text-encoder-out-layers",
                                 layers[i], L, L, L + 1);
         out[i] = k;
     }

@@ -7,7 +7,7 @@ packages=(
   libcjson-dev libpng-dev libturbojpeg0-dev libwebp-dev
   libpcre2-dev libutf8proc-dev
   libzmq3-dev libmsgpack-dev libuv1-dev libhttp-parser-dev
-  clang libclang-rt-14-dev curl
+  clang libclang-rt-14-dev curl jq
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -13,8 +13,12 @@ ninja -C "$build"
 args=("$@")
 if ! printf '%s\n' "${args[@]+"${args[@]}"}" | grep -qx -- '--model'; then
   ckpt=${KILN_TINY_CKPT:-$root/.data/tiny}
-  [ -f "$ckpt/model_index.json" ] || "$build/tools/kiln" make-checkpoint --preset tiny --out "$ckpt"
-  # The tiny model has 4 text-encoder layers, so it stacks hidden states 1-3.
-  args=(--model "$ckpt" --min-size 64 --text-encoder-out-layers 1,2,3 "${args[@]+"${args[@]}"}")
+  # The tiny checkpoint records the text-encoder layers it needs (1, 2, 3);
+  # one made by an older kiln does not, and is made again.
+  if ! grep -q text_encoder_out_layers "$ckpt/model_index.json" 2>/dev/null; then
+    rm -rf "$ckpt"
+    "$build/tools/kiln" make-checkpoint --preset tiny --out "$ckpt"
+  fi
+  args=(--model "$ckpt" --min-size 64 "${args[@]+"${args[@]}"}")
 fi
 exec "$build/tools/kiln" serve "${args[@]}"

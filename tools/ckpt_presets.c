@@ -109,6 +109,12 @@ static cJSON *model_index(const kiln_ckpt_preset *p, jb *b)
     pair(b, "transformer", "diffusers",
          p->zimage ? "ZImageTransformer2DModel" : "Flux2Transformer2DModel");
     pair(b, "vae", "diffusers", p->zimage ? "AutoencoderKL" : "AutoencoderKLFlux2");
+    /* A text encoder too shallow for diffusers' default hidden states
+     * (9, 18, 27) records the ones its DiT was made for, so that every
+     * command runs on it without --text-encoder-out-layers
+     * (kiln_encode_layers_of).  The published checkpoints have no such key. */
+    if (!p->zimage && p->text.layers < 27)
+        ints(b, "text_encoder_out_layers", (const int[]){1, 2, 3}, 3);
     return done(b);
 }
 

@@ -64,7 +64,7 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
     memset(o, 0, sizeof *o);
     kiln_request_init(&o->req);
     o->device = "cpu";
-    o->out_layers[0] = 9, o->out_layers[1] = 18, o->out_layers[2] = 27, o->n_out_layers = 3;
+    o->n_out_layers = 0; /* the checkpoint's (kiln_encode_layers_of) */
     const char *cmd = edit ? "edit" : "generate";
     int c;
     optind = 1;

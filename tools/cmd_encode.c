@@ -12,6 +12,7 @@
 #include "common/checkpoint.h"
 #include "common/safetensors.h"
 #include "kernels/backend.h"
+#include "engine/encode_stage.h"
 #include "models/qwen3.h"
 #include "models/tokenizer.h"
 #include "common/args.h"
@@ -42,8 +43,9 @@ static void usage(FILE *f)
             "                                  input_ids and attention_mask I64)\n"
             "  --max-sequence-length L         tokens per prompt (default 512); longer\n"
             "                                  prompts are truncated with a warning\n"
-            "  --text-encoder-out-layers A,B,C hidden states to stack (default 9,18,27 for\n"
-            "                                  FLUX.2 klein, -2 for Z-Image)\n"
+            "  --text-encoder-out-layers A,B,C hidden states to stack (default: the\n"
+            "                                  checkpoint's, else 9,18,27 for FLUX.2 klein,\n"
+            "                                  -2 for Z-Image)\n"
             "  --template klein|zimage         chat template (default: from the pipeline)\n"
             "  --backend cpu|cuda              compute backend (default cpu)\n"
             "  --device N                      GPU index (default 0)\n");
@@ -133,23 +135,16 @@ static int parse_args(int argc, char **argv, encode_args *a)
     return 0;
 }
 
-/* Defaults that depend on the pipeline: diffusers' Flux2KleinPipeline stacks
- * hidden states (9, 18, 27) and templates with enable_thinking=False;
- * ZImagePipeline takes hidden_states[-2] with enable_thinking=True. */
-static void pipeline_defaults(const kiln_checkpoint *ck, encode_args *a)
+/* Defaults that depend on the pipeline: diffusers' Flux2KleinPipeline
+ * templates with enable_thinking=False, ZImagePipeline with
+ * enable_thinking=True; the hidden states are the checkpoint's
+ * (kiln_encode_layers_of: 9, 18, 27 for klein, -2 for Z-Image). */
+static kiln_status pipeline_defaults(const kiln_checkpoint *ck, encode_args *a, kiln_err *err)
 {
     int zimage = kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE;
     if (!a->template_set)
         a->template = zimage ? KILN_CHAT_ZIMAGE : KILN_CHAT_KLEIN;
-    if (a->n_layers)
-        return;
-    if (zimage) {
-        a->layers[0] = -2;
-        a->n_layers = 1;
-    } else {
-        memcpy(a->layers, (const int[]){9, 18, 27}, 3 * sizeof(int));
-        a->n_layers = 3;
-    }
+    return a->n_layers ? KILN_OK : kiln_encode_layers_of(ck, a->layers, &a->n_layers, err);
 }
 
 typedef struct encode_batch {
@@ -214,7 +209,10 @@ static kiln_status run(encode_args *a, kiln_err *err)
     kiln_checkpoint *ck = kiln_checkpoint_open(a->model, err);
     if (!ck)
         return err->code;
-    pipeline_defaults(ck, a);
+    if (pipeline_defaults(ck, a, err)) {
+        kiln_checkpoint_close(ck);
+        return err->code;
+    }
     int64_t B = a->n_prompts, T = a->max_seq;
     encode_batch bt = {
         .ids = calloc((size_t)(B * T), sizeof *bt.ids),

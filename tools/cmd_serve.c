@@ -262,9 +262,11 @@ int kiln_cmd_serve(int argc, char **argv)
         remove_keys(&keys);
         return 1;
     }
-    KILN_LOG_INFO("kiln serve: %s on http://%s:%d, bus %s (CURVE, keys of this run), %d/%d/%d "
-                  "replicas on %s", o.model, o.host, o.port, bus, o.replicas[0], o.replicas[1],
-                  o.replicas[2], o.device);
+    /* No URL yet: the gateway prints "ready: http://..." once every stage
+     * has loaded its model and registered. */
+    KILN_LOG_INFO("kiln serve: starting %s with %d/%d/%d replicas on %s, bus %s (CURVE, keys of "
+                  "this run)", o.model, o.replicas[0], o.replicas[1], o.replicas[2], o.device,
+                  bus);
     rc = kiln_supervisor_run(s);
     kiln_supervisor_destroy(s);
     remove_keys(&keys);

@@ -103,7 +103,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
      * 5 ms window cost every request 15 ms across the three stages), and
      * under load jobs queue while a batch runs, so batches form anyway. */
     *o = (kiln_worker_opts){.device = "cpu", .max_batch = 4, .batch_window_ms = 0,
-                            .out_layers = {9, 18, 27}, .n_out_layers = 3,
+                            .n_out_layers = 0, /* the checkpoint's */
                             .tensor_transport = -1,
                             .prompt_cache_mb = KILN_PROMPT_CACHE_DEFAULT_MIB};
     int c;

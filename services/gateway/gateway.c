@@ -54,6 +54,27 @@ static void shutdown_now(kiln_gateway *gw)
     close_all(gw);
 }
 
+/* One line when the service becomes ready (every stage has a live
+ * replica: /readyz answers 200) and one when it stops being ready, so that
+ * an operator (and `kiln serve`'s user) sees when requests can be sent:
+ * the gateway listens at once, but its stages load for seconds to minutes. */
+static void log_readiness(kiln_gateway *gw)
+{
+    int ready = !gw->draining && kiln_sched_ready(gw->sched);
+    if (ready == gw->ready)
+        return;
+    gw->ready = ready;
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(gw->sched, &g);
+    if (ready)
+        KILN_LOG_INFO("gateway: ready: http://%s:%d serves model '%s' (%d encoder, %d denoiser, "
+                      "%d decoder replicas)", gw->opt.host, kiln_http_server_port(gw->http),
+                      gw->model_id, g.replicas[0], g.replicas[1], g.replicas[2]);
+    else if (!gw->draining)
+        KILN_LOG_WARN("gateway: not ready: a stage has no live replica (%d encoder, %d denoiser, "
+                      "%d decoder replicas)", g.replicas[0], g.replicas[1], g.replicas[2]);
+}
+
 static void on_tick(uv_timer_t *t)
 {
     kiln_gateway *gw = t->data;
@@ -63,6 +84,7 @@ static void on_tick(uv_timer_t *t)
     kiln_gw_bus_drain(gw->bus);
     double now = kiln_now_ms();
     kiln_sched_tick(gw->sched, now);
+    log_readiness(gw);
     if (gw->draining) {
         kiln_metrics_gauges g;
         kiln_sched_gauges(gw->sched, &g);
@@ -274,8 +296,9 @@ static int start(kiln_gateway *gw, kiln_err *err)
         return -1;
     }
     gw->tick.data = gw->sigint.data = gw->sigterm.data = gw;
-    KILN_LOG_INFO("gateway: serving model '%s' on http://%s:%d, bus %s", gw->model_id, o->host,
-                  kiln_http_server_port(gw->http), bus);
+    KILN_LOG_INFO("gateway: listening on http://%s:%d for model '%s', bus %s; ready once "
+                  "every stage has a replica", o->host, kiln_http_server_port(gw->http),
+                  gw->model_id, bus);
     if (gw->admin)
         KILN_LOG_INFO("gateway: health, readiness and metrics on admin http://%s:%d",
                       o->admin_host ? o->admin_host : o->host, kiln_http_server_port(gw->admin));

@@ -90,6 +90,7 @@ typedef struct kiln_gateway {
     uv_signal_t sigint, sigterm;
     unsigned handles; /* which of tick, sigint, sigterm are initialised */
     int draining, closing;
+    int ready; /* every stage had a live replica at the last tick (the ready line) */
     double drain_deadline;
     /* Request ids: "req_" + 16 hex digits of request_base + n, unique
      * across this gateway's restarts with a random base. */

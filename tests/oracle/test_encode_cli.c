@@ -190,6 +190,13 @@ static void test_bad_input(void)
                                "--prompt", "a cat", "--text-encoder-out-layers", "1,2,9", NULL};
     CHECK(run_kiln(bad_layer) == 2);
     CHECKF(strstr(log_text, "index 9 is out of range"), "stderr: %s", log_text);
+    /* the oracle's tiny checkpoint records no layers: diffusers' 9, 18, 27
+     * do not fit its 4-layer Qwen3, and the error says which flag helps */
+    const char *default_layers[] = {"kiln", "encode", "--model", model, "--out", out_path,
+                                    "--prompt", "a cat", NULL};
+    CHECK(run_kiln(default_layers) == 2);
+    CHECKF(strstr(log_text, "out of range") && strstr(log_text, "--text-encoder-out-layers"),
+           "stderr: %s", log_text);
 
     const char *bad_utf8[] = {"kiln", "encode", "--model", model, "--out", out_path,
                               "--prompt", "caf\xc3", "--text-encoder-out-layers", "1", NULL};
