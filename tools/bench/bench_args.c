@@ -20,7 +20,7 @@ const char *kiln_bench_usage(void)
            "and after each phase to show where the time went.\n";
 }
 
-static int parse_seconds(const char *s, double *out)
+int kiln_bench_parse_seconds(const char *s, double *out)
 {
     char *end;
     errno = 0;
@@ -31,7 +31,7 @@ static int parse_seconds(const char *s, double *out)
     return 0;
 }
 
-static int parse_size(const char *s, int *w, int *h)
+int kiln_bench_parse_size(const char *s, int *w, int *h)
 {
     char buf[32];
     const char *x = strchr(s, 'x');
@@ -91,7 +91,7 @@ kiln_status kiln_bench_parse_args(int argc, char **argv, kiln_bench_opts *o, kil
         else if (!strcmp(a, "--model"))
             o->model = v;
         else if (!strcmp(a, "--size"))
-            bad = parse_size(v, &o->width, &o->height);
+            bad = kiln_bench_parse_size(v, &o->width, &o->height);
         else if (!strcmp(a, "--steps"))
             bad = kiln_parse_int(v, 1, 1000, &o->steps);
         else if (!strcmp(a, "--format"))
@@ -113,9 +113,9 @@ kiln_status kiln_bench_parse_args(int argc, char **argv, kiln_bench_opts *o, kil
         else if (!strcmp(a, "--repeats"))
             bad = kiln_parse_int(v, 1, 64, &o->repeats);
         else if (!strcmp(a, "--timeout"))
-            bad = parse_seconds(v, &o->timeout_s) || o->timeout_s <= 0;
+            bad = kiln_bench_parse_seconds(v, &o->timeout_s) || o->timeout_s <= 0;
         else if (!strcmp(a, "--wait-ready"))
-            bad = parse_seconds(v, &o->wait_ready_s);
+            bad = kiln_bench_parse_seconds(v, &o->wait_ready_s);
         else if (!strcmp(a, "--json"))
             o->json = v;
         else if (!strcmp(a, "--label"))

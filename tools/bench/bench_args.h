@@ -42,4 +42,9 @@ kiln_status kiln_bench_parse_args(int argc, char **argv, kiln_bench_opts *o, kil
 /* The usage text. */
 const char *kiln_bench_usage(void);
 
+/* Option values shared with kiln-soak: seconds (0..86400, a decimal) and
+ * "WxH" (16..16384 each).  0, or -1 for anything else. */
+int kiln_bench_parse_seconds(const char *s, double *out);
+int kiln_bench_parse_size(const char *s, int *w, int *h);
+
 #endif

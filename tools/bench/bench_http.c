@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,9 +222,10 @@ static kiln_status attempt(kiln_http_client *c, const kiln_buf *req, int *status
     return KILN_OK;
 }
 
-kiln_status kiln_http_request(kiln_http_client *c, const char *method, const char *path,
-                              const char *ctype, const void *body, size_t len, int *status,
-                              kiln_buf *resp, kiln_err *err)
+/* The request's bytes: head and body. */
+static kiln_status format_request(const kiln_http_client *c, const char *method, const char *path,
+                                  const char *ctype, const void *body, size_t len, kiln_buf *req,
+                                  kiln_err *err)
 {
     char head[1024];
     int hn = snprintf(head, sizeof head,
@@ -233,10 +235,46 @@ kiln_status kiln_http_request(kiln_http_client *c, const char *method, const cha
                       ctype ? ctype : "", ctype ? "\r\n" : "", len);
     if (hn < 0 || (size_t)hn >= sizeof head)
         return kiln_err_set(err, KILN_ERR_INVALID, "request line too long");
-    kiln_buf req = {0};
-    kiln_status st = kiln_buf_append(&req, head, (size_t)hn, err);
+    kiln_status st = kiln_buf_append(req, head, (size_t)hn, err);
     if (!st)
-        st = kiln_buf_append(&req, body, len, err);
+        st = kiln_buf_append(req, body, len, err);
+    return st;
+}
+
+kiln_status kiln_http_send_and_drop(kiln_http_client *c, const char *method, const char *path,
+                                    const char *ctype, const void *body, size_t len,
+                                    double after_s, int reset, int *answered, kiln_err *err)
+{
+    *answered = 0;
+    disconnect(c); /* a connection of its own, so the drop reaches this request */
+    kiln_buf req = {0};
+    kiln_status st = format_request(c, method, path, ctype, body, len, &req, err);
+    if (!st)
+        st = connect_to(c, err);
+    if (!st)
+        st = send_all(c, req.data, req.len, err);
+    kiln_buf_free(&req);
+    if (!st) {
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        int ms = after_s > 0 ? (int)(after_s * 1000) : 0, rc;
+        while ((rc = poll(&p, 1, ms)) < 0 && errno == EINTR) {
+        }
+        *answered = rc > 0;
+        if (reset) {
+            struct linger l = {1, 0}; /* close() sends RST instead of FIN */
+            setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        }
+    }
+    disconnect(c);
+    return st;
+}
+
+kiln_status kiln_http_request(kiln_http_client *c, const char *method, const char *path,
+                              const char *ctype, const void *body, size_t len, int *status,
+                              kiln_buf *resp, kiln_err *err)
+{
+    kiln_buf req = {0};
+    kiln_status st = format_request(c, method, path, ctype, body, len, &req, err);
     for (int tries = 0; !st; tries++) {
         int reused = c->fd >= 0, stale = 0;
         if (!reused && (st = connect_to(c, err)))

@@ -9,7 +9,8 @@
  *   kiln_buf_free(&body); kiln_http_client_destroy(c);
  *
  * Responses are parsed with http-parser (Content-Length, chunked, or up to
- * the close).  Not thread-safe: one thread per client.
+ * the close).  kiln-soak also uses it to leave requests mid-way
+ * (kiln_http_send_and_drop).  Not thread-safe: one thread per client.
  */
 #ifndef KILN_BENCH_HTTP_H
 #define KILN_BENCH_HTTP_H
@@ -43,5 +44,15 @@ void kiln_http_client_destroy(kiln_http_client *c);
 kiln_status kiln_http_request(kiln_http_client *c, const char *method, const char *path,
                               const char *ctype, const void *body, size_t len, int *status,
                               kiln_buf *resp, kiln_err *err);
+
+/* Sends one request on a new connection, waits up to after_s seconds (or
+ * until response bytes arrive) and closes the connection without reading,
+ * as a client that gives up mid-request; with `reset` the close is an RST
+ * (SO_LINGER 0) instead of a FIN.  *answered: bytes of a response had
+ * arrived by then.  Errors as kiln_http_request (connect, send); the
+ * client stays usable (its next request connects again). */
+kiln_status kiln_http_send_and_drop(kiln_http_client *c, const char *method, const char *path,
+                                    const char *ctype, const void *body, size_t len,
+                                    double after_s, int reset, int *answered, kiln_err *err);
 
 #endif
