@@ -125,6 +125,8 @@ struct kiln_arena {
     int nblocks;
     size_t used; /* in the last block */
     size_t total_requested;
+    size_t block_start; /* total_requested when the last block was added */
+    size_t high;        /* most of total_requested since the reset (rewinds lower it) */
     uint64_t epoch;
 };
 
@@ -173,6 +175,7 @@ static int arena_grow(kiln_arena *a, size_t need)
     a->epoch++;
     a->sizes[a->nblocks++] = size;
     a->used = 0;
+    a->block_start = a->total_requested;
     return 0;
 }
 
@@ -195,6 +198,8 @@ kiln_status kiln_arena_tensor(kiln_arena *a, kiln_tensor *t, kiln_dtype dt, int 
     t->data = (char *)a->blocks[a->nblocks - 1].data + a->used;
     a->used += bytes;
     a->total_requested += bytes;
+    if (a->total_requested > a->high)
+        a->high = a->total_requested;
     return KILN_OK;
 }
 
@@ -204,7 +209,7 @@ void kiln_arena_reset(kiln_arena *a)
      * one block that fits the whole of it, so the next forward allocates
      * nothing. */
     if (a->nblocks > 1) {
-        size_t want = a->total_requested;
+        size_t want = a->high;
         for (int i = 0; i < a->nblocks; i++)
             a->be->ops->free(a->be, &a->blocks[i]);
         a->nblocks = 0;
@@ -213,6 +218,40 @@ void kiln_arena_reset(kiln_arena *a)
     }
     a->used = 0;
     a->total_requested = 0;
+    a->block_start = 0;
+    a->high = 0;
+}
+
+kiln_status kiln_arena_reserve(kiln_arena *a, size_t bytes)
+{
+    kiln_backend *be = a->be;
+    if (be->error.code)
+        return be->error.code;
+    if (a->total_requested) {
+        kiln_be_fail(be, KILN_ERR_INTERNAL, "arena: reserve with tensors handed out");
+        return KILN_ERR_INTERNAL;
+    }
+    if (a->nblocks == 1 && a->sizes[0] >= bytes)
+        return KILN_OK;
+    for (int i = 0; i < a->nblocks; i++)
+        be->ops->free(be, &a->blocks[i]);
+    a->nblocks = 0;
+    a->epoch++;
+    if (arena_grow(a, bytes)) {
+        kiln_be_fail(be, KILN_ERR_NOMEM, "cannot allocate %zu bytes of scratch", bytes);
+        return KILN_ERR_NOMEM;
+    }
+    return KILN_OK;
+}
+
+size_t kiln_arena_mark(const kiln_arena *a) { return a->total_requested; }
+
+void kiln_arena_rewind(kiln_arena *a, size_t mark)
+{
+    if (mark > a->total_requested || mark < a->block_start)
+        return;
+    a->used = mark - a->block_start;
+    a->total_requested = mark;
 }
 
 uint64_t kiln_arena_epoch(const kiln_arena *a) { return a->epoch; }

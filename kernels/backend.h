@@ -90,6 +90,25 @@ typedef struct kiln_backend_ops {
                            const kiln_tensor *shift, const kiln_tensor *scale, float eps);
     void (*group_norm)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                        const kiln_tensor *b, int groups, float eps, int silu);
+    /* group_norm in pieces, for an image handled in bands of rows whose
+     * statistics must still be those of the whole image (models/vae_band.c):
+     * group_norm_stats: stats (B, groups, 2) F32 holds each group's (mean,
+     * M2 = sum of squared deviations) over `count_before` elements; the
+     * elements of x (B, C, h, W) (a band) are merged in (Chan et al.'s
+     * parallel update, fp32 storage, wider arithmetic inside), so it then
+     * holds them over count_before + C/groups * h * W.  count_before 0
+     * starts afresh (stats' old contents ignored).  Deterministic: the same
+     * inputs give the same bits.
+     * group_norm_apply: y = (x - mean) * inv * w + b (optional SiLU) for a
+     * band x (B, C, h, W), with mean = stats mean and inv = 1 / sqrt(M2 /
+     * count + eps): the arithmetic of group_norm once the statistics are
+     * known, count being the elements per group of the whole image.  y may
+     * alias x. */
+    void (*group_norm_stats)(kiln_backend *be, kiln_tensor *stats, const kiln_tensor *x,
+                             int groups, int64_t count_before);
+    void (*group_norm_apply)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                             const kiln_tensor *w, const kiln_tensor *b, const kiln_tensor *stats,
+                             int64_t count, int groups, float eps, int silu);
 
     /* --- attention -------------------------------------------------------
      * rope: x (B, S, H, d) rotated in place; cos, sin (S, d) F32 tables that
@@ -277,6 +296,13 @@ KILN_BE_WRAP(layer_norm_mod, (kiln_backend *be, kiln_tensor *y, const kiln_tenso
 KILN_BE_WRAP(group_norm, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
                           const kiln_tensor *w, const kiln_tensor *b, int groups, float eps,
                           int silu), (be, y, x, w, b, groups, eps, silu))
+KILN_BE_WRAP(group_norm_stats, (kiln_backend *be, kiln_tensor *stats, const kiln_tensor *x,
+                                int groups, int64_t count_before),
+             (be, stats, x, groups, count_before))
+KILN_BE_WRAP(group_norm_apply, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                                const kiln_tensor *w, const kiln_tensor *b,
+                                const kiln_tensor *stats, int64_t count, int groups, float eps,
+                                int silu), (be, y, x, w, b, stats, count, groups, eps, silu))
 KILN_BE_WRAP(rope, (kiln_backend *be, kiln_tensor *x, const kiln_tensor *cos,
                     const kiln_tensor *sin, kiln_rope_mode mode), (be, x, cos, sin, mode))
 KILN_BE_WRAP(attention, (kiln_backend *be, kiln_tensor *o, const kiln_tensor *q,
@@ -328,6 +354,21 @@ kiln_status kiln_arena_tensor(kiln_arena *a, kiln_tensor *t, kiln_dtype dt, int 
                               const int64_t *shape);
 /* Releases every tensor handed out since the last reset. */
 void kiln_arena_reset(kiln_arena *a);
+/* Makes the arena one block of at least `bytes`, so that a pass whose
+ * needs are known up front never grows it block by block (growth doubles,
+ * and the old blocks stay held until the next reset).  Call right after
+ * kiln_arena_reset: a smaller block is freed before the new one is
+ * allocated, so both are never held together; a big enough one is kept.
+ * KILN_ERR_NOMEM with the sticky error set on failure; KILN_ERR_INTERNAL
+ * when tensors are still handed out. */
+kiln_status kiln_arena_reserve(kiln_arena *a, size_t bytes);
+/* A mark of what has been handed out so far, and the release of every
+ * tensor handed out after it (a stack discipline inside one pass).  The
+ * rewind releases nothing when the arena grew a block since the mark (the
+ * memory then stays taken until the reset, which replaces the blocks by one
+ * that fits the most handed out at once). */
+size_t kiln_arena_mark(const kiln_arena *a);
+void kiln_arena_rewind(kiln_arena *a, size_t mark);
 /* Bytes of backend memory the arena holds (for metrics and tests). */
 size_t kiln_arena_capacity(const kiln_arena *a);
 /* Changes whenever the arena's memory is replaced (a reset after it grew):

@@ -6,29 +6,7 @@
 
 #include "vae_blocks.h"
 #include "vae_config.h"
-#include "vae_tiled.h"
-
-/* One down (encoder) or up (decoder) block: layers_per_block resnets in the
- * encoder, layers_per_block + 1 in the decoder, then the sampler except in
- * the last block. */
-typedef struct vae_block {
-    int nres;
-    vae_resnet res[VAE_MAX_LAYERS + 1];
-    int has_sampler;
-    vae_conv sampler;
-} vae_block;
-
-/* Encoder or Decoder of diffusers vae.py plus the adjacent 1x1 conv of the
- * autoencoder (quant_conv after the encoder, post_quant_conv before the
- * decoder), when the config has it. */
-typedef struct vae_coder {
-    vae_conv quant;
-    vae_conv conv_in;
-    vae_block blocks[VAE_MAX_BLOCKS];
-    vae_mid mid;
-    vae_norm norm_out;
-    vae_conv conv_out;
-} vae_coder;
+#include "vae_band.h"
 
 struct kiln_vae {
     kiln_backend *be;
@@ -37,9 +15,8 @@ struct kiln_vae {
     kiln_vae_info info;
     vae_coder dec, enc;
     float *bn_mean, *bn_var;
-    int tiled;               /* kiln_vae_set_tiling */
-    vae_tiling tiling;
-    kiln_arena *tile_arena;  /* tile buffers; the arena above serves each tile */
+    int64_t band_above;      /* kiln_vae_set_banding: pixels per image, 0 = never */
+    int64_t band_rows;
 };
 
 static void coder_free(kiln_backend *be, vae_coder *c)
@@ -196,6 +173,8 @@ kiln_vae *kiln_vae_load(kiln_backend *be, const cJSON *config, const kiln_st *we
         goto fail;
     if (!(v->arena = kiln_arena_create(be, 0, err)))
         goto fail;
+    v->band_above = KILN_VAE_BAND_ABOVE_DEFAULT;
+    v->band_rows = KILN_VAE_BAND_ROWS_DEFAULT;
     fill_info(v, parts);
     return v;
 fail:
@@ -210,7 +189,6 @@ void kiln_vae_free(kiln_vae *v)
     coder_free(v->be, &v->dec);
     coder_free(v->be, &v->enc);
     kiln_arena_destroy(v->arena);
-    kiln_arena_destroy(v->tile_arena);
     free(v->bn_mean);
     free(v->bn_var);
     free(v);
@@ -277,28 +255,39 @@ static int size_ok(int64_t B, int64_t h, int64_t w)
     return B >= 1 && h >= 1 && w >= 1 && B <= (1 << 16) && h <= (1 << 16) && w <= (1 << 16);
 }
 
-/* Whether a decode of latent h x w goes through tiles. */
-static int decode_tiled(const kiln_vae *v, int64_t h, int64_t w)
+/* Whether a pass over H x W pixels per image runs in bands. */
+static int banded(const kiln_vae *v, int64_t H, int64_t W)
 {
-    return v->tiled && vae_tiling_applies(&v->tiling, h, w);
+    /* A backend without the pieced GroupNorm can only run whole passes. */
+    const kiln_backend_ops *ops = v->be->ops;
+    return v->band_above > 0 && H * W > v->band_above && ops->group_norm_stats &&
+           ops->group_norm_apply;
 }
 
 size_t kiln_vae_scratch_bytes(const kiln_vae *v, unsigned part, int64_t B, int64_t H, int64_t W)
 {
     int f = v->info.downscale;
+    size_t ds = kiln_dtype_size(v->be->act_dtype);
     if (!(v->info.parts & part) || !size_ok(B, H, W) || H % f || W % f)
         return 0;
-    if (part == KILN_VAE_ENCODER)
-        return pass_bytes(v, B, encoder_slot_elems(&v->cfg, H, W), H / f, W / f);
     int64_t h = H / f, w = W / f;
-    if (!decode_tiled(v, h, w))
-        return pass_bytes(v, B, decoder_slot_elems(&v->cfg, h, w), h, w);
-    /* The largest tile's pass plus the tile buffers. */
-    int64_t th = h < v->tiling.tile ? h : v->tiling.tile;
-    int64_t tw = w < v->tiling.tile ? w : v->tiling.tile;
-    return pass_bytes(v, B, decoder_slot_elems(&v->cfg, th, tw), th, tw) +
-           vae_tiled_bytes(&v->tiling, f, B, v->cfg.latent, v->cfg.out_channels, h, w,
-                           kiln_dtype_size(v->be->act_dtype));
+    if (part == KILN_VAE_ENCODER)
+        return banded(v, H, W) ?
+               vae_band_encode_bytes(&v->cfg, &v->enc, ds, B, H, W, v->band_rows) :
+               pass_bytes(v, B, encoder_slot_elems(&v->cfg, H, W), h, w);
+    return banded(v, H, W) ? vae_band_decode_bytes(&v->cfg, &v->dec, ds, B, h, w, v->band_rows)
+                           : pass_bytes(v, B, decoder_slot_elems(&v->cfg, h, w), h, w);
+}
+
+kiln_status kiln_vae_set_banding(kiln_vae *v, int64_t above_pixels, int64_t rows, kiln_err *err)
+{
+    if (above_pixels < 0 || rows < 1 || rows > (1 << 16))
+        return kiln_err_set(err, KILN_ERR_INVALID, "vae: banding above %lld pixels in bands of "
+                            "%lld rows is out of range (rows 1..65536)", (long long)above_pixels,
+                            (long long)rows);
+    v->band_above = above_pixels;
+    v->band_rows = rows;
+    return KILN_OK;
 }
 
 /* --- forward passes ------------------------------------------------------------ */
@@ -333,12 +322,18 @@ static kiln_status check_output(const kiln_tensor *t, const int64_t want[4], con
 
 /* Starts a pass: surfaces an error left in the backend by earlier work,
  * rewinds the arena and takes the slots. */
-static kiln_status pass_begin(kiln_vae *v, vae_run *r, int64_t B, int64_t slot,
-                              const kiln_vae_tap *tap, kiln_err *err)
+static kiln_status pass_begin(kiln_vae *v, vae_run *r, int64_t B, int64_t slot, int64_t r_h,
+                              int64_t r_w, const kiln_vae_tap *tap, kiln_err *err)
 {
     if (kiln_be_check(v->be, err))
         return kiln_err_wrap(err, "vae: backend error before the pass");
     kiln_arena_reset(v->arena);
+    /* Reserved at the exact size, so the arena never holds a doubled block
+     * and the blocks it outgrew at once (kiln_arena_reserve). */
+    if (kiln_arena_reserve(v->arena, pass_bytes(v, B, slot, r_h, r_w))) {
+        kiln_be_check(v->be, err);
+        return kiln_err_wrap(err, "vae: scratch memory");
+    }
     *r = (vae_run){.be = v->be, .arena = v->arena, .groups = v->cfg.groups, .cap = B * slot,
                    .tap = tap};
     if (vae_run_begin(r)) {
@@ -348,14 +343,14 @@ static kiln_status pass_begin(kiln_vae *v, vae_run *r, int64_t B, int64_t slot,
     return KILN_OK;
 }
 
-/* One untiled decoder pass (vae.md section 3); shapes already validated. */
+/* One whole-image decoder pass (vae.md section 3); shapes already validated. */
 static kiln_status decode_pass(kiln_vae *v, const kiln_tensor *z, kiln_tensor *img,
                                const kiln_vae_tap *tap, kiln_err *err)
 {
     const vae_config *c = &v->cfg;
     vae_run r;
-    if (pass_begin(v, &r, z->shape[0], decoder_slot_elems(c, z->shape[2], z->shape[3]), tap,
-                   err))
+    if (pass_begin(v, &r, z->shape[0], decoder_slot_elems(c, z->shape[2], z->shape[3]),
+                   z->shape[2], z->shape[3], tap, err))
         return err->code;
     const vae_coder *d = &v->dec;
     if (c->post_quant) {
@@ -385,12 +380,6 @@ static kiln_status decode_pass(kiln_vae *v, const kiln_tensor *z, kiln_tensor *i
     return KILN_OK;
 }
 
-static kiln_status decode_tile(void *ctx, const kiln_tensor *z, kiln_tensor *img,
-                               kiln_err *err)
-{
-    return decode_pass(ctx, z, img, NULL, err);
-}
-
 kiln_status kiln_vae_decode(kiln_vae *v, const kiln_tensor *z, kiln_tensor *img,
                             const kiln_vae_tap *tap, kiln_err *err)
 {
@@ -408,34 +397,12 @@ kiln_status kiln_vae_decode(kiln_vae *v, const kiln_tensor *z, kiln_tensor *img,
                             "out of range", (long long)h, (long long)w, (long long)B);
     if (check_output(img, (int64_t[]){B, c->out_channels, h * f, w * f}, "image", err))
         return err->code;
-    int tiled = decode_tiled(v, h, w);
-    int64_t ph = tiled && h > v->tiling.tile ? v->tiling.tile : h;
-    int64_t pw = tiled && w > v->tiling.tile ? v->tiling.tile : w;
-    if (decoder_slot_elems(c, ph, pw) > VAE_MAX_SLOT_ELEMS / B)
+    if (decoder_slot_elems(c, h, w) > VAE_MAX_SLOT_ELEMS / B)
         return kiln_err_set(err, KILN_ERR_TOO_LARGE, "vae: decode of %lld x %lldx%lld is too "
                             "large", (long long)B, (long long)(h * f), (long long)(w * f));
-    if (tiled)
-        return vae_decode_tiled(v->be, v->tile_arena, &v->tiling, f, z, img, decode_tile, v,
-                                err);
+    if (banded(v, h * f, w * f))
+        return vae_band_decode(v->be, v->arena, c, &v->dec, v->band_rows, z, img, err);
     return decode_pass(v, z, img, tap, err);
-}
-
-kiln_status kiln_vae_set_tiling(kiln_vae *v, int enable, kiln_err *err)
-{
-    if (!enable) {
-        v->tiled = 0;
-        kiln_arena_destroy(v->tile_arena);
-        v->tile_arena = NULL;
-        return KILN_OK;
-    }
-    if (!(v->info.parts & KILN_VAE_DECODER))
-        return kiln_err_set(err, KILN_ERR_INVALID, "vae: the decoder was not loaded");
-    if (vae_tiling_init(&v->tiling, v->cfg.sample_size, v->info.downscale, err))
-        return err->code;
-    if (!v->tile_arena && !(v->tile_arena = kiln_arena_create(v->be, 0, err)))
-        return err->code;
-    v->tiled = 1;
-    return KILN_OK;
 }
 
 kiln_status kiln_vae_encode_mean(kiln_vae *v, const kiln_tensor *img, kiln_tensor *mean,
@@ -460,8 +427,10 @@ kiln_status kiln_vae_encode_mean(kiln_vae *v, const kiln_tensor *img, kiln_tenso
         return kiln_err_set(err, KILN_ERR_TOO_LARGE, "vae: encode of %lld x %lldx%lld is too "
                             "large", (long long)B, (long long)H, (long long)W);
 
+    if (banded(v, H, W))
+        return vae_band_encode(v->be, v->arena, c, &v->enc, v->band_rows, img, mean, err);
     vae_run r;
-    if (pass_begin(v, &r, B, slot, tap, err))
+    if (pass_begin(v, &r, B, slot, H / f, W / f, tap, err))
         return err->code;
     const vae_coder *e = &v->enc;
     vae_conv_from(&r, &e->conv_in, img);

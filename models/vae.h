@@ -23,10 +23,13 @@
  * (B x 256 x H x W elements at the full resolution of the real decoder, e.g.
  * 3 x 512 MiB in bf16 for one 1024x1024 image), plus four token buffers for
  * the mid-block attention at 1/8 resolution; kiln_vae_scratch_bytes() gives
- * the exact figure.  The arena keeps its size between calls, so repeated
- * calls with the same or smaller shapes allocate nothing.  Whatever the
- * backend needs internally (attention scores on the CPU) comes on top.
- * Above 1024x1024 kiln_vae_set_tiling() bounds decoder memory.
+ * the exact figure.  The arena is reserved at that size and keeps it between
+ * calls, so repeated calls with the same or smaller shapes allocate nothing.
+ * Whatever the backend needs internally (attention scores on the CPU) comes
+ * on top.  Images above a size (kiln_vae_set_banding; 1024x1024 by default)
+ * run in bands of rows with the same result (models/vae_band.h), so scratch
+ * grows with two activations of one stage instead of three of the widest
+ * (a 2048x2048 klein decode: about 3.5 GiB instead of 6.3 GiB).
  *
  * Thread-safety: a kiln_vae uses its backend and its arena, so it belongs to
  * the backend's thread; use one kiln_vae per backend instance.
@@ -105,18 +108,19 @@ const kiln_vae_info *kiln_vae_get_info(const kiln_vae *vae);
 kiln_status kiln_vae_decode(kiln_vae *vae, const kiln_tensor *z, kiln_tensor *img,
                             const kiln_vae_tap *tap, kiln_err *err);
 
-/* Switches tiled decoding on or off (off after load, as in the diffusers
- * pipelines).  When on, a latent with a side over sample_size / downscale
- * (config sample_size: 1024 px for the real VAEs) is decoded in overlapping
- * tiles of that size and blended exactly like diffusers' enable_tiling()
- * (AutoencoderKL.tiled_decode), so decoder scratch stays that of one
- * sample_size^2 decode plus two rows of 3-channel tiles and one band of
- * output rows, whatever the image size; smaller latents decode in one piece,
- * unchanged.  Tiled output differs from an untiled decode (the mid-block
- * attention sees one tile).  Taps are not called for tiled decodes.
- * KILN_ERR_UNSUPPORTED when sample_size does not tile exactly,
- * KILN_ERR_INVALID without a decoder. */
-kiln_status kiln_vae_set_tiling(kiln_vae *vae, int enable, kiln_err *err);
+/* Images of more than `above_pixels` pixels (H x W of one image, batch rows
+ * not counted) decode and encode in bands of about `rows` full-resolution
+ * rows (models/vae_band.h): the whole-image result (GroupNorm statistics
+ * over the whole image, convolutions with halos; bit-identical on the CPU
+ * up to the statistics' summation order) with less scratch memory.
+ * above_pixels 0 never bands.  After load: above KILN_VAE_BAND_ABOVE_DEFAULT
+ * pixels, bands of KILN_VAE_BAND_ROWS_DEFAULT rows.  Taps are not called for
+ * banded passes.  KILN_ERR_INVALID for a negative size or rows outside
+ * 1..65536. */
+#define KILN_VAE_BAND_ABOVE_DEFAULT ((int64_t)1 << 20) /* 1024 x 1024 */
+#define KILN_VAE_BAND_ROWS_DEFAULT 128
+kiln_status kiln_vae_set_banding(kiln_vae *vae, int64_t above_pixels, int64_t rows,
+                                 kiln_err *err);
 
 /* Encodes img (B, 3, H, W) in [-1, 1], H and W positive multiples of
  * downscale, into the posterior mean (B, latent_channels, H/downscale,
@@ -126,8 +130,9 @@ kiln_status kiln_vae_encode_mean(kiln_vae *vae, const kiln_tensor *img, kiln_ten
                                  const kiln_vae_tap *tap, kiln_err *err);
 
 /* Scratch bytes one call of `part` (KILN_VAE_DECODER or KILN_VAE_ENCODER)
- * needs for a batch of B images of H x W pixels with the current tiling
- * setting, not counting the backend's own temporaries.  0 for a part that is not loaded or a bad size. */
+ * needs for a batch of B images of H x W pixels with the current banding
+ * setting, not counting the backend's own temporaries.  0 for a part that is
+ * not loaded or a bad size. */
 size_t kiln_vae_scratch_bytes(const kiln_vae *vae, unsigned part, int64_t B, int64_t H, int64_t W);
 
 #endif

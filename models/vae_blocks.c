@@ -175,6 +175,22 @@ void vae_run_tap(vae_run *r, const char *stage)
     r->tap->fn(r->tap->ctx, stage, &t);
 }
 
+void vae_run_load(vae_run *r, const kiln_tensor *x)
+{
+    r->B = x->shape[0];
+    r->C = x->shape[1];
+    r->H = x->shape[2];
+    r->W = x->shape[3];
+    kiln_tensor t = act(r);
+    kiln_be_copy(r->be, &t, x);
+}
+
+void vae_run_store(vae_run *r, kiln_tensor *y)
+{
+    kiln_tensor t = act(r);
+    kiln_be_copy(r->be, y, &t);
+}
+
 static int conv_pad(const vae_conv *c) { return (int)(c->w.shape[2] / 2); }
 
 void vae_conv_from(vae_run *r, const vae_conv *c, const kiln_tensor *x)

@@ -23,6 +23,7 @@
 #include "common/safetensors.h"
 #include "kernels/backend.h"
 #include "models/vae.h"
+#include "models/vae_config.h"
 
 /* diffusers' GroupNorm eps in the VAE (resnets, attention, conv_norm_out). */
 #define VAE_GN_EPS 1e-6f
@@ -51,6 +52,28 @@ typedef struct vae_mid {
     int has_attn; /* mid_block_add_attention */
     vae_attn attn;
 } vae_mid;
+
+/* One down (encoder) or up (decoder) block: layers_per_block resnets in the
+ * encoder, layers_per_block + 1 in the decoder, then the sampler except in
+ * the last block. */
+typedef struct vae_block {
+    int nres;
+    vae_resnet res[VAE_MAX_LAYERS + 1];
+    int has_sampler;
+    vae_conv sampler;
+} vae_block;
+
+/* Encoder or Decoder of diffusers vae.py plus the adjacent 1x1 conv of the
+ * autoencoder (quant_conv after the encoder, post_quant_conv before the
+ * decoder), when the config has it. */
+typedef struct vae_coder {
+    vae_conv quant;
+    vae_conv conv_in;
+    vae_block blocks[VAE_MAX_BLOCKS];
+    vae_mid mid;
+    vae_norm norm_out;
+    vae_conv conv_out;
+} vae_coder;
 
 typedef struct vae_run {
     kiln_backend *be;
@@ -90,6 +113,11 @@ void vae_mid_free(kiln_backend *be, vae_mid *m);
 kiln_status vae_run_begin(vae_run *r);
 /* Hands the current activation to the tap, if any. */
 void vae_run_tap(vae_run *r, const char *stage);
+/* Copies x (B, C, H, W) into the current slot as the activation, and the
+ * activation out into y of its shape (models/vae_band.c's hand-overs
+ * between whole and banded stages). */
+void vae_run_load(vae_run *r, const kiln_tensor *x);
+void vae_run_store(vae_run *r, kiln_tensor *y);
 
 /* conv from an external tensor x (B, cin, H, W) into a slot (padding 1 for
  * 3x3, 0 for 1x1). */

@@ -123,25 +123,6 @@ static kiln_status parse_latent_norm(const cJSON *json, vae_config *c, kiln_err 
     return KILN_OK;
 }
 
-/* sample_size is an int or a list whose first entry counts (diffusers reads
- * it that way for tiling); diffusers' default is 32. */
-static kiln_status parse_sample_size(const cJSON *json, vae_config *c, kiln_err *err)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(json, "sample_size");
-    if (cJSON_IsArray(v)) {
-        int64_t first[8];
-        int n;
-        if (kiln_json_int_array(json, "sample_size", 1, first, 8, &n, err))
-            return kiln_err_wrap(err, LABEL);
-        c->sample_size = n ? first[0] : 0;
-    } else if (kiln_json_int(json, "sample_size", 32, &c->sample_size, err)) {
-        return kiln_err_wrap(err, LABEL);
-    }
-    if (c->sample_size < 1 || c->sample_size > (1 << 16))
-        return kiln_err_set(err, KILN_ERR_FORMAT, LABEL ": sample_size out of range");
-    return KILN_OK;
-}
-
 kiln_status vae_config_parse(const cJSON *json, vae_config *c, kiln_err *err)
 {
     memset(c, 0, sizeof *c);
@@ -163,7 +144,5 @@ kiln_status vae_config_parse(const cJSON *json, vae_config *c, kiln_err *err)
         kiln_json_bool(json, "use_quant_conv", 0, 1, &c->quant, err) ||
         kiln_json_bool(json, "use_post_quant_conv", 0, 1, &c->post_quant, err))
         return kiln_err_wrap(err, LABEL);
-    if (parse_sample_size(json, c, err))
-        return err->code;
     return parse_latent_norm(json, c, err);
 }

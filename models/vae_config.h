@@ -33,7 +33,6 @@ typedef struct vae_config {
     double bn_eps;                   /* FLUX.2 */
     int patch_h, patch_w;            /* FLUX.2 */
     double scaling, shift;           /* FLUX.1 */
-    int64_t sample_size;             /* tile side in pixels for tiled decoding */
 } vae_config;
 
 /* Fails with KILN_ERR_FORMAT (missing/mistyped/inconsistent key) or

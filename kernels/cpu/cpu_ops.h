@@ -36,6 +36,11 @@ void cpu_layer_norm_mod(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
                         const kiln_tensor *shift, const kiln_tensor *scale, float eps);
 void cpu_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                     const kiln_tensor *b, int groups, float eps, int silu);
+void cpu_group_norm_stats(kiln_backend *be, kiln_tensor *stats, const kiln_tensor *x, int groups,
+                          int64_t count_before);
+void cpu_group_norm_apply(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                          const kiln_tensor *w, const kiln_tensor *b, const kiln_tensor *stats,
+                          int64_t count, int groups, float eps, int silu);
 
 void cpu_rope(kiln_backend *be, kiln_tensor *x, const kiln_tensor *cos, const kiln_tensor *sin,
               kiln_rope_mode mode);

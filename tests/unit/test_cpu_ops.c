@@ -143,6 +143,64 @@ static void test_norms(void)
     kiln_be_free(be, &sh), kiln_be_free(be, &sc);
 }
 
+/* group_norm_stats over bands of rows, then group_norm_apply to each band,
+ * is group_norm over the whole: bands of 3, 1 and 3 of 7 rows, batch 2,
+ * with and without SiLU; the stats' old contents do not leak into a fresh
+ * start (count_before 0). */
+static void test_group_norm_bands(void)
+{
+    const int64_t B = 2, C = 6, H = 7, W = 5, G = 3, rows[3] = {3, 1, 3};
+    kiln_tensor x, whole, w, b, st, band, out;
+    tensor(&x, 4, (int64_t[]){B, C, H, W}, NULL), fill(&x, 11);
+    for (int64_t i = 0; i < kiln_tensor_numel(&x); i++)
+        ((float *)x.data)[i] = 3.0f + 2.0f * ((float *)x.data)[i]; /* mean far from 0 */
+    tensor(&whole, 4, (int64_t[]){B, C, H, W}, NULL);
+    tensor(&out, 4, (int64_t[]){B, C, H, W}, NULL);
+    tensor(&w, 1, (int64_t[]){C}, NULL), fill(&w, 12);
+    tensor(&b, 1, (int64_t[]){C}, NULL), fill(&b, 13);
+    tensor(&st, 3, (int64_t[]){B, G, 2}, (float[]){9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9});
+    tensor(&band, 4, (int64_t[]){B, C, 3, W}, NULL);
+    kiln_tensor x3 = x, o3 = out;
+    kiln_tensor_set_shape(&x3, KILN_F32, 3, (int64_t[]){B * C, H, W});
+    kiln_tensor_set_shape(&o3, KILN_F32, 3, (int64_t[]){B * C, H, W});
+    for (int silu = 0; silu < 2; silu++) {
+        kiln_be_group_norm(be, &whole, &x, &w, &b, (int)G, 1e-6f, silu);
+        int64_t r0 = 0;
+        for (int i = 0; i < 3; r0 += rows[i++]) {
+            kiln_tensor b4 = band, b3 = band;
+            kiln_tensor_set_shape(&b4, KILN_F32, 4, (int64_t[]){B, C, rows[i], W});
+            kiln_tensor_set_shape(&b3, KILN_F32, 3, (int64_t[]){B * C, rows[i], W});
+            kiln_be_copy_rows(be, &b3, 0, &x3, r0, rows[i]);
+            kiln_be_group_norm_stats(be, &st, &b4, (int)G, (C / G) * r0 * W);
+        }
+        r0 = 0;
+        for (int i = 0; i < 3; r0 += rows[i++]) {
+            kiln_tensor b4 = band, b3 = band;
+            kiln_tensor_set_shape(&b4, KILN_F32, 4, (int64_t[]){B, C, rows[i], W});
+            kiln_tensor_set_shape(&b3, KILN_F32, 3, (int64_t[]){B * C, rows[i], W});
+            kiln_be_copy_rows(be, &b3, 0, &x3, r0, rows[i]);
+            kiln_be_group_norm_apply(be, &b4, &b4, &w, &b, &st, (C / G) * H * W, (int)G, 1e-6f,
+                                     silu);
+            kiln_be_copy_rows(be, &o3, r0, &b3, 0, rows[i]);
+        }
+        CHECK(kiln_be_check(be, NULL) == KILN_OK);
+        double worst = 0;
+        for (int64_t i = 0; i < kiln_tensor_numel(&x); i++) {
+            double d = fabs(((float *)out.data)[i] - ((float *)whole.data)[i]);
+            worst = d > worst ? d : worst;
+        }
+        CHECKF(worst < 2e-6, "silu %d: banded group norm differs by %g", silu, worst);
+    }
+    /* Mismatched stats are a caller bug: a sticky error, nothing written. */
+    kiln_tensor small;
+    tensor(&small, 3, (int64_t[]){1, G, 2}, NULL);
+    kiln_be_group_norm_stats(be, &small, &x, (int)G, 0);
+    CHECK(kiln_be_check(be, NULL) == KILN_ERR_INTERNAL);
+    kiln_be_free(be, &x), kiln_be_free(be, &whole), kiln_be_free(be, &out);
+    kiln_be_free(be, &w), kiln_be_free(be, &b), kiln_be_free(be, &st);
+    kiln_be_free(be, &band), kiln_be_free(be, &small);
+}
+
 static void test_conv_matches_linear(void)
 {
     /* A 1x1 convolution is a linear layer over channels. */
@@ -241,6 +299,40 @@ static void test_arena_reuse(void)
     kiln_arena_destroy(a);
 }
 
+/* reserve makes one block (kept when big enough, replaced otherwise);
+ * rewind hands the same memory out again; after growth it releases nothing. */
+static void test_arena_reserve_rewind(void)
+{
+    kiln_err err = {0};
+    kiln_arena *a = kiln_arena_create(be, 0, &err);
+    CHECK(a && kiln_arena_reserve(a, 3u << 20) == KILN_OK);
+    CHECK(kiln_arena_capacity(a) == 3u << 20);
+    uint64_t ep = kiln_arena_epoch(a);
+    CHECK(kiln_arena_reserve(a, 1u << 20) == KILN_OK && kiln_arena_capacity(a) == 3u << 20 &&
+          kiln_arena_epoch(a) == ep);
+    kiln_tensor t, u, v;
+    kiln_arena_tensor(a, &t, KILN_F32, 1, (int64_t[]){1000});
+    size_t m = kiln_arena_mark(a);
+    kiln_arena_tensor(a, &u, KILN_F32, 1, (int64_t[]){1000});
+    kiln_arena_rewind(a, m);
+    kiln_arena_tensor(a, &v, KILN_F32, 1, (int64_t[]){1000});
+    CHECK(u.data == v.data && t.data != u.data);
+    CHECK(kiln_arena_reserve(a, 1u << 20) == KILN_ERR_INTERNAL); /* tensors handed out */
+    CHECK(kiln_be_check(be, NULL) == KILN_ERR_INTERNAL);
+    /* Growth since the mark: the rewind releases nothing. */
+    m = kiln_arena_mark(a);
+    kiln_arena_tensor(a, &t, KILN_F32, 1, (int64_t[]){1000});
+    kiln_arena_tensor(a, &u, KILN_F32, 1, (int64_t[]){1 << 20});
+    kiln_arena_rewind(a, m);
+    kiln_arena_tensor(a, &v, KILN_F32, 1, (int64_t[]){1000});
+    CHECK(t.data != v.data && (char *)v.data >= (char *)u.data + (4 << 20));
+    kiln_arena_reset(a);
+    CHECK(kiln_arena_reserve(a, 8u << 20) == KILN_OK && kiln_arena_capacity(a) == 8u << 20 &&
+          kiln_arena_epoch(a) != ep);
+    CHECK(kiln_be_check(be, NULL) == KILN_OK);
+    kiln_arena_destroy(a);
+}
+
 /* A lost backend (its device unusable, kiln_be_lose) fails every op and
  * every check from then on, whatever error came first; an ordinary error
  * clears when checked. */
@@ -283,9 +375,11 @@ int main(void)
     RUN(test_attention_masks);
     RUN(test_rope_modes);
     RUN(test_norms);
+    RUN(test_group_norm_bands);
     RUN(test_conv_matches_linear);
     RUN(test_elementwise_and_movement);
     RUN(test_arena_reuse);
+    RUN(test_arena_reserve_rewind);
     RUN(test_lost);
     kiln_backend_destroy(be);
     return test_finish();
