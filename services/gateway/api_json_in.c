@@ -1,4 +1,5 @@
 /* JSON request bodies: one object; images as base64 strings or data URLs. */
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -14,12 +15,13 @@ static kiln_status add_json_image(api_draft *d, const char *param, const cJSON *
                                   kiln_api_error *e)
 {
     if (!cJSON_IsString(v))
-        return INVALID(e, param, "%s must be a base64 string or a list of them", param);
+        return api_bad_type(e, param, "a string", v);
     const char *s = v->valuestring;
     size_t len = strlen(s);
     if (strncasecmp(s, "http://", 7) == 0 || strncasecmp(s, "https://", 8) == 0)
-        return INVALID(e, param, "image URLs are not supported: send the image as base64 or "
-                                 "as a data: URL");
+        return api_fail(e, KILN_ERR_INVALID, param, "unsupported_value",
+                        "image URLs are not supported: send the image as base64 or as a "
+                        "data: URL");
     if (strncasecmp(s, "data:", 5) == 0) {
         const char *comma = memchr(s, ',', len);
         if (!comma || comma - s < 12 || strncasecmp(comma - 7, ";base64", 7) != 0)
@@ -27,10 +29,10 @@ static kiln_status add_json_image(api_draft *d, const char *param, const cJSON *
         len -= (size_t)(comma + 1 - s);
         s = comma + 1;
     }
-    if (d->kind != KILN_API_EDIT)
-        return INVALID(e, param, "image is accepted by /v1/images/edits only");
     if (d->n_images == KILN_MAX_REFS)
-        return INVALID(e, param, "at most %d reference images are allowed", KILN_MAX_REFS);
+        return api_fail(e, KILN_ERR_INVALID, param, "array_above_max_length",
+                        "Invalid '%s': array too long. Expected an array with maximum length %d, "
+                        "but got more images instead.", param, KILN_MAX_REFS);
     kiln_err err = {0};
     kiln_buf *b = &d->images[d->n_images];
     if (kiln_base64_decode(s, len, b, &err)) {
@@ -41,6 +43,60 @@ static kiln_status add_json_image(api_draft *d, const char *param, const cJSON *
     }
     d->n_images++;
     return KILN_OK;
+}
+
+/* OpenAI's JSON edit form: "images": [{"image_url": "data:..."}, ...]
+ * ({"file_id": ...} names a file uploaded to OpenAI: kiln stores none). */
+static kiln_status add_json_image_ref(api_draft *d, const cJSON *el, int k, kiln_api_error *e)
+{
+    char param[KILN_API_PARAM_MAX];
+    snprintf(param, sizeof param, "images[%d]", k);
+    if (!cJSON_IsObject(el))
+        return api_bad_type(e, param, "an object", el);
+    const cJSON *url = NULL, *f;
+    cJSON_ArrayForEach(f, el)
+    {
+        char sub[KILN_API_PARAM_MAX];
+        snprintf(sub, sizeof sub, "images[%d].%.16s", k, f->string);
+        if (strcmp(f->string, "image_url") == 0)
+            url = f;
+        else if (strcmp(f->string, "file_id") == 0)
+            return api_fail(e, KILN_ERR_INVALID, sub, "unsupported_value",
+                            "file_id is not supported: kiln stores no files; send image_url "
+                            "as a data: URL");
+        else
+            return api_unknown(e, sub);
+    }
+    snprintf(param, sizeof param, "images[%d].image_url", k);
+    if (!url || cJSON_IsNull(url))
+        return api_fail(e, KILN_ERR_INVALID, param, "missing_required_parameter",
+                        "Missing required parameter: '%s'.", param);
+    return add_json_image(d, param, url, e);
+}
+
+/* "image", "image[]" or "images": one of them, once. */
+static kiln_status read_images(api_draft *d, const cJSON *item, kiln_api_error *e)
+{
+    const char *k = item->string;
+    if (d->n_images)
+        return INVALID(e, k, "images are given more than once (image, image[] and images "
+                             "are one field)");
+    kiln_status st = KILN_OK;
+    int images = strcmp(k, "images") == 0;
+    if (images && !cJSON_IsArray(item))
+        return api_bad_type(e, k, "an array", item);
+    if (cJSON_IsArray(item)) {
+        const cJSON *el;
+        int i = 0;
+        cJSON_ArrayForEach(el, item)
+        {
+            if (!st)
+                st = images ? add_json_image_ref(d, el, i, e) : add_json_image(d, k, el, e);
+            i++;
+        }
+        return st;
+    }
+    return add_json_image(d, k, item, e);
 }
 
 kiln_status api_read_json(api_draft *d, const void *body, size_t len, kiln_api_error *e)
@@ -72,23 +128,15 @@ kiln_status api_read_json(api_draft *d, const void *body, size_t len, kiln_api_e
         st = api_fail(e, KILN_ERR_INVALID, "", "invalid_json",
                       "request body must be a JSON object");
     const cJSON *item;
-    unsigned image_keys = 0;
     cJSON_ArrayForEach(item, root)
     {
         if (st)
             break;
         const char *k = item->string;
-        if (strcmp(k, "image") == 0 || strcmp(k, "image[]") == 0) {
-            if (cJSON_IsNull(item))
-                continue;
-            if (image_keys++)
-                st = INVALID(e, k, "image is given more than once");
-            else if (cJSON_IsArray(item)) {
-                const cJSON *el;
-                cJSON_ArrayForEach(el, item) if (!st) st = add_json_image(d, k, el, e);
-            } else {
-                st = add_json_image(d, k, item, e);
-            }
+        int id = api_field_find(d, k);
+        if ((id == F_IMAGE || id == F_IMAGE_ARRAY || id == F_IMAGES) && !cJSON_IsNull(item)) {
+            st = read_images(d, item, e);
+            d->images_field = id;
             continue;
         }
         api_value v = {.json = item};

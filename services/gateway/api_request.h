@@ -15,10 +15,15 @@
  * Content-Type says so, JSON otherwise (so `curl -d '{...}'` works without a
  * Content-Type).  Fields follow OpenAI's names; model-specific ones
  * (seed, num_inference_steps, guidance_scale, negative_prompt,
- * max_sequence_length) are kiln extensions.  OpenAI fields that do not apply
- * (quality, style, user, background, moderation, ...) and unknown fields are
- * ignored; `stream: true`, `response_format: "url"` and `mask` are refused
- * with a message saying why.  Reference images are decoded only to validate
+ * max_sequence_length) are kiln extensions.  Every OpenAI field is honoured,
+ * accepted where kiln does what it asks anyway (docs/API.md says which), or
+ * refused with OpenAI's code (unsupported_value for what kiln cannot do,
+ * e.g. background "transparent"); unknown fields are refused as OpenAI does
+ * (unknown_parameter) unless cfg->ignore_unknown.  Errors carry OpenAI's
+ * codes and wording: invalid_type, integer_below_min_value,
+ * integer_above_max_value, decimal_*, empty_string,
+ * string_above_max_length, missing_required_parameter, invalid_value
+ * (listing the supported values).  Reference images are decoded only to validate
  * them (a non-image is 400 here, not a failure inside the encoder) and are
  * kept as the original file bytes, which is exactly what the CLI's encoder
  * reads from the file.  Validation ends in kiln_request_resolve with the
@@ -36,6 +41,7 @@
 
 #include <stddef.h>
 
+#include "api_response.h"
 #include "common/buf.h"
 #include "common/error.h"
 #include "common/image.h"
@@ -61,6 +67,9 @@ typedef struct kiln_api_config {
     kiln_image_limits image_limits; /* uploads larger than this are refused */
     size_t max_body_bytes;          /* edits; generations get kiln_api_body_limit's share */
     double max_cost;                /* kiln_request_cost's ceiling per request; 0: none */
+    /* Unknown fields are skipped instead of refused (kiln-gateway
+     * --ignore-unknown-fields, for clients written for other servers). */
+    int ignore_unknown;
 } kiln_api_config;
 
 typedef struct kiln_api_error {
@@ -70,7 +79,11 @@ typedef struct kiln_api_error {
     kiln_err err;                  /* message safe to show the client */
 } kiln_api_error;
 
-#define KILN_REQUEST_ID_MAX 24 /* "req_" + 16 hex digits, with the NUL */
+/* The user field's longest value (it goes into log lines). */
+#define KILN_API_USER_MAX 256
+/* A request id: the client's X-Request-Id (http_reader.h) or "req_" + 16
+ * hex digits, with the NUL. */
+#define KILN_REQUEST_ID_MAX 65
 
 typedef struct kiln_api_request {
     kiln_api_kind kind;
@@ -92,6 +105,12 @@ typedef struct kiln_api_request {
     int n_images;          /* edit references, in upload order */
     kiln_buf images[KILN_MAX_REFS]; /* the original encoded files, owned */
     double cost;           /* kiln_request_cost, Mtok */
+    /* The response's echo of the request (OpenAI's quality and background
+     * fields) and its usage (kiln_api_usage: the tokens the transformer
+     * sees). */
+    const char *quality;    /* static: "auto" when not given */
+    kiln_api_usage usage;
+    char *user;             /* owned; OpenAI's end-user id, for the logs; NULL when absent */
     uint64_t client;       /* who asked (clients.h; the caller sets it), 0: unknown */
 } kiln_api_request;
 

@@ -98,17 +98,28 @@ kiln_status kiln_api_error_json(kiln_buf *out, int status, const char *message, 
     return st;
 }
 
-kiln_status kiln_api_images_json(kiln_buf *out, int64_t created, const kiln_api_image *images,
-                                 int n, kiln_image_format format, int width, int height,
-                                 kiln_err *err)
+kiln_status kiln_api_usage_json(kiln_buf *out, const kiln_api_usage *u, kiln_err *err)
 {
-    size_t start = out->len, total = 256;
+    char tmp[256];
+    int64_t in = u->text_tokens + u->image_tokens;
+    snprintf(tmp, sizeof tmp,
+             "{\"input_tokens\":%" PRId64 ",\"input_tokens_details\":{\"image_tokens\":%" PRId64
+             ",\"text_tokens\":%" PRId64 "},\"output_tokens\":%" PRId64
+             ",\"total_tokens\":%" PRId64 "}",
+             in, u->image_tokens, u->text_tokens, u->output_tokens, in + u->output_tokens);
+    return append_str(out, tmp, err);
+}
+
+kiln_status kiln_api_images_json(kiln_buf *out, const kiln_api_images_meta *m,
+                                 const kiln_api_image *images, int n, kiln_err *err)
+{
+    size_t start = out->len, total = 512;
     for (int i = 0; i < n; i++)
         total += kiln_base64_encoded_len(images[i].len) + 96;
     kiln_status st = kiln_buf_reserve(out, total, err);
-    char tmp[160];
+    char tmp[200];
     if (!st) {
-        snprintf(tmp, sizeof tmp, "{\"created\":%" PRId64 ",\"data\":[", created);
+        snprintf(tmp, sizeof tmp, "{\"created\":%" PRId64 ",\"data\":[", m->created);
         st = append_str(out, tmp, err);
     }
     for (int i = 0; !st && i < n; i++) {
@@ -122,10 +133,18 @@ kiln_status kiln_api_images_json(kiln_buf *out, int64_t created, const kiln_api_
         }
     }
     if (!st) {
-        snprintf(tmp, sizeof tmp, "],\"output_format\":\"%s\",\"size\":\"%dx%d\"}",
-                 kiln_image_format_name(format), width, height);
+        /* quality and background are kiln's own static strings. */
+        snprintf(tmp, sizeof tmp,
+                 "],\"background\":\"%s\",\"output_format\":\"%s\",\"quality\":\"%s\","
+                 "\"size\":\"%dx%d\",\"usage\":",
+                 m->background ? m->background : "opaque", kiln_image_format_name(m->format),
+                 m->quality ? m->quality : "auto", m->width, m->height);
         st = append_str(out, tmp, err);
     }
+    if (!st)
+        st = kiln_api_usage_json(out, &m->usage, err);
+    if (!st)
+        st = append_str(out, "}", err);
     if (st)
         out->len = start;
     return st;

@@ -5,9 +5,11 @@
  *   // {"error":{"message":"n must ...","type":"invalid_request_error","param":"n","code":"invalid_value"}}
  *
  *   kiln_api_image imgs[] = {{png, png_len, 42}, ...};
- *   kiln_api_images_json(&body, time(NULL), imgs, 2, KILN_IMAGE_PNG, 1024, 1024, &err);
+ *   kiln_api_images_meta m = {time(NULL), KILN_IMAGE_PNG, 1024, 1024, "auto", "opaque", usage};
+ *   kiln_api_images_json(&body, &m, imgs, 2, &err);
  *   // {"created":...,"data":[{"b64_json":"...","seed":42,"revised_prompt":null},...],
- *   //  "output_format":"png","size":"1024x1024"}
+ *   //  "background":"opaque","output_format":"png","quality":"auto","size":"1024x1024",
+ *   //  "usage":{"input_tokens":...,...}}
  *
  * Both append to `out` (KILN_ERR_NOMEM leaves its length unchanged).
  * Strings are escaped for JSON, and bytes that are not valid UTF-8 become
@@ -35,14 +37,39 @@ kiln_status kiln_api_error_json(kiln_buf *out, int status, const char *message, 
 /* Appends s as a quoted JSON string. */
 kiln_status kiln_json_append_string(kiln_buf *out, const char *s, size_t len, kiln_err *err);
 
+/* OpenAI's `usage` of an images response, as kiln counts tokens: the
+ * tokens its transformer sees.  Text: max_sequence_length per encoded
+ * prompt (klein pads or truncates every prompt to it; twice with
+ * classifier-free guidance, for the negative prompt).  Image (input): the
+ * packed latent tokens (16 x 16 pixel patches) of the edit references at
+ * their prepared size.  Output: the packed latent tokens of the n images.
+ * input_tokens = text + image, total_tokens = input + output. */
+typedef struct kiln_api_usage {
+    int64_t text_tokens, image_tokens, output_tokens;
+} kiln_api_usage;
+
+/* What an images response says besides its images. */
+typedef struct kiln_api_images_meta {
+    int64_t created;
+    kiln_image_format format;
+    int width, height;
+    const char *quality;    /* echoed as asked ("auto" by default) */
+    const char *background; /* what the images have: "opaque" (kiln's models make no alpha) */
+    kiln_api_usage usage;
+} kiln_api_images_meta;
+
 typedef struct kiln_api_image {
     const uint8_t *data; /* the encoded file */
     size_t len;
     uint64_t seed;
 } kiln_api_image;
 
-kiln_status kiln_api_images_json(kiln_buf *out, int64_t created, const kiln_api_image *images,
-                                 int n, kiln_image_format format, int width, int height,
-                                 kiln_err *err);
+kiln_status kiln_api_images_json(kiln_buf *out, const kiln_api_images_meta *meta,
+                                 const kiln_api_image *images, int n, kiln_err *err);
+
+/* Appends OpenAI's usage object:
+ * {"input_tokens":..,"input_tokens_details":{"image_tokens":..,"text_tokens":..},
+ *  "output_tokens":..,"total_tokens":..}. */
+kiln_status kiln_api_usage_json(kiln_buf *out, const kiln_api_usage *u, kiln_err *err);
 
 #endif

@@ -213,6 +213,7 @@ static kiln_http_server *start_http(kiln_gateway *gw, const char *host, int port
         .request_timeout_ms = o->read_timeout_ms, .idle_timeout_ms = o->idle_timeout_ms,
         .write_timeout_ms = o->write_timeout_ms, .clients = gw->clients,
         .body_wait_ms = o->body_wait_ms,
+        .request_base = gw->request_base, .request_seq = &gw->n_requests,
     };
     return kiln_http_server_start(gw->loop, &ho, h, gw, err);
 }
@@ -233,6 +234,7 @@ static int start(kiln_gateway *gw, kiln_err *err)
     gw->api.image_limits = KILN_IMAGE_LIMITS_DEFAULT;
     gw->api.max_body_bytes = o->max_body_bytes;
     gw->api.max_cost = o->max_cost;
+    gw->api.ignore_unknown = o->ignore_unknown_fields;
     gw->max_frame = max_frame_in(&gw->api.limits, &gw->api.traits);
     list_limits(gw);
     gw->started = (int64_t)time(NULL);

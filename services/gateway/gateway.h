@@ -55,6 +55,7 @@ typedef struct kiln_gw_options {
     double max_cost; /* Mtok per request (kiln_request_cost), 0: no ceiling */
     double client_queue_share; /* kiln_sched_opts.client_share */
     double cancel_timeout_s;   /* kiln_sched_opts.cancel_timeout_ms / 1000 */
+    int ignore_unknown_fields; /* kiln_api_config.ignore_unknown */
 } kiln_gw_options;
 
 #define KILN_GW_DEFAULTS                                                                        \
@@ -92,8 +93,9 @@ typedef struct kiln_gateway {
     int draining, closing;
     int ready; /* every stage had a live replica at the last tick (the ready line) */
     double drain_deadline;
-    /* Request ids: "req_" + 16 hex digits of request_base + n, unique
-     * across this gateway's restarts with a random base. */
+    /* Request ids the HTTP servers make (http_server.h): "req_" + 16 hex
+     * digits of request_base + n, unique across this gateway's restarts
+     * with a random base. */
     uint64_t request_base, n_requests;
 } kiln_gateway;
 

@@ -8,7 +8,9 @@
 
 #include "http_strict.h"
 
-typedef enum header_kind { H_OTHER, H_CTYPE, H_LENGTH, H_EXPECT, H_HOST, H_TE, H_AUTH } header_kind;
+typedef enum header_kind {
+    H_OTHER, H_CTYPE, H_LENGTH, H_EXPECT, H_HOST, H_TE, H_AUTH, H_RID
+} header_kind;
 
 /* Host values kept for checking; a longer one is refused (no DNS name is
  * longer than 253 bytes, plus a port). */
@@ -21,6 +23,8 @@ struct kiln_http_reader {
     size_t target_len, ctype_len, expect_len, auth_len;
     int in_request, headers_done, complete, continue_pending;
     int n_auth, bad_auth; /* Authorization headers; one unusable (cut short, repeated) */
+    size_t rid_len;
+    int n_rid, bad_rid;   /* X-Request-Id headers; one unusable (too long, repeated) */
     int error_status;
     const char *error_msg;
     kiln_http_strict strict; /* the raw bytes, checked before http-parser sees them */
@@ -132,6 +136,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
                   : strcasecmp(r->field, "host") == 0              ? H_HOST
                   : strcasecmp(r->field, "transfer-encoding") == 0 ? H_TE
                   : strcasecmp(r->field, "authorization") == 0     ? H_AUTH
+                  : strcasecmp(r->field, "x-request-id") == 0      ? H_RID
                                                                    : H_OTHER;
         if (r->kind == H_CTYPE && r->n_ctype++)
             note(r, 400, "more than one Content-Type header");
@@ -147,6 +152,8 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
             note(r, 400, "Transfer-Encoding and Content-Length are both given");
         if (r->kind == H_AUTH && r->n_auth++)
             r->bad_auth = 1;
+        if (r->kind == H_RID && r->n_rid++)
+            r->bad_rid = 1;
     }
     switch (r->kind) {
     case H_HOST:
@@ -173,9 +180,27 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
         keep(buf, cap, len, at, k);
         break;
     }
+    case H_RID:
+        if (keep(r->req.request_id, KILN_HTTP_RID_MAX, &r->rid_len, at, n))
+            r->bad_rid = 1;
+        break;
     default: break;
     }
     return 0;
+}
+
+/* A client's request id is kept when it is 1..KILN_HTTP_RID_MAX
+ * characters of [A-Za-z0-9] and -_.:/+=@ (it goes into headers and log
+ * lines as it is). */
+static int rid_valid(const char *s, size_t len)
+{
+    if (!len)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'z') ||
+              (s[i] >= 'A' && s[i] <= 'Z') || strchr("-_.:/+=@", s[i])))
+            return 0;
+    return 1;
 }
 
 static kiln_http_method method_of(unsigned m)
@@ -248,6 +273,10 @@ static int on_headers_complete(http_parser *p)
     q->keep_alive = http_should_keep_alive(p);
     if (r->bad_auth)
         q->authorization[0] = '\0';
+    while (r->rid_len && (q->request_id[r->rid_len - 1] == ' ' || q->request_id[r->rid_len - 1] == '\t'))
+        q->request_id[--r->rid_len] = '\0';
+    if (r->bad_rid || !rid_valid(q->request_id, r->rid_len))
+        q->request_id[0] = '\0';
     r->headers_done = 1;
     int has_length = (p->flags & F_CONTENTLENGTH) != 0;
     r->chunked = (p->flags & F_CHUNKED) != 0;
@@ -312,6 +341,8 @@ static void reset_request(kiln_http_reader *r)
     r->in_request = r->headers_done = r->complete = r->continue_pending = 0;
     r->in_value = r->n_ctype = r->noted_status = 0;
     r->n_auth = r->bad_auth = 0;
+    r->rid_len = 0;
+    r->n_rid = r->bad_rid = 0;
     r->noted_msg = NULL;
     r->expect[0] = r->field[0] = '\0';
     r->n_host = r->n_te = r->n_length = r->chunked = r->bad_method = 0;

@@ -24,7 +24,7 @@
  * (501).  A request with `Expect: 100-continue` sets a flag the server reads
  * with kiln_http_reader_take_continue once its headers are in.  A major
  * version other than 1 is 505.  Method, path, Content-Type and
- * Authorization are there once kiln_http_reader_headers_done says so
+ * Authorization (and X-Request-Id) are there once kiln_http_reader_headers_done says so
  * (kiln_http_reader_request), before the body.
  *
  * Not thread-safe: one reader per connection, used by one thread.
@@ -40,6 +40,7 @@
 #define KILN_HTTP_TARGET_MAX 2048   /* request target bytes */
 #define KILN_HTTP_CTYPE_MAX 1024    /* Content-Type value bytes */
 #define KILN_HTTP_AUTH_MAX 512      /* Authorization bytes kept (longer values are cut) */
+#define KILN_HTTP_RID_MAX 64        /* X-Request-Id bytes a client may give */
 
 typedef struct kiln_http_request kiln_http_request;
 
@@ -77,6 +78,11 @@ struct kiln_http_request {
      * more than one, or one longer than KILN_HTTP_AUTH_MAX (none of which
      * can carry a valid key or name a client). */
     char authorization[KILN_HTTP_AUTH_MAX + 1];
+    /* The request's id: the client's X-Request-Id when it gave one that
+     * is 1..KILN_HTTP_RID_MAX characters of [A-Za-z0-9-_.:/+=@] (else
+     * ignored), else one the server makes ("req_" + 16 hex digits); the
+     * server sets it once the headers are in and answers with it. */
+    char request_id[KILN_HTTP_RID_MAX + 1];
     uint64_t client; /* who sent it (the server sets it: clients.h), 0 when unknown */
     kiln_buf body;  /* NUL-terminated after body.len (not counted) */
 };

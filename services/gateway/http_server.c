@@ -36,7 +36,8 @@ struct kiln_http_conn {
     int reading, closing, n_closed, eof, close_after, head_only;
     int headers_seen; /* on_headers ran for the request being read */
     void *pending;
-    char head[512];
+    char rid[KILN_HTTP_RID_MAX + 1]; /* the id of the request being handled ("": none yet) */
+    char head[640];
     kiln_buf body;
     uint64_t t_request; /* first byte of the request being read */
     uint64_t t_state;   /* entering the current state */
@@ -62,6 +63,7 @@ struct kiln_http_server {
     struct reject *rejects;
     int n_rejects;
     uint64_t refused;
+    uint64_t own_seq; /* request ids made when opts.request_seq is NULL */
     int port;
     int stopping, listener_closed;
 };
@@ -189,9 +191,35 @@ static void on_written(uv_write_t *w, int status)
     }
     kiln_http_reader_next(c->reader);
     c->headers_seen = 0;
+    c->rid[0] = '\0';
     c->state = C_READING;
     c->t_state = uv_now(c->srv->loop);
     process(c);
+}
+
+/* A fresh request id: "req_" + 16 hex digits of the base plus a count. */
+static void make_rid(kiln_http_server *s, char *out, size_t cap)
+{
+    uint64_t *seq = s->opts.request_seq ? s->opts.request_seq : &s->own_seq;
+    snprintf(out, cap, "req_%016llx", (unsigned long long)(s->opts.request_base + ++*seq));
+}
+
+/* Gives the connection's current request its id once: the client's
+ * X-Request-Id when its headers are in and it gave a usable one, else a
+ * fresh one (also for errors before the headers are complete). */
+static const char *conn_rid(kiln_http_conn *c)
+{
+    if (c->rid[0])
+        return c->rid;
+    kiln_http_request *req = kiln_http_reader_headers_done(c->reader)
+                                 ? kiln_http_reader_request(c->reader) : NULL;
+    if (req && req->request_id[0])
+        snprintf(c->rid, sizeof c->rid, "%s", req->request_id);
+    else
+        make_rid(c->srv, c->rid, sizeof c->rid);
+    if (req)
+        snprintf(req->request_id, sizeof req->request_id, "%s", c->rid);
+    return c->rid;
 }
 
 static void write_response(kiln_http_conn *c, int status, const char *ctype, const char *extra,
@@ -202,8 +230,8 @@ static void write_response(kiln_http_conn *c, int status, const char *ctype, con
     const char *reason = http_status_str((enum http_status)status);
     snprintf(c->head, sizeof c->head,
              "HTTP/1.1 %d %s\r\nServer: kiln\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-             "%sConnection: %s\r\n\r\n",
-             status, reason, ctype, body->len, extra ? extra : "",
+             "X-Request-Id: %s\r\n%sConnection: %s\r\n\r\n",
+             status, reason, ctype, body->len, conn_rid(c), extra ? extra : "",
              c->close_after ? "close" : "keep-alive");
     c->body = *body;
     *body = (kiln_buf){0};
@@ -318,6 +346,7 @@ static void dispatch(kiln_http_conn *c)
         kiln_gw_clients_give_body(c->srv->opts.clients, c->client, extra);
     }
     req->client = c->client;
+    conn_rid(c);
     c->state = C_BUSY;
     c->close_after = !req->keep_alive;
     c->head_only = req->method == KILN_HTTP_HEAD;
@@ -392,6 +421,7 @@ static int check_headers(kiln_http_conn *c)
     if (c->headers_seen || !c->srv->h.on_headers || !kiln_http_reader_headers_done(c->reader))
         return 0;
     c->headers_seen = 1;
+    conn_rid(c);
     kiln_http_request *req = kiln_http_reader_request(c->reader);
     /* As if handling it: a refusal is answered like any response, and
      * the rest of the request is never read. */
@@ -557,10 +587,12 @@ static void refuse(kiln_http_server *s)
     if (kiln_api_error_json(&r->body, 503, "too many connections", NULL, "too_many_connections",
                             NULL))
         kiln_buf_clear(&r->body);
+    char rid[KILN_HTTP_RID_MAX + 1];
+    make_rid(s, rid, sizeof rid);
     snprintf(r->head, sizeof r->head,
              "HTTP/1.1 503 Service Unavailable\r\nServer: kiln\r\n"
-             "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-             "Retry-After: 1\r\nConnection: close\r\n\r\n", r->body.len);
+             "Content-Type: application/json\r\nContent-Length: %zu\r\nX-Request-Id: %s\r\n"
+             "Retry-After: 1\r\nConnection: close\r\n\r\n", r->body.len, rid);
     uv_buf_t b[2] = {uv_buf_init(r->head, (unsigned)strlen(r->head)),
                      uv_buf_init((char *)r->body.data, (unsigned)r->body.len)};
     if (s->n_rejects > MAX_REJECTS) {

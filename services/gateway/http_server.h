@@ -10,6 +10,10 @@
  *   // conn must not be used again.
  *   kiln_http_server_stop(s);
  *
+ * Every response carries an X-Request-Id header: the client's own when its
+ * request gave a usable one (http_reader.h), else one the server makes;
+ * the handler finds it in req->request_id.
+ *
  * Each connection owns its TCP handle, timer, request reader and buffers;
  * its memory is freed in the handles' close callbacks.  One request per
  * connection is handled at a time: bytes of pipelined requests are
@@ -59,6 +63,11 @@ typedef struct kiln_http_server_opts {
     int write_timeout_ms;
     kiln_gw_clients *clients; /* connections per address and the body budget; NULL: none */
     int body_wait_ms;         /* how long a body may wait for budget */
+    /* Request ids the server makes: "req_" + 16 hex digits of
+     * request_base + ++*request_seq (a counter servers on one loop may
+     * share, so their ids never collide; NULL: the server's own). */
+    uint64_t request_base;
+    uint64_t *request_seq;
 } kiln_http_server_opts;
 
 typedef struct kiln_http_server kiln_http_server;

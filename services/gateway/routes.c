@@ -68,26 +68,18 @@ static void reply_text(kiln_gateway *gw, kiln_http_conn *c, const char *route, i
     reply(gw, c, route, status, ctype, NULL, &body);
 }
 
-/* The extra headers of an answer to image request p: its X-Request-Id,
- * then `more` (or nothing). */
-static const char *pending_headers(const gw_pending *p, const char *more, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "X-Request-Id: %s\r\n%s", p->id, more ? more : "");
-    return buf;
-}
 
 /* An error answer to image request p on connection c, naming the request
  * (5xx: "internal error" and its id, the detail in the log). */
 static void pending_error(gw_pending *p, kiln_http_conn *c, int status, const char *msg,
                           const char *param, const char *code, const char *more)
 {
-    char hdr[128], text[KILN_ERR_MSG_MAX + 64];
+    char text[KILN_ERR_MSG_MAX + 64];
     if (status == 500)
         snprintf(text, sizeof text, "internal error (request %s)", p->id);
     else
         snprintf(text, sizeof text, "%s", msg);
-    reply_error(p->gw, c, p->route, status, text, param, code,
-                pending_headers(p, more, hdr, sizeof hdr));
+    reply_error(p->gw, c, p->route, status, text, param, code, more);
 }
 
 static void route_ready(kiln_gateway *gw, kiln_http_conn *c)
@@ -186,6 +178,20 @@ static int random_seed(uint64_t *seed)
     return 0;
 }
 
+/* OpenAI's `user` names the client's end user so that abuse can be
+ * traced: kiln writes it into its log beside the request id (bytes that
+ * could forge a log line shown as '?'). */
+static void log_user(const gw_pending *p)
+{
+    char user[KILN_API_USER_MAX + 1];
+    size_t k = 0;
+    for (const unsigned char *u = (const unsigned char *)p->req.user; *u && k < KILN_API_USER_MAX;
+         u++)
+        user[k++] = *u >= 0x20 && *u < 0x7f && *u != '\'' ? (char)*u : '?';
+    user[k] = '\0';
+    KILN_LOG_INFO("gateway: request %s: user '%s'", p->id, user);
+}
+
 static void parse_done(uv_work_t *w, int status)
 {
     gw_pending *p = w->data;
@@ -233,6 +239,8 @@ static void parse_done(uv_work_t *w, int status)
         return;
     }
     p->state = P_QUEUED;
+    if (p->req.user)
+        log_user(p);
     kiln_sched_kick(gw->sched, now);
 }
 
@@ -251,8 +259,7 @@ static void route_images(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request 
     p->gw = gw;
     p->conn = c;
     p->route = route;
-    snprintf(p->id, sizeof p->id, "req_%016llx",
-             (unsigned long long)(gw->request_base + ++gw->n_requests));
+    snprintf(p->id, sizeof p->id, "%s", req->request_id); /* the server's X-Request-Id */
     p->kind = kind;
     p->client = req->client;
     p->state = P_PARSING;
@@ -441,14 +448,11 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
     kiln_gateway *gw = ud;
     gw_pending *p = client;
     kiln_http_conn *c = p->conn;
-    char hdr[128];
     if (res->status != 200) {
         /* The scheduler's messages are safe to show (its 500s already say
          * "internal error" and the id). */
         reply_error(gw, c, p->route, res->status, res->message, NULL, res->code,
-                    pending_headers(p, res->status == 429 || res->status == 503
-                                           ? "Retry-After: 1\r\n" : NULL,
-                                    hdr, sizeof hdr));
+                    res->status == 429 || res->status == 503 ? "Retry-After: 1\r\n" : NULL);
         pending_free(p);
         return;
     }
@@ -457,14 +461,16 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
         imgs[i] = (kiln_api_image){res->images[i].data, res->images[i].len, res->seeds[i]};
     const kiln_request *q = &res->req->req;
     kiln_buf body = {0};
-    if (kiln_api_images_json(&body, (int64_t)time(NULL), imgs, res->n_images, q->format, q->width,
-                             q->height, NULL)) {
+    kiln_api_images_meta meta = {.created = (int64_t)time(NULL), .format = q->format,
+                                 .width = q->width, .height = q->height,
+                                 .quality = res->req->quality, .background = "opaque",
+                                 .usage = res->req->usage};
+    if (kiln_api_images_json(&body, &meta, imgs, res->n_images, NULL)) {
         kiln_buf_free(&body);
         KILN_LOG_ERROR("gateway: request %s: out of memory writing the answer", p->id);
         pending_error(p, c, 500, NULL, NULL, "server_error", NULL);
     } else {
-        reply(gw, c, p->route, 200, "application/json", pending_headers(p, NULL, hdr, sizeof hdr),
-              &body);
+        reply(gw, c, p->route, 200, "application/json", NULL, &body);
     }
     pending_free(p);
 }

@@ -157,8 +157,8 @@ static void send_cancel(kiln_sched *s, sched_job *j)
     kiln_msg m = {.type = KILN_MSG_CANCEL, .epoch = j->on->epoch, .cancel_job = j->id};
     kiln_err err = {0};
     if (s->ops.send(s->ud, j->on->id, &m, &err))
-        KILN_LOG_WARN("gateway: cancel of job %llu to %s: %s", (unsigned long long)j->id,
-                      j->on->id, err.msg);
+        KILN_LOG_WARN("gateway: request %s (job %llu): cancel to %s: %s", j->req.request_id,
+                      (unsigned long long)j->id, j->on->id, err.msg);
     else
         sched_cancel_sent(j->on, j->id, s->now);
 }
@@ -303,8 +303,8 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
         j->held = NULL;
     }
     if (st) {
-        KILN_LOG_ERROR("gateway: cannot send job %llu to %s: %s", (unsigned long long)j->id,
-                       r->id, err.msg);
+        KILN_LOG_ERROR("gateway: request %s (job %llu): cannot send it to %s: %s",
+                       j->req.request_id, (unsigned long long)j->id, r->id, err.msg);
         sched_fail(s, j, 500, "server_error", "internal error dispatching the request");
         return;
     }

@@ -205,8 +205,8 @@ static void complete(kiln_sched *s, sched_job *j, kiln_msg *m, double now)
     const kiln_msg_done *d = &m->done;
     const kiln_request *q = &j->req.req;
     if (d->n_images != q->n) {
-        KILN_LOG_ERROR("gateway: job %llu: decoder returned %d images for %d",
-                       (unsigned long long)j->id, d->n_images, q->n);
+        KILN_LOG_ERROR("gateway: request %s (job %llu): decoder returned %d images for %d",
+                       j->req.request_id, (unsigned long long)j->id, d->n_images, q->n);
         sched_fail(s, j, 500, "server_error", "the decode stage returned a wrong result");
         kiln_msg_free(m);
         return;
@@ -234,8 +234,8 @@ static void restart_lost_inputs(kiln_sched *s, sched_job *j, double now)
                    "the %s replica holding this request's data stopped", producer);
         return;
     }
-    KILN_LOG_WARN("gateway: job %llu: its inputs from a %s replica are gone; starting over",
-                  (unsigned long long)j->id, producer);
+    KILN_LOG_WARN("gateway: request %s (job %llu): its inputs from a %s replica are gone; "
+                  "starting over", j->req.request_id, (unsigned long long)j->id, producer);
     j->redispatched = 1;
     kiln_metrics_event(s->metrics, KILN_EVENT_REDISPATCH);
     sched_enqueue(s, j, KILN_STAGE_ENCODE, 1, now);
@@ -318,8 +318,8 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
     }
     const char *need = stage == KILN_STAGE_ENCODE ? "embeds" : "latents";
     if (!kiln_ref_map_get(&d->out, need)) {
-        KILN_LOG_ERROR("gateway: job %llu: %s done without '%s'", (unsigned long long)j->id,
-                       kiln_stage_name(stage), need);
+        KILN_LOG_ERROR("gateway: request %s (job %llu): %s done without '%s'",
+                       j->req.request_id, (unsigned long long)j->id, kiln_stage_name(stage), need);
         sched_free_map(s, &d->out);
         sched_detach(s, j);
         sched_fail(s, j, 500, "server_error", "the %s stage returned a wrong result",

@@ -210,8 +210,8 @@ static void test_generation_json(void)
         "{\"model\":\"klein-tiny\",\"prompt\":\"a cat\",\"n\":3,\"size\":\"128x64\",\"seed\":42,"
         "\"num_inference_steps\":2,\"guidance_scale\":1.5,\"response_format\":\"b64_json\","
         "\"output_format\":\"webp\",\"output_compression\":80,\"max_sequence_length\":77,"
-        "\"quality\":\"hd\",\"style\":\"vivid\",\"user\":\"u1\",\"background\":\"auto\","
-        "\"moderation\":\"low\",\"something_new\":{\"x\":[1]}}";
+        "\"quality\":\"standard\",\"user\":\"u1\",\"background\":\"opaque\","
+        "\"moderation\":\"low\",\"partial_images\":2,\"stream\":false}";
     CHECKF(parse_json(json, KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
     CHECK(strcmp(r.prompt, "a cat") == 0 && r.req.prompt == r.prompt);
     CHECK(r.req.n == 3 && r.req.width == 128 && r.req.height == 64);
@@ -219,6 +219,9 @@ static void test_generation_json(void)
     CHECK(r.req.steps == 2 && r.req.guidance == 1.5f && r.req.max_sequence_length == 77);
     CHECK(r.req.format == KILN_IMAGE_WEBP && r.req.compression == 80);
     CHECK(r.cfg_negative == NULL && r.n_images == 0);
+    CHECK(strcmp(r.quality, "standard") == 0 && r.user && strcmp(r.user, "u1") == 0);
+    /* usage: the transformer's tokens: 77 text, no reference, 2 x (128/16)(64/16). */
+    CHECK(r.usage.text_tokens == 77 && r.usage.image_tokens == 0 && r.usage.output_tokens == 96);
     kiln_api_request_free(&r);
 
     /* Defaults: the model's, resolved; no seed; nulls are "not given". */
@@ -227,6 +230,8 @@ static void test_generation_json(void)
     CHECK(r.req.n == 1 && r.req.width == 1024 && r.req.height == 1024);
     CHECK(!r.seed_given && r.req.steps == 4 && r.req.guidance == 1.0f);
     CHECK(r.req.max_sequence_length == 512 && r.req.format == KILN_IMAGE_PNG);
+    CHECK(strcmp(r.quality, "auto") == 0 && r.user == NULL);
+    CHECK(r.usage.text_tokens == 512 && r.usage.output_tokens == 64 * 64);
     kiln_api_request_free(&r);
 }
 
@@ -280,7 +285,7 @@ static void test_json_errors(void)
     expect_error("[1,2]", G, 400, "", "invalid_json");
     expect_error("{\"prompt\":\"x\"} trailing", G, 400, "", "invalid_json");
     expect_error("{}", G, 400, "prompt", NULL);
-    expect_error("{\"prompt\":5}", G, 400, "prompt", "invalid_value");
+    expect_error("{\"prompt\":5}", G, 400, "prompt", "invalid_type");
     expect_error("{\"prompt\":\"x\",\"n\":\"2\"}", G, 400, "n", NULL);
     expect_error("{\"prompt\":\"x\",\"n\":2.5}", G, 400, "n", NULL);
     expect_error("{\"prompt\":\"x\",\"n\":0}", G, 400, "n", NULL);
@@ -314,7 +319,7 @@ static void test_json_errors(void)
     expect_error("{\"prompt\":\"x\",\"prompt\":\"y\"}", G, 400, "prompt", NULL);
     expect_error("{\"prompt\":\"\\ud800\"}", G, 400, "", "invalid_json");
     expect_error("{\"prompt\":\"\xff\"}", G, 400, "prompt", NULL);
-    expect_error("{\"prompt\":\"x\",\"image\":\"aGk=\"}", G, 400, "image", NULL);
+    expect_error("{\"prompt\":\"x\",\"image\":\"aGk=\"}", G, 400, "image", "unknown_parameter");
     expect_error("{\"prompt\":\"x\"}", KILN_API_EDIT, 400, "image", NULL);
     expect_error("{\"prompt\":\"x\",\"image\":\"not base64!\"}", KILN_API_EDIT, 400, "image",
                  "invalid_image");
@@ -383,7 +388,12 @@ static void test_json_limits(void)
         if (pass == 0) {
             expect_error((const char *)b.data, G, 400, "junk", "invalid_json");
         } else {
-            CHECK(parse_json((const char *)b.data, G, &distilled, &r, &e) == KILN_OK);
+            /* Within the budget the field is read, and refused as unknown
+             * unless the server ignores unknown fields. */
+            expect_error((const char *)b.data, G, 400, "junk", "unknown_parameter");
+            kiln_api_config c = config(&distilled);
+            c.ignore_unknown = 1;
+            CHECK(kiln_api_parse(G, NULL, b.data, b.len - 1, &c, &r, &e) == KILN_OK);
             kiln_api_request_free(&r);
         }
     }
@@ -593,7 +603,7 @@ static void test_edit_multipart(void)
     kiln_buf pngs[2] = {make_png(64, 64), make_png(128, 64)};
     const char *fields[] = {"prompt", "make it blue", "n", "2", "seed", "7", "size", "64x128",
                             "guidance_scale", "1.0", "num_inference_steps", "2",
-                            "output_format", "jpeg", "quality", "high", NULL};
+                            "output_format", "jpeg", "quality", "auto", NULL};
     kiln_buf body = form(fields, pngs, 2, "image[]");
     kiln_api_config c = config(&distilled);
     kiln_api_request r;
@@ -662,6 +672,207 @@ static void test_edit_multipart(void)
     kiln_buf_free(&pngs[1]);
 }
 
+/* Expects an error with the exact message. */
+static void expect_message(const char *json, kiln_api_kind kind, const char *param,
+                           const char *code, const char *msg)
+{
+    kiln_api_request r;
+    kiln_api_error e;
+    kiln_status st = parse_json(json, kind, &distilled, &r, &e);
+    CHECKF(st != KILN_OK, "accepted: %s", json);
+    if (st == KILN_OK) {
+        kiln_api_request_free(&r);
+        return;
+    }
+    CHECKF(!strcmp(e.param, param) && e.code && !strcmp(e.code, code), "%s: %s %s", json,
+           e.param, e.code ? e.code : "(null)");
+    CHECKF(strcmp(e.err.msg, msg) == 0, "%s: message '%s'", json, e.err.msg);
+}
+
+/* OpenAI's error codes and wording, as its API answers them: unknown
+ * fields, wrong JSON types, ranges, empty and missing strings, values of
+ * enumerated fields. */
+static void test_openai_errors(void)
+{
+    const kiln_api_kind G = KILN_API_GENERATE, E = KILN_API_EDIT;
+    expect_message("{\"prompt\":\"x\",\"sizee\":\"64x64\"}", G, "sizee", "unknown_parameter",
+                   "Unknown parameter: 'sizee'.");
+    /* A field of the other route is unknown on this one, as at OpenAI. */
+    expect_error("{\"prompt\":\"x\",\"input_fidelity\":\"high\"}", G, 400, "input_fidelity",
+                 "unknown_parameter");
+    expect_error("{\"prompt\":\"x\",\"image\":\"aGk=\",\"style\":\"vivid\"}", E, 400, "style",
+                 "unknown_parameter");
+    expect_message("{\"prompt\":\"x\",\"n\":\"2\"}", G, "n", "invalid_type",
+                   "Invalid type for 'n': expected an integer, but got a string instead.");
+    expect_message("{\"prompt\":\"x\",\"n\":2.5}", G, "n", "invalid_type",
+                   "Invalid type for 'n': expected an integer, but got a decimal instead.");
+    expect_message("{\"prompt\":[\"x\"]}", G, "prompt", "invalid_type",
+                   "Invalid type for 'prompt': expected a string, but got an array instead.");
+    expect_error("{\"prompt\":\"x\",\"guidance_scale\":\"1\"}", G, 400, "guidance_scale",
+                 "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"stream\":1}", G, 400, "stream", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"quality\":1}", G, 400, "quality", "invalid_type");
+    expect_message("{\"prompt\":\"x\",\"n\":11}", G, "n", "integer_above_max_value",
+                   "Invalid 'n': integer above maximum value. Expected a value <= 10, but got "
+                   "11 instead.");
+    expect_message("{\"prompt\":\"x\",\"n\":0}", G, "n", "integer_below_min_value",
+                   "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 "
+                   "instead.");
+    expect_error("{\"prompt\":\"x\",\"n\":1e12}", G, 400, "n", "integer_above_max_value");
+    expect_error("{\"prompt\":\"x\",\"num_inference_steps\":201}", G, 400, "num_inference_steps",
+                 "integer_above_max_value");
+    expect_error("{\"prompt\":\"x\",\"num_inference_steps\":-3}", G, 400, "num_inference_steps",
+                 "integer_below_min_value");
+    expect_error("{\"prompt\":\"x\",\"max_sequence_length\":513}", G, 400, "max_sequence_length",
+                 "integer_above_max_value");
+    expect_error("{\"prompt\":\"x\",\"output_compression\":-1}", G, 400, "output_compression",
+                 "integer_below_min_value");
+    expect_error("{\"prompt\":\"x\",\"partial_images\":4}", G, 400, "partial_images",
+                 "integer_above_max_value");
+    expect_error("{\"prompt\":\"x\",\"partial_images\":-1}", G, 400, "partial_images",
+                 "integer_below_min_value");
+    expect_message("{\"prompt\":\"x\",\"guidance_scale\":100.5}", G, "guidance_scale",
+                   "decimal_above_max_value",
+                   "Invalid 'guidance_scale': decimal above maximum value. Expected a value <= "
+                   "100, but got 100.5 instead.");
+    expect_error("{\"prompt\":\"x\",\"guidance_scale\":-0.5}", G, 400, "guidance_scale",
+                 "decimal_below_min_value");
+    expect_message("{\"prompt\":\"\"}", G, "prompt", "empty_string",
+                   "Invalid 'prompt': empty string. Expected a string with minimum length 1, "
+                   "but got an empty string instead.");
+    expect_message("{\"n\":1}", G, "prompt", "missing_required_parameter",
+                   "Missing required parameter: 'prompt'.");
+    expect_error("{\"prompt\":null}", G, 400, "prompt", "missing_required_parameter");
+    expect_error("{\"prompt\":\"x\"}", E, 400, "image", "missing_required_parameter");
+    expect_message("{\"prompt\":\"x\",\"quality\":\"ultra\"}", G, "quality", "invalid_value",
+                   "Invalid value: 'ultra'. Supported values are: 'auto', 'standard', 'low', "
+                   "'medium', 'high', and 'hd'.");
+    expect_message("{\"prompt\":\"x\",\"background\":\"none\"}", G, "background",
+                   "invalid_value",
+                   "Invalid value: 'none'. Supported values are: 'auto', 'opaque', and "
+                   "'transparent'.");
+    expect_message("{\"prompt\":\"x\",\"moderation\":\"high\"}", G, "moderation",
+                   "invalid_value", "Invalid value: 'high'. Supported values are: 'auto' and 'low'.");
+    expect_error("{\"prompt\":\"x\",\"output_format\":\"gif\"}", G, 400, "output_format",
+                 "invalid_value");
+    expect_error("{\"prompt\":\"x\",\"response_format\":\"png\"}", G, 400, "response_format",
+                 "invalid_value");
+    /* A user id longer than the logs take. */
+    char json[600];
+    snprintf(json, sizeof json, "{\"prompt\":\"x\",\"user\":\"%0300d\"}", 0);
+    expect_error(json, G, 400, "user", "string_above_max_length");
+}
+
+/* Each OpenAI field kiln cannot honour is refused saying why
+ * (unsupported_value); the values it does honour pass. */
+static void test_openai_fields(void)
+{
+    const kiln_api_kind G = KILN_API_GENERATE, E = KILN_API_EDIT;
+    static const char *const refused[][2] = {
+        {"\"quality\":\"high\"", "quality"},     {"\"quality\":\"low\"", "quality"},
+        {"\"quality\":\"medium\"", "quality"},   {"\"quality\":\"hd\"", "quality"},
+        {"\"background\":\"transparent\"", "background"},
+        {"\"style\":\"vivid\"", "style"},        {"\"style\":\"natural\"", "style"},
+        {"\"stream\":true", "stream"},           {"\"response_format\":\"url\"", "response_format"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char json[128];
+        snprintf(json, sizeof json, "{\"prompt\":\"x\",%s}", refused[i][0]);
+        expect_error(json, G, 400, refused[i][1], "unsupported_value");
+    }
+    static const char *const accepted[] = {
+        "\"quality\":\"auto\"", "\"quality\":\"standard\"", "\"background\":\"auto\"",
+        "\"background\":\"opaque\"", "\"moderation\":\"auto\"", "\"moderation\":\"low\"",
+        "\"stream\":false", "\"partial_images\":0", "\"partial_images\":3", "\"user\":\"\"",
+        "\"response_format\":\"b64_json\"", "\"style\":null", "\"quality\":null",
+    };
+    for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++) {
+        char json[128];
+        snprintf(json, sizeof json, "{\"prompt\":\"x\",\"size\":\"64x64\",%s}", accepted[i]);
+        kiln_api_request r;
+        kiln_api_error e;
+        CHECKF(parse_json(json, G, &distilled, &r, &e) == KILN_OK, "%s: %s", json, e.err.msg);
+        kiln_api_request_free(&r);
+    }
+    /* input_fidelity (edits): klein always conditions on the whole
+     * references, which is "high". */
+    kiln_buf png = make_png(96, 80), b64 = {0};
+    kiln_base64_encode(png.data, png.len, &b64, NULL);
+    char *json = malloc(b64.len + 128);
+    sprintf(json, "{\"prompt\":\"e\",\"input_fidelity\":\"high\",\"image\":\"%.*s\"}",
+            (int)b64.len, (char *)b64.data);
+    kiln_api_request r;
+    kiln_api_error e;
+    CHECKF(parse_json(json, E, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
+    /* usage counts the reference's tokens at its prepared size, 96x80. */
+    CHECK(r.usage.image_tokens == 6 * 5 && r.usage.output_tokens == 6 * 5);
+    kiln_api_request_free(&r);
+    sprintf(json, "{\"prompt\":\"e\",\"input_fidelity\":\"low\",\"image\":\"%.*s\"}",
+            (int)b64.len, (char *)b64.data);
+    expect_error(json, E, 400, "input_fidelity", "unsupported_value");
+    free(json);
+    kiln_buf_free(&png), kiln_buf_free(&b64);
+
+    /* Multipart: unknown fields are refused the same way; the server
+     * option skips them. */
+    const char *f[] = {"prompt", "p", "size", "64x64", "colour", "red", NULL};
+    kiln_buf body = form(f, NULL, 0, "image");
+    kiln_api_config c = config(&distilled);
+    const char *ct = "multipart/form-data; boundary=BOUND";
+    CHECK(kiln_api_parse(G, ct, body.data, body.len, &c, &r, &e) == KILN_ERR_INVALID);
+    CHECK(!strcmp(e.code, "unknown_parameter") && !strcmp(e.param, "colour"));
+    c.ignore_unknown = 1;
+    CHECK(kiln_api_parse(G, ct, body.data, body.len, &c, &r, &e) == KILN_OK);
+    kiln_api_request_free(&r);
+    kiln_buf_free(&body);
+    const char *f2[] = {"prompt", "p", "n", "x", NULL};
+    body = form(f2, NULL, 0, "image");
+    CHECK(kiln_api_parse(G, ct, body.data, body.len, &c, &r, &e) == KILN_ERR_INVALID);
+    CHECK(!strcmp(e.code, "invalid_type") && !strcmp(e.param, "n"));
+    kiln_buf_free(&body);
+}
+
+/* OpenAI's JSON edit form: "images": [{"image_url": "data:..."}]. */
+static void test_edit_images_form(void)
+{
+    const kiln_api_kind E = KILN_API_EDIT;
+    kiln_buf png = make_png(96, 80), b64 = {0};
+    kiln_base64_encode(png.data, png.len, &b64, NULL);
+    size_t cap = 2 * b64.len + 256;
+    char *json = malloc(cap);
+    snprintf(json, cap,
+             "{\"prompt\":\"e\",\"images\":[{\"image_url\":\"data:image/png;base64,%.*s\"},"
+             "{\"image_url\":\"%.*s\"}]}",
+             (int)b64.len, (char *)b64.data, (int)b64.len, (char *)b64.data);
+    kiln_api_request r;
+    kiln_api_error e;
+    CHECKF(parse_json(json, E, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
+    CHECK(r.n_images == 2 && r.images[1].len == png.len &&
+          memcmp(r.images[1].data, png.data, png.len) == 0);
+    CHECK(r.req.width == 96 && r.req.height == 80);
+    kiln_api_request_free(&r);
+    /* With image as well: one field given twice. */
+    snprintf(json, cap, "{\"prompt\":\"e\",\"image\":\"%.*s\",\"images\":[{\"image_url\":\"%.*s\"}]}",
+             (int)b64.len, (char *)b64.data, (int)b64.len, (char *)b64.data);
+    expect_error(json, E, 400, "images", "invalid_value");
+    free(json);
+    expect_error("{\"prompt\":\"e\",\"images\":[{\"file_id\":\"file-abc\"}]}", E, 400,
+                 "images[0].file_id", "unsupported_value");
+    expect_error("{\"prompt\":\"e\",\"images\":[{}]}", E, 400, "images[0].image_url",
+                 "missing_required_parameter");
+    expect_error("{\"prompt\":\"e\",\"images\":[{\"image_url\":\"aGk=\",\"detail\":1}]}", E, 400,
+                 "images[0].detail", "unknown_parameter");
+    expect_error("{\"prompt\":\"e\",\"images\":[\"aGk=\"]}", E, 400, "images[0]", "invalid_type");
+    expect_error("{\"prompt\":\"e\",\"images\":\"aGk=\"}", E, 400, "images", "invalid_type");
+    expect_error("{\"prompt\":\"e\",\"images\":[{\"image_url\":\"https://x.test/a.png\"}]}", E,
+                 400, "images[0].image_url", "unsupported_value");
+    expect_error("{\"prompt\":\"e\",\"images\":[{\"image_url\":\"aGVsbG8=\"}]}", E, 400,
+                 "images[0].image_url", "invalid_image");
+    expect_error("{\"prompt\":\"e\",\"images\":[{\"image_url\":\"aGk=\"}]}", KILN_API_GENERATE,
+                 400, "images", "unknown_parameter");
+    kiln_buf_free(&png), kiln_buf_free(&b64);
+}
+
 static void test_error_body(void)
 {
     kiln_buf b = {0};
@@ -697,8 +908,11 @@ static void test_images_body(void)
     kiln_api_image imgs[2] = {{(const uint8_t *)"\x89PNG", 4, 42},
                               {(const uint8_t *)"abc", 3, 18446744073709551615ull}};
     kiln_buf b = {0};
-    CHECK(kiln_api_images_json(&b, 1700000000, imgs, 2, KILN_IMAGE_WEBP, 128, 64, NULL) ==
-          KILN_OK);
+    kiln_api_images_meta m = {.created = 1700000000, .format = KILN_IMAGE_WEBP, .width = 128,
+                              .height = 64, .quality = "auto", .background = "opaque",
+                              .usage = {.text_tokens = 512, .image_tokens = 30,
+                                        .output_tokens = 64}};
+    CHECK(kiln_api_images_json(&b, &m, imgs, 2, NULL) == KILN_OK);
     cJSON *j = cJSON_ParseWithLength((const char *)b.data, b.len);
     CHECK(j != NULL);
     CHECK(cJSON_GetObjectItemCaseSensitive(j, "created")->valuedouble == 1700000000);
@@ -712,6 +926,17 @@ static void test_images_body(void)
                  "iVBORw==") == 0);
     CHECK(cJSON_GetObjectItemCaseSensitive(d0, "seed")->valuedouble == 42);
     CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(d0, "revised_prompt")));
+    CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "quality")), "auto") == 0);
+    CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "background")),
+                 "opaque") == 0);
+    /* OpenAI's usage object (openai-python types/images_response.py). */
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(j, "usage");
+    const cJSON *ud = cJSON_GetObjectItemCaseSensitive(u, "input_tokens_details");
+    CHECK(cJSON_GetObjectItemCaseSensitive(u, "input_tokens")->valuedouble == 542);
+    CHECK(cJSON_GetObjectItemCaseSensitive(ud, "text_tokens")->valuedouble == 512);
+    CHECK(cJSON_GetObjectItemCaseSensitive(ud, "image_tokens")->valuedouble == 30);
+    CHECK(cJSON_GetObjectItemCaseSensitive(u, "output_tokens")->valuedouble == 64);
+    CHECK(cJSON_GetObjectItemCaseSensitive(u, "total_tokens")->valuedouble == 606);
     cJSON_Delete(j);
     /* Seeds print exactly, beyond a double's precision. */
     CHECK(strstr((const char *)b.data, "\"seed\":18446744073709551615") != NULL);
@@ -732,6 +957,9 @@ int main(void)
     RUN(test_base_checkpoint);
     RUN(test_edit_json);
     RUN(test_edit_multipart);
+    RUN(test_openai_errors);
+    RUN(test_openai_fields);
+    RUN(test_edit_images_form);
     RUN(test_error_body);
     RUN(test_images_body);
     return test_finish();

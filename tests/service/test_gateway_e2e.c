@@ -249,12 +249,25 @@ static void test_generate_matches_cli(void)
     images im;
     CHECK(post_json("/v1/images/generations",
                     "{\"model\":\"klein-tiny\",\"prompt\":\"a red fox\",\"size\":\"64x128\","
-                    "\"seed\":1234,\"n\":2,\"num_inference_steps\":2,\"quality\":\"hd\"}",
+                    "\"seed\":1234,\"n\":2,\"num_inference_steps\":2,\"quality\":\"auto\"}",
                     &r) == 0);
     CHECKF(r.status == 200, "status %d: %.*s", r.status, (int)r.body.len, (char *)r.body.data);
     CHECK(parse_images(&r, &im) == 0);
     CHECK(im.n == 2 && im.seeds[0] == 1234 && im.seeds[1] == 1235);
     CHECK(!strcmp(im.size, "64x128") && !strcmp(im.format, "png"));
+    /* OpenAI's response fields: quality and background as served, usage
+     * in the transformer's tokens (512 text, 2 x (64/16)(128/16) out). */
+    cJSON *j = cJSON_ParseWithLength((const char *)r.body.data, r.body.len);
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "quality")), "auto"));
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "background")), "opaque"));
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(j, "usage");
+    CHECK(cJSON_GetObjectItemCaseSensitive(u, "input_tokens")->valuedouble == 512);
+    CHECK(cJSON_GetObjectItemCaseSensitive(u, "output_tokens")->valuedouble == 64);
+    CHECK(cJSON_GetObjectItemCaseSensitive(u, "total_tokens")->valuedouble == 576);
+    cJSON_Delete(j);
+    char rid[80] = "";
+    CHECK(gwc_header(&r, "X-Request-Id", rid, sizeof rid) == 0 && strlen(rid) == 20 &&
+          !strncmp(rid, "req_", 4));
     gwc_response_free(&r);
     const char *args[] = {"--prompt", "a red fox", "--seed", "1234", "--width", "64", "--height",
                           "128", "--steps", "2", "-n", "2", NULL};
@@ -332,6 +345,24 @@ static void test_edit_matches_cli(void)
     const char *args2[] = {"--image", ref0, "--image", ref1, "--prompt", "two foxes", "--seed", "5",
                            "--width", "128", "--height", "128", "--steps", "1", NULL};
     compare_cli("edit", args2, &im, "png", "edit JSON two refs");
+    /* OpenAI's JSON edit form gives the same image. */
+    kiln_buf_clear(&json);
+    const char *p2 = "{\"prompt\":\"two foxes\",\"seed\":5,\"size\":\"128x128\","
+                     "\"num_inference_steps\":1,\"images\":[{\"image_url\":\"data:image/png;base64,";
+    kiln_buf_append(&json, p2, strlen(p2), NULL);
+    kiln_buf_append(&json, ea.data, ea.len, NULL);
+    kiln_buf_append(&json, "\"},{\"image_url\":\"", 17, NULL);
+    kiln_buf_append(&json, eb.data, eb.len, NULL);
+    kiln_buf_append(&json, "\"}]}", 4, NULL);
+    CHECK(gwc_request(port, "POST", "/v1/images/edits", "application/json", json.data, json.len, &r,
+                      T_REQ) == 0);
+    CHECKF(r.status == 200, "status %d: %.*s", r.status, (int)r.body.len, (char *)r.body.data);
+    images im2;
+    CHECK(parse_images(&r, &im2) == 0 && im2.n == 1);
+    CHECK(im2.files[0].len == im.files[0].len &&
+          !memcmp(im2.files[0].data, im.files[0].data, im.files[0].len));
+    gwc_response_free(&r);
+    images_free(&im2);
     images_free(&im);
     kiln_buf_free(&ea), kiln_buf_free(&eb), kiln_buf_free(&json);
     kiln_buf_free(&a), kiln_buf_free(&b);
@@ -368,16 +399,21 @@ static void test_bad_inputs(void)
 {
     static const bad_case cases[] = {
         {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",", 400, NULL, "invalid_json", "malformed JSON"},
-        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"n\":\"2\"}", 400, "n", NULL, "n as a string"},
-        {"/v1/images/generations", "application/json", "{\"prompt\":[\"x\"]}", 400, "prompt", NULL, "prompt as a list"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"n\":\"2\"}", 400, "n", "invalid_type", "n as a string"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":[\"x\"]}", 400, "prompt", "invalid_type", "prompt as a list"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"sise\":\"64x64\"}", 400, "sise", "unknown_parameter", "unknown field"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"\",\"size\":\"64x64\"}", 400, "prompt", "empty_string", "empty prompt"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"quality\":\"best\"}", 400, "quality", "invalid_value", "invalid quality"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"background\":\"transparent\"}", 400, "background", "unsupported_value", "transparent background"},
+        {"/v1/images/generations", "multipart/form-data; boundary=zz", "--zz\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx\r\n--zz\r\nContent-Disposition: form-data; name=\"colour\"\r\n\r\nred\r\n--zz--\r\n", 400, "colour", "unknown_parameter", "unknown form field"},
         {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"256x256\"}", 400, "size", NULL, "size above --max-size"},
         {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"32x64\"}", 400, "size", NULL, "size below --min-size"},
         {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"72x64\"}", 400, "size", NULL, "size not a multiple of 16"},
-        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"64x64\",\"n\":0}", 400, "n", NULL, "n = 0"},
-        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"64x64\",\"n\":11}", 400, "n", NULL, "n = 11"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"64x64\",\"n\":0}", 400, "n", "integer_below_min_value", "n = 0"},
+        {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"size\":\"64x64\",\"n\":11}", 400, "n", "integer_above_max_value", "n = 11"},
         {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"model\":\"gpt-image-1\"}", 400, "model", "model_not_found", "unknown model"},
         {"/v1/images/generations", "application/json", "{\"prompt\":\"x\",\"response_format\":\"url\"}", 400, "response_format", NULL, "url responses"},
-        {"/v1/images/generations", "application/json", "{\"size\":\"64x64\"}", 400, "prompt", NULL, "no prompt"},
+        {"/v1/images/generations", "application/json", "{\"size\":\"64x64\"}", 400, "prompt", "missing_required_parameter", "no prompt"},
         {"/v1/images/edits", "multipart/form-data; boundary=zz", "--zz\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx", 400, NULL, "invalid_multipart", "broken multipart"},
         {"/v1/images/edits", "multipart/form-data; boundary=zz", "--zz\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx\r\n--zz\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\nthis is text\r\n--zz--\r\n", 400, "image", "invalid_image", "non-image upload"},
         {"/v1/images/edits", "application/json", "{\"prompt\":\"x\"}", 400, "image", NULL, "edit without image"},
@@ -394,8 +430,30 @@ static void test_bad_inputs(void)
         gwc_response_free(&r);
         CHECKF(get_status("/healthz") == 200, "%s: the gateway stopped serving", c->what);
     }
-    /* Wrong method, with Allow. */
+    /* Every answer has an X-Request-Id: the client's when it gave a
+     * usable one, else the gateway's own (a fresh one each time). */
     gwc_response r;
+    char rid[80];
+    const char *paths[][2] = {{"GET", "/healthz"}, {"GET", "/nowhere"},
+                              {"POST", "/v1/images/generations"}, {"GET", "/metrics"}};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        CHECK(gwc_request_h(port, paths[i][0], paths[i][1], "application/json",
+                            "X-Request-Id: client-abc.123\r\n", "{}", 2, &r, 5000) == 0);
+        CHECKF(gwc_header(&r, "X-Request-Id", rid, sizeof rid) == 0 &&
+                   !strcmp(rid, "client-abc.123"), "%s: X-Request-Id '%s'", paths[i][1], rid);
+        gwc_response_free(&r);
+    }
+    char first[80] = "";
+    for (int i = 0; i < 2; i++) {
+        CHECK(gwc_request_h(port, "GET", "/healthz", NULL, "X-Request-Id: no spaces please\r\n",
+                            NULL, 0, &r, 5000) == 0);
+        CHECK(gwc_header(&r, "X-Request-Id", rid, sizeof rid) == 0 && !strncmp(rid, "req_", 4) &&
+              strlen(rid) == 20 && strcmp(rid, first) != 0);
+        snprintf(first, sizeof first, "%s", rid);
+        gwc_response_free(&r);
+    }
+
+    /* Wrong method, with Allow. */
     CHECK(gwc_request(port, "GET", "/v1/images/generations", NULL, NULL, 0, &r, 5000) == 0);
     check_error(&r, 405, NULL, "method_not_allowed", "GET on generations");
     char allow[64] = "";

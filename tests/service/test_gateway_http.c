@@ -375,6 +375,51 @@ static void test_authorization(void)
     kiln_http_reader_destroy(r);
 }
 
+/* X-Request-Id: a usable client id is kept (trailing blanks dropped),
+ * one too long, with characters that could forge a header or log line,
+ * or given twice is dropped (the server then makes its own). */
+static void test_request_id(void)
+{
+    kiln_http_limits big = {.max_header_bytes = 8192, .max_body_bytes = 100};
+    char lng[256];
+    snprintf(lng, sizeof lng, "%0*d", KILN_HTTP_RID_MAX + 1, 0);
+    static const char ok64[] = "0123456789012345678901234567890123456789012345678901234567890123";
+    const struct {
+        const char *headers, *want;
+    } cases[] = {
+        {"X-Request-Id: client-7f:a/b+c=d@e.f_g\r\n", "client-7f:a/b+c=d@e.f_g"},
+        {"x-request-id:  abc  \r\n", "abc"},
+        {"X-Request-Id: a b\r\n", ""},
+        {"X-Request-Id: a\"b\r\n", ""},
+        {"X-Request-Id: caf\xc3\xa9\r\n", ""},
+        {"X-Request-Id: \r\n", ""},
+        {"X-Request-Id: a\r\nX-Request-Id: a\r\n", ""},
+        {NULL, ok64},
+        {NULL, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char req[512], hdr[300];
+        if (cases[i].headers)
+            snprintf(hdr, sizeof hdr, "%s", cases[i].headers);
+        else
+            snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", i == 7 ? ok64 : lng);
+        int n = snprintf(req, sizeof req, "GET / HTTP/1.1\r\nHost: a\r\n%s\r\n", hdr);
+        for (size_t chunk = 0; chunk <= 1; chunk++) {
+            kiln_http_reader *r = kiln_http_reader_create(&big, NULL);
+            kiln_http_event ev = KILN_HTTP_NEED_MORE;
+            size_t off = 0;
+            while (ev == KILN_HTTP_NEED_MORE && off < (size_t)n)
+                off += kiln_http_reader_feed(r, req + off, chunk ? 1 : (size_t)n - off, &ev);
+            CHECK(ev == KILN_HTTP_REQUEST);
+            const char *got = kiln_http_reader_request(r)->request_id;
+            CHECKF(strcmp(got, cases[i].want) == 0, "case %zu: '%s'", i, got);
+            kiln_http_reader_next(r);
+            CHECK(kiln_http_reader_request(r)->request_id[0] == '\0');
+            kiln_http_reader_destroy(r);
+        }
+    }
+}
+
 /* API key files and the bearer check. */
 static void test_api_keys(void)
 {
@@ -437,6 +482,7 @@ int main(void)
     RUN(test_smuggling_corpus);
     RUN(test_strict_messages);
     RUN(test_authorization);
+    RUN(test_request_id);
     RUN(test_api_keys);
     return test_finish();
 }
