@@ -124,6 +124,7 @@ typedef struct kiln_backend_ops {
 
     /* --- elementwise -----------------------------------------------------
      * silu: y = x * sigmoid(x); y may alias x.
+     * tanh: y = tanh(x); y may alias x (Z-Image's adaLN gates).
      * swiglu: x (R, 2F) -> y (R, F): y = silu(x[:, :F]) * x[:, F:].
      * add: y = a + b (same shape); y may alias a or b.
      * gated_add: x (B, S, D) += gate[b] * y with gate (B, D), or plain
@@ -132,6 +133,7 @@ typedef struct kiln_backend_ops {
      * backends this follows diffusers' rounding (pipeline.md section 7).
      * cfg: out = neg + g * (pos - neg); out may alias pos or neg. */
     void (*silu)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+    void (*tanh)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
     void (*swiglu)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
     void (*add)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *a, const kiln_tensor *b);
     void (*gated_add)(kiln_backend *be, kiln_tensor *x, const kiln_tensor *gate,
@@ -309,6 +311,7 @@ KILN_BE_WRAP(attention, (kiln_backend *be, kiln_tensor *o, const kiln_tensor *q,
                          const kiln_tensor *k, const kiln_tensor *v, const kiln_attn_opts *opts),
              (be, o, q, k, v, opts))
 KILN_BE_WRAP(silu, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x), (be, y, x))
+KILN_BE_WRAP(tanh, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x), (be, y, x))
 KILN_BE_WRAP(swiglu, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x), (be, y, x))
 KILN_BE_WRAP(add, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *a, const kiln_tensor *b),
              (be, y, a, b))

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dit_util.h"
 #include "flux2_dit_internal.h"
 
 /* --- reference K/V cache ------------------------------------------------------ */
@@ -313,14 +314,7 @@ static void probe(const kiln_flux2_dit_input *in, flux2_fwd *f, const char *modu
 
 static kiln_status host_reserve(kiln_flux2_dit *m, size_t floats, kiln_err *err)
 {
-    if (floats <= m->host_cap)
-        return KILN_OK;
-    float *p = realloc(m->host, floats * sizeof(float));
-    if (!p)
-        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
-    m->host = p;
-    m->host_cap = floats;
-    return KILN_OK;
+    return kiln_dit_host_reserve(&m->host, &m->host_cap, floats, err);
 }
 
 /* --- forward ----------------------------------------------------------------------- */

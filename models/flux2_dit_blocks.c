@@ -9,6 +9,7 @@
  * cached mode inserts stored reference K/V rows at the same place. */
 #include <math.h>
 
+#include "dit_util.h"
 #include "flux2_dit_internal.h"
 
 static kiln_tensor tmp(flux2_fwd *f, int64_t S, int64_t C)
@@ -21,11 +22,7 @@ static kiln_tensor tmp(flux2_fwd *f, int64_t S, int64_t C)
 /* (B, S, D) seen as (B, S, h, d). */
 static kiln_tensor heads(const flux2_fwd *f, const kiln_tensor *t)
 {
-    kiln_tensor v = *t;
-    kiln_tensor_set_shape(&v, t->dtype, 4,
-                          (int64_t[]){t->shape[0], t->shape[1], f->m->cfg.num_heads,
-                                      f->m->cfg.head_dim});
-    return v;
+    return kiln_dit_heads(t, f->m->cfg.num_heads, f->m->cfg.head_dim);
 }
 
 static kiln_tensor ln_mod(flux2_fwd *f, const kiln_tensor *x, const flux2_mod *mod)
@@ -63,16 +60,10 @@ static flux2_qkv project(flux2_fwd *f, const kiln_tensor *n, const kiln_tensor *
     return r;
 }
 
-/* Rows [row0, row0 + n) of a (1, S, C) tensor as a (1, n, C) tensor.  With
- * one batch row those rows are contiguous, so a stream can be produced in
- * place inside a concatenation (and read back out of one) without copies. */
-static kiln_tensor rows_view(const kiln_tensor *t, int64_t row0, int64_t n)
-{
-    kiln_tensor v = *t;
-    v.shape[1] = n;
-    v.data = (char *)t->data + (size_t)(row0 * t->shape[2]) * kiln_dtype_size(t->dtype);
-    return v;
-}
+/* With one batch row a stream's rows are contiguous, so a stream can be
+ * produced in place inside a concatenation (and read back out of one)
+ * without copies. */
+#define rows_view kiln_dit_rows_view
 
 /* Rows [row0, row0 + n) of a (B, S, C) tensor; t NULL or n 0 adds nothing. */
 typedef struct seg {

@@ -6,20 +6,7 @@
 
 #include "common/json.h"
 #include "flux2_dit_internal.h"
-#include "weights.h"
-
-#define CFG_MAX 1000000 /* far above any real size; keeps products in range */
-
-static kiln_status cfg_int(const cJSON *cfg, const char *key, int64_t def, int64_t *out,
-                           kiln_err *err)
-{
-    if (kiln_json_int(cfg, key, def, out, err))
-        return kiln_err_wrap(err, "transformer/config.json");
-    if (*out < 0 || *out > CFG_MAX)
-        return kiln_err_set(err, KILN_ERR_FORMAT, "transformer/config.json: %s = %lld is out of range",
-                            key, (long long)*out);
-    return KILN_OK;
-}
+#include "dit_util.h"
 
 kiln_status kiln_flux2_dit_config_parse(const cJSON *cfg, kiln_flux2_dit_config *out,
                                         kiln_err *err)
@@ -28,15 +15,15 @@ kiln_status kiln_flux2_dit_config_parse(const cJSON *cfg, kiln_flux2_dit_config 
     int64_t patch = 0, out_ch = 0;
     double mlp_ratio = 0;
     int guidance = 0;
-    if (cfg_int(cfg, "num_layers", KILN_JSON_REQUIRED, &c.num_layers, err) ||
-        cfg_int(cfg, "num_single_layers", KILN_JSON_REQUIRED, &c.num_single_layers, err) ||
-        cfg_int(cfg, "num_attention_heads", KILN_JSON_REQUIRED, &c.num_heads, err) ||
-        cfg_int(cfg, "attention_head_dim", KILN_JSON_REQUIRED, &c.head_dim, err) ||
-        cfg_int(cfg, "joint_attention_dim", KILN_JSON_REQUIRED, &c.joint_dim, err) ||
-        cfg_int(cfg, "in_channels", KILN_JSON_REQUIRED, &c.in_channels, err) ||
-        cfg_int(cfg, "out_channels", 0, &out_ch, err) ||
-        cfg_int(cfg, "patch_size", 1, &patch, err) ||
-        cfg_int(cfg, "timestep_guidance_channels", 256, &c.time_channels, err))
+    if (kiln_dit_cfg_int(cfg, "num_layers", KILN_JSON_REQUIRED, &c.num_layers, err) ||
+        kiln_dit_cfg_int(cfg, "num_single_layers", KILN_JSON_REQUIRED, &c.num_single_layers, err) ||
+        kiln_dit_cfg_int(cfg, "num_attention_heads", KILN_JSON_REQUIRED, &c.num_heads, err) ||
+        kiln_dit_cfg_int(cfg, "attention_head_dim", KILN_JSON_REQUIRED, &c.head_dim, err) ||
+        kiln_dit_cfg_int(cfg, "joint_attention_dim", KILN_JSON_REQUIRED, &c.joint_dim, err) ||
+        kiln_dit_cfg_int(cfg, "in_channels", KILN_JSON_REQUIRED, &c.in_channels, err) ||
+        kiln_dit_cfg_int(cfg, "out_channels", 0, &out_ch, err) ||
+        kiln_dit_cfg_int(cfg, "patch_size", 1, &patch, err) ||
+        kiln_dit_cfg_int(cfg, "timestep_guidance_channels", 256, &c.time_channels, err))
         return err->code;
     if (kiln_json_double(cfg, "mlp_ratio", 0, 3.0, &mlp_ratio, err) ||
         kiln_json_double(cfg, "rope_theta", 0, 2000.0, &c.rope_theta, err) ||
@@ -67,7 +54,7 @@ kiln_status kiln_flux2_dit_config_parse(const cJSON *cfg, kiln_flux2_dit_config 
                             naxes, KILN_FLUX2_ROPE_AXES);
     int64_t rope_dim = 0;
     for (int a = 0; a < naxes; a++) {
-        if (axes[a] <= 0 || axes[a] % 2 || axes[a] > CFG_MAX)
+        if (axes[a] <= 0 || axes[a] % 2 || axes[a] > KILN_DIT_CFG_MAX)
             return kiln_err_set(err, KILN_ERR_FORMAT,
                                 "transformer/config.json: axes_dims_rope[%d] = %lld must be a "
                                 "positive even number", a, (long long)axes[a]);
@@ -99,35 +86,22 @@ kiln_status kiln_flux2_dit_config_parse(const cJSON *cfg, kiln_flux2_dit_config 
 
 /* --- weights --------------------------------------------------------------- */
 
-typedef struct loader {
-    kiln_backend *be;
-    const kiln_st *st;
-    kiln_err *err;
-} loader;
+typedef kiln_dit_loader loader;
 
 static kiln_status load2(loader *l, kiln_tensor *t, int64_t rows, int64_t cols, const char *name)
 {
-    return kiln_weight_load(l->be, l->st, t, 2, (int64_t[]){rows, cols}, l->err, "%s", name);
+    return kiln_dit_load2(l, t, rows, cols, name);
 }
 
 static kiln_status load1(loader *l, kiln_tensor *t, int64_t n, const char *name)
 {
-    return kiln_weight_load(l->be, l->st, t, 1, (int64_t[]){n}, l->err, "%s", name);
+    return kiln_dit_load1(l, t, n, name);
 }
 
-/* Fuses three [D, D] projections into one [3D, D] matrix, checking each. */
 static kiln_status load_qkv(loader *l, kiln_tensor *t, int64_t D, const char *prefix,
                             const char *const names[3])
 {
-    char full[3][160];
-    const char *ptrs[3];
-    for (int i = 0; i < 3; i++) {
-        snprintf(full[i], sizeof full[i], "%s.%s.weight", prefix, names[i]);
-        if (!kiln_st_expect(l->st, full[i], 2, (int64_t[]){D, D}, l->err))
-            return l->err->code;
-        ptrs[i] = full[i];
-    }
-    return kiln_weight_load_concat(l->be, l->st, t, ptrs, 3, l->err);
+    return kiln_dit_load_fused(l, t, D, D, prefix, names, 3);
 }
 
 static kiln_status load_double(loader *l, const kiln_flux2_dit_config *c, int i,

@@ -191,3 +191,31 @@ void kiln_latents_to_rgb8(const float *x, uint8_t *rgb, int64_t B, int64_t H, in
                 dst[3 * i + ch] = to_byte(src[ch * plane + i], bf16);
     }
 }
+
+/* Index of latent[b, c, p*y + py, p*x + px] and of its token feature. */
+#define ZI_LATENT(b, c, y, py, x, px) ((((b) * C + (c)) * p * h + (y) * p + (py)) * p * w + (x) * p + (px))
+#define ZI_TOKEN(b, y, x, py, px, c) ((((b) * h + (y)) * w + (x)) * p * p * C + ((py) * p + (px)) * C + (c))
+
+void kiln_latents_zimage_patchify(const float *src, float *dst, int64_t B, int64_t C, int64_t p,
+                                  int64_t h, int64_t w)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t y = 0; y < h; y++)
+                for (int64_t py = 0; py < p; py++)
+                    for (int64_t x = 0; x < w; x++)
+                        for (int64_t px = 0; px < p; px++)
+                            dst[ZI_TOKEN(b, y, x, py, px, c)] = src[ZI_LATENT(b, c, y, py, x, px)];
+}
+
+void kiln_latents_zimage_unpatchify(const float *src, float *dst, int64_t B, int64_t C,
+                                    int64_t p, int64_t h, int64_t w)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t y = 0; y < h; y++)
+                for (int64_t py = 0; py < p; py++)
+                    for (int64_t x = 0; x < w; x++)
+                        for (int64_t px = 0; px < p; px++)
+                            dst[ZI_LATENT(b, c, y, py, x, px)] = src[ZI_TOKEN(b, y, x, py, px, c)];
+}

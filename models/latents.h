@@ -43,6 +43,16 @@ void kiln_latents_patchify(const float *src, float *dst, int64_t B, int64_t C, i
 void kiln_latents_unpatchify(const float *src, float *dst, int64_t B, int64_t C, int64_t h,
                              int64_t w);
 
+/* Z-Image's patch tokens (spec/z-image-turbo.md §3.2, diffusers
+ * ZImageTransformer2DModel.patchify_and_embed / unpatchify): latents (B, C,
+ * p*h, p*w) <-> tokens (B, h*w, p*p*C) where token y*w + x holds
+ * latent[c, p*y + py, p*x + px] at feature (py*p + px)*C + c (channel
+ * fastest, unlike FLUX.2's 4c + 2dy + dx). */
+void kiln_latents_zimage_patchify(const float *src, float *dst, int64_t B, int64_t C, int64_t p,
+                                  int64_t h, int64_t w);
+void kiln_latents_zimage_unpatchify(const float *src, float *dst, int64_t B, int64_t C,
+                                    int64_t p, int64_t h, int64_t w);
+
 /* FLUX.2 BatchNorm statistics applied in place to x (B, C, hw), C = 4z:
  * std_c = sqrt(var_c + eps) computed in `dt` (eps from vae/config.json's
  * batch_norm_eps, rounded to fp32 as torch does with a Python scalar).

@@ -22,6 +22,7 @@ static const kiln_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .attention = cpu_attention,
     .silu = cpu_silu,
+    .tanh = cpu_tanh,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .gated_add = cpu_gated_add,

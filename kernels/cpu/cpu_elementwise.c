@@ -13,6 +13,15 @@ void cpu_silu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
         cpu_f32(y)[i] = silu(cpu_f32(x)[i]);
 }
 
+void cpu_tanh(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
+{
+    int64_t n = kiln_tensor_numel(x);
+    if (CPU_REQUIRE(be, kiln_tensor_numel(y) == n))
+        return;
+    for (int64_t i = 0; i < n; i++)
+        cpu_f32(y)[i] = tanhf(cpu_f32(x)[i]);
+}
+
 void cpu_swiglu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
 {
     int64_t rows = kiln_tensor_rows(x), f = kiln_tensor_cols(y);

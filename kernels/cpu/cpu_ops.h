@@ -48,6 +48,7 @@ void cpu_attention(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q, const
                    const kiln_tensor *v, const kiln_attn_opts *opts);
 
 void cpu_silu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+void cpu_tanh(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cpu_swiglu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cpu_add(kiln_backend *be, kiln_tensor *y, const kiln_tensor *a, const kiln_tensor *b);
 void cpu_gated_add(kiln_backend *be, kiln_tensor *x, const kiln_tensor *gate,

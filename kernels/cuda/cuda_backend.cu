@@ -118,6 +118,7 @@ static const kiln_backend_ops cuda_ops = {
     .rope = cuda_rope,
     .attention = cuda_attention,
     .silu = cuda_silu,
+    .tanh = cuda_tanh,
     .swiglu = cuda_swiglu,
     .add = cuda_add,
     .gated_add = cuda_gated_add,

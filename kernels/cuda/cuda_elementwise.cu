@@ -1,4 +1,4 @@
-/* CUDA elementwise ops: SiLU, add, gated residual add, Euler update,
+/* CUDA elementwise ops: SiLU, tanh, add, gated residual add, Euler update,
  * classifier-free guidance, RoPE (SwiGLU: cuda_fused.cu).  Each operand may
  * be BF16 or F32; math is fp32, and where the output is bf16 the intermediate roundings follow the
  * bf16 PyTorch ops of diffusers (noted per op), so a bf16 run tracks the
@@ -25,6 +25,24 @@ void cuda_silu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
     silu_kernel<<<cuda_blocks(be, n), 256, 0, cuda_stream(be)>>>(y->data, is_bf16(y), x->data,
                                                                  is_bf16(x), n);
     cuda_launched(be, "silu");
+}
+
+/* torch.tanh on a bf16 tensor computes in fp32 and rounds once, as here;
+ * tanhf (not a fast approximation) keeps the fp32 path within an ulp. */
+__global__ void tanh_kernel(void *y, int ybf, const void *x, int xbf, int64_t n)
+{
+    GRID_STRIDE(i, n) st_act(y, i, tanhf(ld_act(x, i, xbf)), ybf);
+}
+
+void cuda_tanh(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
+{
+    int64_t n = kiln_tensor_numel(x);
+    if (CUDA_REQUIRE(be, kiln_tensor_numel(y) == n && is_act(x) && is_act(y)) || !n ||
+        !cuda_enter(be))
+        return;
+    tanh_kernel<<<cuda_blocks(be, n), 256, 0, cuda_stream(be)>>>(y->data, is_bf16(y), x->data,
+                                                                 is_bf16(x), n);
+    cuda_launched(be, "tanh");
 }
 
 __global__ void add_kernel(void *y, int ybf, const void *a, int abf, const void *b, int bbf,

@@ -182,6 +182,7 @@ int cuda_attention_gemm(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q,
                         const kiln_tensor *k, const kiln_tensor *v, const kiln_attn_opts *opts);
 
 void cuda_silu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+void cuda_tanh(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cuda_swiglu(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cuda_add(kiln_backend *be, kiln_tensor *y, const kiln_tensor *a, const kiln_tensor *b);
 void cuda_gated_add(kiln_backend *be, kiln_tensor *x, const kiln_tensor *gate,

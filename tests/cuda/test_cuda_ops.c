@@ -492,6 +492,11 @@ static void test_silu_swiglu(void)
         char desc[64];
         snprintf(desc, sizeof desc, "%lldx%lld", (long long)shapes[i][0], (long long)shapes[i][1]);
         finish("silu", desc, &y, TOL_BF16);
+        dual_free(&y);
+        dual_out(&y, KILN_BF16, 2, shapes[i]);
+        kiln_be_tanh(cpu, &y.c, &x.c);
+        kiln_be_tanh(gpu, &y.g, &x.g);
+        finish("tanh", desc, &y, TOL_BF16);
         dual_free(&x);
         dual_free(&y);
     }

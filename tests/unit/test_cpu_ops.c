@@ -256,6 +256,10 @@ static void test_elementwise_and_movement(void)
     kiln_be_swiglu(be, &d, &s); /* silu(-1) * 1, silu(0) * 2 */
     CHECK_NEAR(((float *)d.data)[0], -1 / (1 + exp(1.0)), 1e-6);
     CHECK(((float *)d.data)[1] == 0);
+    kiln_be_tanh(be, &s, &s); /* in place */
+    CHECK_NEAR(((float *)s.data)[0], tanh(-1.0), 1e-6);
+    CHECK(((float *)s.data)[1] == 0);
+    CHECK_NEAR(((float *)s.data)[3], tanh(2.0), 1e-6);
     kiln_tensor src, dst;
     tensor(&src, 3, (int64_t[]){2, 3, 1}, (float[]){0, 1, 2, 3, 4, 5});
     tensor(&dst, 3, (int64_t[]){2, 2, 1}, NULL);

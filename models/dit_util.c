@@ -1,0 +1,76 @@
+/* Shared DiT helpers (dit_util.h). */
+#include "dit_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/json.h"
+#include "weights.h"
+
+kiln_status kiln_dit_cfg_int(const cJSON *cfg, const char *key, int64_t def, int64_t *out,
+                             kiln_err *err)
+{
+    if (kiln_json_int(cfg, key, def, out, err))
+        return kiln_err_wrap(err, "transformer/config.json");
+    if (*out < 0 || *out > KILN_DIT_CFG_MAX)
+        return kiln_err_set(err, KILN_ERR_FORMAT,
+                            "transformer/config.json: %s = %lld is out of range", key,
+                            (long long)*out);
+    return KILN_OK;
+}
+
+kiln_status kiln_dit_load2(kiln_dit_loader *l, kiln_tensor *t, int64_t rows, int64_t cols,
+                           const char *name)
+{
+    return kiln_weight_load(l->be, l->st, t, 2, (int64_t[]){rows, cols}, l->err, "%s", name);
+}
+
+kiln_status kiln_dit_load1(kiln_dit_loader *l, kiln_tensor *t, int64_t n, const char *name)
+{
+    return kiln_weight_load(l->be, l->st, t, 1, (int64_t[]){n}, l->err, "%s", name);
+}
+
+#define FUSED_MAX 4
+
+kiln_status kiln_dit_load_fused(kiln_dit_loader *l, kiln_tensor *t, int64_t rows, int64_t cols,
+                                const char *prefix, const char *const *names, int n)
+{
+    char full[FUSED_MAX][192];
+    const char *ptrs[FUSED_MAX];
+    if (n < 1 || n > FUSED_MAX)
+        return kiln_err_set(l->err, KILN_ERR_INTERNAL, "fusing %d tensors", n);
+    for (int i = 0; i < n; i++) {
+        snprintf(full[i], sizeof full[i], "%s.%s.weight", prefix, names[i]);
+        if (!kiln_st_expect(l->st, full[i], 2, (int64_t[]){rows, cols}, l->err))
+            return l->err->code;
+        ptrs[i] = full[i];
+    }
+    return kiln_weight_load_concat(l->be, l->st, t, ptrs, n, l->err);
+}
+
+kiln_tensor kiln_dit_heads(const kiln_tensor *t, int64_t heads, int64_t head_dim)
+{
+    kiln_tensor v = *t;
+    kiln_tensor_set_shape(&v, t->dtype, 4, (int64_t[]){t->shape[0], t->shape[1], heads, head_dim});
+    return v;
+}
+
+kiln_tensor kiln_dit_rows_view(const kiln_tensor *t, int64_t row0, int64_t n)
+{
+    kiln_tensor v = *t;
+    v.shape[1] = n;
+    v.data = (char *)t->data + (size_t)(row0 * t->shape[2]) * kiln_dtype_size(t->dtype);
+    return v;
+}
+
+kiln_status kiln_dit_host_reserve(float **buf, size_t *cap, size_t floats, kiln_err *err)
+{
+    if (floats <= *cap)
+        return KILN_OK;
+    float *p = realloc(*buf, floats * sizeof(float));
+    if (!p)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    *buf = p;
+    *cap = floats;
+    return KILN_OK;
+}
