@@ -18,6 +18,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline
                                      tests/cuda/test_cuda_replay tests/cuda/test_cuda_mixed
                                      tests/cuda/test_cuda_ipc tests/cuda/compare_outputs tools/kiln
+                                     tools/bench/kiln-soak
                                      services/gateway/kiln-gateway services/kiln-encoder
                                      services/kiln-denoiser services/kiln-decoder)
 
