@@ -18,7 +18,9 @@
 # summary is printed; the results go to $OUT (the device tool's return
 # folder) when set, else $KILN_BUILD/soak: summary.json, requests.csv,
 # samples.csv, memory.png, soak.txt (the summary), soak.log (kiln-soak's
-# log: the faults as they happened) and serve.log.  Exit
+# log: the faults as they happened) and serve.log: 7 files, so that
+# `check.sh devicefault` (which leaves one) may share $OUT in one device
+# run, which returns at most 8.  Exit
 # status: kiln-soak's (0: passed).  A device command runs at most 10
 # minutes: keep --minutes at 6 or less there (checkpoint, model loads, the
 # first request and the last answers take the rest).
@@ -56,6 +58,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$out"
+: >"$out/soak.log"
 . "$root/tools/gpu/common.sh"
 kiln_gpu_libpath "$root/$libs"
 kiln=$build/tools/kiln
@@ -70,8 +73,8 @@ if [ -z "$model" ]; then
     t0=$(date +%s)
     tok=()
     [ -d data/qwen3-tokenizer ] && tok=(--tokenizer data/qwen3-tokenizer)
-    "$kiln" make-checkpoint --preset klein-4b --out "$model" "${tok[@]}" >"$out/make-checkpoint.log" 2>&1 ||
-      { tail -5 "$out/make-checkpoint.log"; exit 1; }
+    "$kiln" make-checkpoint --preset klein-4b --out "$model" "${tok[@]}" >>"$out/soak.log" 2>&1 ||
+      { tail -5 "$out/soak.log"; exit 1; }
     echo "checkpoint $model: $(du -sh "$model" | cut -f1) in $(($(date +%s) - t0)) s"
   else
     echo "checkpoint $model: kept"
@@ -93,7 +96,7 @@ echo "kiln serve pid $serve ($device, $denoisers denoisers); $secs s of traffic 
 "$build/tools/bench/kiln-soak" --url "http://127.0.0.1:$port" --duration "$secs" \
   --concurrency "$conc" --serve-pid "$serve" --wait-ready 600 --sample 2 \
   --stop "denoise@$((secs * 2 / 3))+$stop_for" "${firsts[@]}" --out "$out" \
-  --label "soak $device ${minutes} min${first:+, $first first}" "${soak_args[@]}" 2>"$out/soak.log" |
+  --label "soak $device ${minutes} min${first:+, $first first}" "${soak_args[@]}" 2>>"$out/soak.log" |
   tee "$out/soak.txt"
 rc=${PIPESTATUS[0]}
 kill -TERM "$serve"
