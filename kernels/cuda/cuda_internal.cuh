@@ -159,6 +159,11 @@ void cuda_layer_norm_mod(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
                          const kiln_tensor *shift, const kiln_tensor *scale, float eps);
 void cuda_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                      const kiln_tensor *b, int groups, float eps, int silu);
+void cuda_group_norm_stats(kiln_backend *be, kiln_tensor *stats, const kiln_tensor *x, int groups,
+                           int64_t count_before);
+void cuda_group_norm_apply(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                           const kiln_tensor *w, const kiln_tensor *b, const kiln_tensor *stats,
+                           int64_t count, int groups, float eps, int silu);
 
 void cuda_rope(kiln_backend *be, kiln_tensor *x, const kiln_tensor *cos, const kiln_tensor *sin,
                kiln_rope_mode mode);

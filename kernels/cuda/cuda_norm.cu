@@ -327,6 +327,28 @@ __global__ void gn_apply_vec_kernel(bf16 *y, const bf16 *x, const float *part, c
     }
 }
 
+/* How a group of n elements is cut into chunks, one block each: about
+ * eight blocks per multiprocessor in all, at least 2048 elements each, at
+ * most 64 chunks a group; whole 8-element vectors for the vector kernels
+ * (n is then a multiple of 8). */
+static void gn_plan(kiln_backend *be, int64_t ngroups, int64_t n, int vec, int64_t *splits_out,
+                    int64_t *chunk_out)
+{
+    int64_t splits = (8 * cuda_of(be)->num_sms + ngroups - 1) / ngroups;
+    int64_t most = (n + 2047) / 2048;
+    if (splits > most)
+        splits = most;
+    if (splits > 64)
+        splits = 64;
+    if (splits < 1)
+        splits = 1;
+    int64_t chunk = (n + splits - 1) / splits;
+    if (vec)
+        chunk = (chunk + 7) / 8 * 8;
+    *chunk_out = chunk;
+    *splits_out = (n + chunk - 1) / chunk; /* no empty chunk */
+}
+
 void cuda_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                      const kiln_tensor *b, int groups, float eps, int silu)
 {
@@ -342,19 +364,8 @@ void cuda_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, con
         return;
     int vec = is_bf16(x) && is_bf16(y) && hw % 8 == 0 &&
               ((uintptr_t)x->data | (uintptr_t)y->data) % 16 == 0;
-    /* About eight blocks per multiprocessor in all, at least 2048 elements each. */
-    int64_t splits = (8 * cuda_of(be)->num_sms + ngroups - 1) / ngroups;
-    int64_t most = (n + 2047) / 2048;
-    if (splits > most)
-        splits = most;
-    if (splits > 64)
-        splits = 64;
-    if (splits < 1)
-        splits = 1;
-    int64_t chunk = (n + splits - 1) / splits;
-    if (vec)
-        chunk = (chunk + 7) / 8 * 8; /* whole vectors; n is a multiple of 8 (hw is) */
-    splits = (n + chunk - 1) / chunk; /* no empty chunk */
+    int64_t splits, chunk;
+    gn_plan(be, ngroups, n, vec, &splits, &chunk);
     float *part = (float *)cuda_scratch(be, (size_t)(ngroups * splits * 2) * sizeof(float));
     if (!part)
         return;
@@ -378,4 +389,164 @@ void cuda_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, con
                                                        is_bf16(b), n, chunk, hw, cpg, groups, eps,
                                                        silu);
     cuda_launched(be, "group_norm(apply)");
+}
+
+/* --- GroupNorm in pieces (kernels/backend.h group_norm_stats / _apply) ---- */
+
+/* Merges each group's chunk moments, in chunk order and in double, into its
+ * running (mean, M2) over count_before elements: one thread per group, so
+ * the result never depends on scheduling (no atomics). */
+__global__ void gn_stats_merge_kernel(float *stats, const float *part, int64_t ngroups,
+                                      int64_t splits, int64_t n, int64_t chunk,
+                                      int64_t count_before)
+{
+    int64_t grp = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (grp >= ngroups)
+        return;
+    double cnt = 0, mean = 0, m2 = 0;
+    if (count_before > 0) {
+        cnt = (double)count_before;
+        mean = stats[grp * 2];
+        m2 = stats[grp * 2 + 1];
+    }
+    for (int64_t s = 0; s < splits; s++) {
+        int64_t slo = s * chunk, shi = slo + chunk < n ? slo + chunk : n;
+        double nb = (double)(shi - slo), mb = part[(grp * splits + s) * 2];
+        double delta = mb - mean, tot = cnt + nb;
+        mean += delta * nb / tot;
+        m2 += part[(grp * splits + s) * 2 + 1] + delta * delta * cnt * nb / tot;
+        cnt = tot;
+    }
+    stats[grp * 2] = (float)mean;
+    stats[grp * 2 + 1] = (float)m2;
+}
+
+void cuda_group_norm_stats(kiln_backend *be, kiln_tensor *stats, const kiln_tensor *x, int groups,
+                           int64_t count_before)
+{
+    if (CUDA_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[1] % groups == 0 && is_act(x) &&
+                             stats->dtype == KILN_F32 && count_before >= 0 &&
+                             kiln_tensor_numel(stats) == x->shape[0] * groups * 2))
+        return;
+    int64_t ngroups = x->shape[0] * groups, cpg = x->shape[1] / groups;
+    int64_t hw = x->shape[2] * x->shape[3], n = cpg * hw;
+    if (!ngroups || !n || CUDA_REQUIRE(be, ngroups <= 65535) || !cuda_enter(be))
+        return;
+    int vec = is_bf16(x) && hw % 8 == 0 && (uintptr_t)x->data % 16 == 0;
+    int64_t splits, chunk;
+    gn_plan(be, ngroups, n, vec, &splits, &chunk);
+    float *part = (float *)cuda_scratch(be, (size_t)(ngroups * splits * 2) * sizeof(float));
+    if (!part)
+        return;
+    dim3 grid((unsigned)splits, (unsigned)ngroups);
+    if (vec)
+        gn_stats_vec_kernel<<<grid, 256, 0, cuda_stream(be)>>>(part, (const bf16 *)x->data, n,
+                                                               chunk);
+    else
+        gn_stats_kernel<<<grid, 256, 0, cuda_stream(be)>>>(part, x->data, is_bf16(x), n, chunk);
+    if (!cuda_launched(be, "group_norm_stats(chunks)"))
+        return;
+    gn_stats_merge_kernel<<<(unsigned)((ngroups + 127) / 128), 128, 0, cuda_stream(be)>>>(
+        (float *)stats->data, part, ngroups, splits, n, chunk, count_before);
+    cuda_launched(be, "group_norm_stats(merge)");
+}
+
+/* One group's mean and 1/sqrt(var + eps) from its (mean, M2) over count. */
+__device__ __forceinline__ void gn_given_stats(const float *stats, int64_t grp, int64_t count,
+                                               float eps, float *fmean, float *inv)
+{
+    *fmean = stats[grp * 2];
+    *inv = rsqrtf((float)((double)stats[grp * 2 + 1] / (double)count) + eps);
+}
+
+/* (x - mean) * inv * w + b with every rounding spelled out, so that the
+ * element and the vector kernel give the same bits (left to itself nvcc
+ * contracts the two loops' expressions into different FMAs). */
+__device__ __forceinline__ float gn_affine(float x, float mean, float inv, float w, float b)
+{
+    return __fmaf_rn(__fmul_rn(__fsub_rn(x, mean), inv), w, b);
+}
+
+/* diffusers' VAE: GroupNorm output rounded to the activation dtype, then SiLU. */
+__device__ __forceinline__ float gn_silu(float v, int ybf)
+{
+    v = rnd_act(v, ybf);
+    return __fdiv_rn(v, __fadd_rn(1.0f, __expf(-v)));
+}
+
+__global__ void gn_apply_given_kernel(void *y, int ybf, const void *x, int xbf,
+                                      const float *stats, int64_t count, const void *w, int wbf,
+                                      const void *b, int bbf, int64_t n, int64_t chunk,
+                                      int64_t hw, int64_t cpg, int groups, float eps, int silu)
+{
+    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
+    int64_t hi = lo + chunk < n ? lo + chunk : n;
+    float fmean, inv;
+    gn_given_stats(stats, grp, count, eps, &fmean, &inv);
+    int64_t c0 = (grp % groups) * cpg, base = grp * n;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        int64_t c = c0 + i / hw;
+        float v = gn_affine(ld_act(x, base + i, xbf), fmean, inv, ld_act(w, c, wbf),
+                            ld_act(b, c, bbf));
+        st_act(y, base + i, silu ? gn_silu(v, ybf) : v, ybf);
+    }
+}
+
+/* The same for bf16 x and y with hw % 8 == 0, 16-byte vectors. */
+__global__ void gn_apply_given_vec_kernel(bf16 *y, const bf16 *x, const float *stats,
+                                          int64_t count, const void *w, int wbf, const void *b,
+                                          int bbf, int64_t n, int64_t chunk, int64_t hw,
+                                          int64_t cpg, int groups, float eps, int silu)
+{
+    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
+    int64_t hi = lo + chunk < n ? lo + chunk : n;
+    float fmean, inv;
+    gn_given_stats(stats, grp, count, eps, &fmean, &inv);
+    int64_t c0 = (grp % groups) * cpg, base = grp * n;
+    const uint4 *xv = (const uint4 *)(x + base);
+    uint4 *yv = (uint4 *)(y + base);
+    for (int64_t i = lo / 8 + threadIdx.x; i < hi / 8; i += blockDim.x) {
+        int64_t c = c0 + i * 8 / hw;
+        float wc = ld_act(w, c, wbf), bc = ld_act(b, c, bbf);
+        uint4 v = xv[i], o4;
+        const bf16 *e = (const bf16 *)&v;
+        bf16 *o = (bf16 *)&o4;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float t = gn_affine(__bfloat162float(e[j]), fmean, inv, wc, bc);
+            o[j] = __float2bfloat16_rn(silu ? gn_silu(t, 1) : t);
+        }
+        yv[i] = o4;
+    }
+}
+
+void cuda_group_norm_apply(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                           const kiln_tensor *w, const kiln_tensor *b, const kiln_tensor *stats,
+                           int64_t count, int groups, float eps, int silu)
+{
+    if (CUDA_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[1] % groups == 0 &&
+                             kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
+                             kiln_tensor_numel(w) == x->shape[1] &&
+                             kiln_tensor_numel(b) == x->shape[1] && is_act(x) && is_act(y) &&
+                             is_act(w) && is_act(b) && stats->dtype == KILN_F32 &&
+                             kiln_tensor_numel(stats) == x->shape[0] * groups * 2 && count > 0))
+        return;
+    int64_t ngroups = x->shape[0] * groups, cpg = x->shape[1] / groups;
+    int64_t hw = x->shape[2] * x->shape[3], n = cpg * hw;
+    if (!ngroups || !n || CUDA_REQUIRE(be, ngroups <= 65535) || !cuda_enter(be))
+        return;
+    int vec = is_bf16(x) && is_bf16(y) && hw % 8 == 0 &&
+              ((uintptr_t)x->data | (uintptr_t)y->data) % 16 == 0;
+    int64_t splits, chunk;
+    gn_plan(be, ngroups, n, vec, &splits, &chunk);
+    dim3 grid((unsigned)splits, (unsigned)ngroups);
+    if (vec)
+        gn_apply_given_vec_kernel<<<grid, 256, 0, cuda_stream(be)>>>(
+            (bf16 *)y->data, (const bf16 *)x->data, (const float *)stats->data, count, w->data,
+            is_bf16(w), b->data, is_bf16(b), n, chunk, hw, cpg, groups, eps, silu);
+    else
+        gn_apply_given_kernel<<<grid, 256, 0, cuda_stream(be)>>>(
+            y->data, is_bf16(y), x->data, is_bf16(x), (const float *)stats->data, count, w->data,
+            is_bf16(w), b->data, is_bf16(b), n, chunk, hw, cpg, groups, eps, silu);
+    cuda_launched(be, "group_norm_apply");
 }

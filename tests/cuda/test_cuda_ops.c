@@ -281,6 +281,136 @@ static void test_group_norm(void)
     case_gn(1, 64, 6, 5, 32, 0, 0);    /* hw % 8 != 0: the element path */
 }
 
+/* (B*C, H, W) view for copy_rows. */
+static kiln_tensor rows_view(const kiln_tensor *t, int64_t rows)
+{
+    kiln_tensor v = *t;
+    kiln_tensor_set_shape(&v, t->dtype, 3, (int64_t[]){t->shape[0] * t->shape[1], rows,
+                                                      t->shape[3]});
+    return v;
+}
+
+/* GroupNorm over bands of rows on one backend: group_norm_stats band by
+ * band, then group_norm_apply to each band (models/vae_band.c's use). */
+static void gn_banded(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, kiln_tensor *band,
+                      kiln_tensor *st, const kiln_tensor *wt, const kiln_tensor *bs, int groups,
+                      int silu, const int64_t *rows, int nb)
+{
+    int64_t B = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3], cpg = C / groups;
+    kiln_tensor x3 = rows_view(x, H), y3 = rows_view(y, H);
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t r0 = 0;
+        for (int i = 0; i < nb; r0 += rows[i++]) {
+            kiln_tensor b4 = *band, b3;
+            kiln_tensor_set_shape(&b4, band->dtype, 4, (int64_t[]){B, C, rows[i], W});
+            b3 = rows_view(&b4, rows[i]);
+            kiln_be_copy_rows(be, &b3, 0, &x3, r0, rows[i]);
+            if (!pass) {
+                kiln_be_group_norm_stats(be, st, &b4, groups, cpg * r0 * W);
+                continue;
+            }
+            kiln_be_group_norm_apply(be, &b4, &b4, wt, bs, st, cpg * H * W, groups, 1e-6f, silu);
+            kiln_be_copy_rows(be, &y3, r0, &b3, 0, rows[i]);
+        }
+    }
+}
+
+/* Banded statistics and normalisation, each backend on its own: the
+ * statistics (f32, compared tightly), the banded result against the CPU's,
+ * and the GPU's banded result against its own whole-image group_norm. */
+static void case_gn_bands(int64_t b, int64_t c, int64_t w, int groups, int silu,
+                          const int64_t *rows, int nb)
+{
+    int64_t h = 0, most = 0;
+    for (int i = 0; i < nb; i++) {
+        h += rows[i];
+        most = rows[i] > most ? rows[i] : most;
+    }
+    int64_t shape[4] = {b, c, h, w};
+    dual x, wt, bs, st, y, band;
+    dual_in(&x, KILN_BF16, 4, shape, 2.0f);
+    dual_in(&wt, KILN_BF16, 1, (int64_t[]){c}, 1.5f);
+    dual_in(&bs, KILN_BF16, 1, (int64_t[]){c}, 0.5f);
+    dual_out(&y, KILN_BF16, 4, shape);
+    dual_out(&st, KILN_F32, 3, (int64_t[]){b, groups, 2});
+    dual_out(&band, KILN_BF16, 4, (int64_t[]){b, c, most, w});
+    gn_banded(cpu, &y.c, &x.c, &band.c, &st.c, &wt.c, &bs.c, groups, silu, rows, nb);
+    gn_banded(gpu, &y.g, &x.g, &band.g, &st.g, &wt.g, &bs.g, groups, silu, rows, nb);
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld g%d %d bands%s", (long long)b, (long long)c,
+             (long long)h, (long long)w, groups, nb, silu ? " silu" : "");
+    finish("group_norm_stats", desc, &st, 1e-4);
+    /* The GPU's own whole-image group_norm, for the banded GPU result. */
+    dual whole;
+    dual_out(&whole, KILN_BF16, 4, shape);
+    kiln_be_group_norm(gpu, &whole.g, &x.g, &wt.g, &bs.g, groups, 1e-6f, silu);
+    int64_t n = numel_of(4, shape);
+    float *a = xmalloc_f(n), *g = xmalloc_f(n);
+    kiln_be_download(gpu, &y.g, a);
+    kiln_be_download(gpu, &whole.g, g);
+    double vs_whole = kiln_be_check(gpu, NULL) ? INFINITY : test_rel_err(a, g, (size_t)n);
+    free(a);
+    free(g);
+    if (vs_whole >= TOL_BF16)
+        printf("    banded vs whole group_norm on the GPU: %.2e\n", vs_whole);
+    finish_ex("group_norm_apply", desc, &y, TOL_BF16, vs_whole < TOL_BF16);
+    dual_free(&x), dual_free(&wt), dual_free(&bs), dual_free(&y), dual_free(&st);
+    dual_free(&band), dual_free(&whole);
+}
+
+/* The vector kernel (16-byte aligned bf16, H*W % 8 == 0) and the element
+ * kernel (the same data one element off alignment) give the same bits. */
+static void case_gn_apply_paths(int64_t c, int64_t h, int64_t w, int groups)
+{
+    int64_t shape[4] = {1, c, h, w}, n = c * h * w;
+    dual x, wt, bs, st, y;
+    dual_in(&x, KILN_BF16, 4, shape, 2.0f);
+    dual_in(&wt, KILN_BF16, 1, (int64_t[]){c}, 1.5f);
+    dual_in(&bs, KILN_BF16, 1, (int64_t[]){c}, 0.5f);
+    dual_out(&y, KILN_BF16, 4, shape);
+    dual_out(&st, KILN_F32, 3, (int64_t[]){1, groups, 2});
+    kiln_be_group_norm_stats(gpu, &st.g, &x.g, groups, 0);
+    kiln_be_group_norm_apply(gpu, &y.g, &x.g, &wt.g, &bs.g, &st.g, n / groups, groups, 1e-6f, 1);
+    kiln_tensor xm = {0}, ym = {0};
+    kiln_be_alloc(gpu, &xm, KILN_BF16, 1, (int64_t[]){n + 8});
+    kiln_be_alloc(gpu, &ym, KILN_BF16, 1, (int64_t[]){n + 8});
+    kiln_tensor xv = xm, yv = ym;
+    xv.data = (uint16_t *)xm.data + 1;
+    yv.data = (uint16_t *)ym.data + 1;
+    kiln_tensor_set_shape(&xv, KILN_BF16, 4, shape);
+    kiln_tensor_set_shape(&yv, KILN_BF16, 4, shape);
+    kiln_be_copy(gpu, &xv, &x.g);
+    kiln_be_group_norm_apply(gpu, &yv, &xv, &wt.g, &bs.g, &st.g, n / groups, groups, 1e-6f, 1);
+    float *a = xmalloc_f(n), *b = xmalloc_f(n);
+    kiln_be_download(gpu, &y.g, a);
+    kiln_be_download(gpu, &yv, b);
+    kiln_err ge = {0};
+    int ok = !kiln_be_check(gpu, &ge) && !memcmp(a, b, sizeof(float) * (size_t)n);
+    char desc[96];
+    snprintf(desc, sizeof desc, "1x%lldx%lldx%lld vector vs element", (long long)c, (long long)h,
+             (long long)w);
+    cases++;
+    failed += !ok;
+    printf("%-18s | %-34s | %9s | %s\n", "group_norm_apply", desc, ok ? "same bits" : "differ",
+           ok ? "pass" : "FAIL");
+    if (ge.code)
+        printf("    cuda error: %s\n", ge.msg);
+    free(a), free(b);
+    kiln_be_free(gpu, &xm), kiln_be_free(gpu, &ym);
+    dual_free(&x), dual_free(&wt), dual_free(&bs), dual_free(&y), dual_free(&st);
+}
+
+static void test_group_norm_bands(void)
+{
+    /* W % 8 != 0: the element kernels; W = 64: the vector kernels. */
+    case_gn_bands(1, 64, 7, 32, 1, (int64_t[]){3, 1, 5}, 3);
+    case_gn_bands(2, 128, 64, 32, 1, (int64_t[]){16, 16, 16, 9}, 4);
+    case_gn_bands(1, 256, 256, 32, 0, (int64_t[]){40, 40, 3}, 3);
+    case_gn_bands(2, 32, 24, 8, 1, (int64_t[]){5}, 1);
+    case_gn_apply_paths(128, 16, 64, 32);
+    case_gn_apply_paths(256, 33, 40, 32);
+}
+
 /* --- attention ------------------------------------------------------------- */
 
 /* Random rotation tables (s, d) in the layout `mode` expects, on both sides. */
@@ -854,6 +984,7 @@ int main(void)
     test_rms_norm();
     test_layer_norm_mod();
     test_group_norm();
+    test_group_norm_bands();
     test_rope();
     test_attention();
     test_silu_swiglu();
