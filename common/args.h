@@ -11,6 +11,8 @@
  * (leaving *out untouched) for empty input, trailing characters, overflow or
  * a value out of range. */
 int kiln_parse_int(const char *s, long lo, long hi, int *out);
+/* The same for a finite decimal number ("1", "0.25", "2e0") in [lo, hi]. */
+int kiln_parse_double(const char *s, double lo, double hi, double *out);
 
 /* The option a getopt_long error is about, as the user wrote it: after an
  * option with a value, argv[optind - 1] is the value itself when it came as

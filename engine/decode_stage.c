@@ -47,11 +47,18 @@ void kiln_decode_stage_destroy(kiln_decode_stage *s)
     free(s);
 }
 
+kiln_status kiln_decode_stage_set_banding(kiln_decode_stage *s, int64_t above_pixels,
+                                          int64_t rows, kiln_err *err)
+{
+    return kiln_vae_set_banding(s->vae, above_pixels, rows, err);
+}
+
 /* Pixels per VAE pass.  The decoder's scratch grows with rows x pixels
  * (three slots of 256 channels at full resolution: 1.5 KiB a pixel in bf16,
- * 1.5 GiB for one 1024x1024 image), and one 1024x1024 image already fills
- * the GPU, so a batch of large images is decoded a row at a time (small
- * ones still together); the VAE treats rows independently. */
+ * 1.5 GiB for one 1024x1024 image; about half of that per pixel above it,
+ * where the VAE runs in bands), and one 1024x1024 image already fills the
+ * GPU, so a batch of large images is decoded a row at a time (small ones
+ * still together); the VAE treats rows independently. */
 #define DECODE_PASS_PIXELS ((int64_t)1 << 20)
 
 kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, int width,

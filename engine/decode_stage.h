@@ -24,6 +24,13 @@ kiln_decode_stage *kiln_decode_stage_create(kiln_backend *be, const kiln_checkpo
                                             kiln_err *err);
 void kiln_decode_stage_destroy(kiln_decode_stage *s);
 
+/* Images of more than above_pixels pixels decode in bands of `rows` rows
+ * (kiln_vae_set_banding: the whole-image result, less memory); the stage
+ * starts with the VAE's defaults (above 1024x1024, 128 rows).
+ * KILN_ERR_INVALID for values out of range. */
+kiln_status kiln_decode_stage_set_banding(kiln_decode_stage *s, int64_t above_pixels,
+                                          int64_t rows, kiln_err *err);
+
 /* Decodes latents (B, N, C) with N = (height/16) * (width/16) into B new
  * images (each freed by the caller with kiln_image_free).  raw_out, when not
  * NULL, receives the decoder output (B, 3, H, W) as host f32 (tests).  On

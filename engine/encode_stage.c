@@ -97,6 +97,12 @@ void kiln_encode_stage_destroy(kiln_encode_stage *s)
     free(s);
 }
 
+kiln_status kiln_encode_stage_set_banding(kiln_encode_stage *s, int64_t above_pixels,
+                                          int64_t rows, kiln_err *err)
+{
+    return s->vae ? kiln_vae_set_banding(s->vae, above_pixels, rows, err) : KILN_OK;
+}
+
 int64_t kiln_encode_stage_width(const kiln_encode_stage *s) { return kiln_qwen3_out_width(s->qwen); }
 
 /* How row b of a batch gets its embedding: copied from an earlier row with

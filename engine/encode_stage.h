@@ -55,6 +55,14 @@ kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpo
                                             const kiln_encode_opts *opts, kiln_err *err);
 void kiln_encode_stage_destroy(kiln_encode_stage *s);
 
+/* Reference images of more than above_pixels pixels (as prepared) encode
+ * in bands of `rows` rows (kiln_vae_set_banding: the whole-image result,
+ * less memory); the stage starts with the VAE's defaults (above 1024x1024,
+ * 128 rows).  A no-op without with_references.  KILN_ERR_INVALID for
+ * values out of range. */
+kiln_status kiln_encode_stage_set_banding(kiln_encode_stage *s, int64_t above_pixels,
+                                          int64_t rows, kiln_err *err);
+
 /* Text embedding width J (= n_out_layers * hidden size). */
 int64_t kiln_encode_stage_width(const kiln_encode_stage *s);
 

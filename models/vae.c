@@ -15,7 +15,7 @@ struct kiln_vae {
     kiln_vae_info info;
     vae_coder dec, enc;
     float *bn_mean, *bn_var;
-    int64_t band_above;      /* kiln_vae_set_banding: pixels per image, 0 = never */
+    int64_t band_above;      /* kiln_vae_set_banding: pixels per image */
     int64_t band_rows;
 };
 
@@ -260,7 +260,7 @@ static int banded(const kiln_vae *v, int64_t H, int64_t W)
 {
     /* A backend without the pieced GroupNorm can only run whole passes. */
     const kiln_backend_ops *ops = v->be->ops;
-    return v->band_above > 0 && H * W > v->band_above && ops->group_norm_stats &&
+    return H * W > v->band_above && ops->group_norm_stats &&
            ops->group_norm_apply;
 }
 

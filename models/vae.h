@@ -109,16 +109,18 @@ kiln_status kiln_vae_decode(kiln_vae *vae, const kiln_tensor *z, kiln_tensor *im
                             const kiln_vae_tap *tap, kiln_err *err);
 
 /* Images of more than `above_pixels` pixels (H x W of one image, batch rows
- * not counted) decode and encode in bands of about `rows` full-resolution
+ * not counted; 0: every image, KILN_VAE_BAND_NEVER: none) decode and encode
+ * in bands of about `rows` full-resolution
  * rows (models/vae_band.h): the whole-image result (GroupNorm statistics
  * over the whole image, convolutions with halos; bit-identical on the CPU
- * up to the statistics' summation order) with less scratch memory.
- * above_pixels 0 never bands.  After load: above KILN_VAE_BAND_ABOVE_DEFAULT
+ * up to the statistics' summation order) with less scratch memory.  After
+ * load: above KILN_VAE_BAND_ABOVE_DEFAULT
  * pixels, bands of KILN_VAE_BAND_ROWS_DEFAULT rows.  Taps are not called for
  * banded passes.  KILN_ERR_INVALID for a negative size or rows outside
  * 1..65536. */
 #define KILN_VAE_BAND_ABOVE_DEFAULT ((int64_t)1 << 20) /* 1024 x 1024 */
 #define KILN_VAE_BAND_ROWS_DEFAULT 128
+#define KILN_VAE_BAND_NEVER INT64_MAX
 kiln_status kiln_vae_set_banding(kiln_vae *vae, int64_t above_pixels, int64_t rows,
                                  kiln_err *err);
 

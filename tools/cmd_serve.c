@@ -24,6 +24,7 @@ static void usage(FILE *f)
             "  [--gpus N] [--min-size PX] [--max-size PX] [--text-encoder-out-layers A,B,C]\n"
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
             "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--prompt-cache-mb N]\n"
+            "  [--vae-band-above MP] [--vae-band-rows N]\n"
             "  [kiln-gateway's limits: --max-body-mb N --max-connections N\n"
             "   --max-client-connections N --body-budget-mb N --client-body-budget-mb N\n"
             "   --body-wait-ms MS --queue-max N --request-timeout-s S --max-cost MTOK\n"
@@ -35,7 +36,10 @@ static void usage(FILE *f)
             "these children hold it).  --api-key-file: Bearer keys the HTTP API requires.\n"
             "With --gpus N, replica i of each stage runs on GPU i %% N; --<stage>-gpu G pins\n"
             "every replica of that stage to GPU G instead.  Each encoder keeps up to N MiB\n"
-            "(default 256, 0: off) of prompt embeddings in host memory.  A crashed child is\n"
+            "(default 256, 0: off) of prompt embeddings in host memory.  Images of more than\n"
+            "--vae-band-above megapixels (default 1 = 1024x1024) run through the VAE in bands\n"
+            "of --vae-band-rows rows (default 128), with the same result and less GPU memory.\n"
+            "A crashed child is\n"
             "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n"
             "The gateway's limits are passed on to it (kiln-gateway --help).  A replica with\n"
             "work whose backend makes no progress for --progress-timeout-s (default 60) is\n"
@@ -46,6 +50,7 @@ typedef struct serve_opts {
     const char *model, *bus, *device, *layers, *host;
     const char *min_size, *max_size;
     const char *prompt_cache_mb; /* NULL: the encoder's default */
+    const char *band_above, *band_rows; /* NULL: the VAE stages' defaults */
     int port, gpus, max_batch;
     int replicas[3]; /* encoders, denoisers, decoders */
     int stage_gpu[3]; /* -1: round robin over --gpus */
@@ -67,8 +72,8 @@ static const char *const gateway_options[] = {
 static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
-           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_GATEWAY };
-    static struct option longopts[19 + N_GATEWAY_OPTIONS] = {
+           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_BAND_ABOVE, O_BAND_ROWS, O_GATEWAY };
+    static struct option longopts[21 + N_GATEWAY_OPTIONS] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
         {"gpus", required_argument, 0, O_GPUS},   {"min-size", required_argument, 0, O_MIN},
@@ -81,6 +86,8 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"decoder-gpu", required_argument, 0, O_DEC_GPU},
         {"prompt-cache-mb", required_argument, 0, O_PROMPT_CACHE},
         {"host", required_argument, 0, O_HOST},
+        {"vae-band-above", required_argument, 0, O_BAND_ABOVE},
+        {"vae-band-rows", required_argument, 0, O_BAND_ROWS},
         {"help", no_argument, 0, 'h'},
     };
     int n_fixed = 0;
@@ -116,6 +123,14 @@ static int parse(int argc, char **argv, serve_opts *o)
             o->prompt_cache_mb = optarg, bad = kiln_parse_int(optarg, 0, 1 << 20, &unused);
             break;
         case O_HOST: o->host = optarg; break;
+        case O_BAND_ABOVE: {
+            double mp;
+            o->band_above = optarg, bad = kiln_parse_double(optarg, 0, 1 << 20, &mp);
+            break;
+        }
+        case O_BAND_ROWS:
+            o->band_rows = optarg, bad = kiln_parse_int(optarg, 1, 65536, &unused);
+            break;
         case O_GATEWAY:
             if (o->n_gw_args == N_GATEWAY_OPTIONS) {
                 bad = 1;
@@ -226,7 +241,7 @@ static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const c
             snprintf(name, sizeof name, "%s[%d]", bins[st], i);
             snprintf(gpu, sizeof gpu, "%d", o->stage_gpu[st] >= 0 ? o->stage_gpu[st] : i % o->gpus);
             snprintf(batch, sizeof batch, "%d", o->max_batch);
-            const char *argv[24] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
+            const char *argv[32] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
                                     "--gpu", gpu, "--max-batch", batch, "--bus-key", keys->rep_key,
                                     "--bus-server-key", keys->gw_pub, "--bus-allow", keys->rep_pub};
             int k = 17;
@@ -234,6 +249,10 @@ static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const c
                 argv[k++] = "--text-encoder-out-layers", argv[k++] = o->layers;
             if (st == 0 && o->prompt_cache_mb)
                 argv[k++] = "--prompt-cache-mb", argv[k++] = o->prompt_cache_mb;
+            if (st != 1 && o->band_above)
+                argv[k++] = "--vae-band-above", argv[k++] = o->band_above;
+            if (st != 1 && o->band_rows)
+                argv[k++] = "--vae-band-rows", argv[k++] = o->band_rows;
             if (kiln_supervisor_add(s, name, KILN_CHILD_BACK, argv, err))
                 return err->code;
         }

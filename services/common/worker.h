@@ -59,7 +59,15 @@ typedef struct kiln_worker_opts {
     /* kiln-encoder's prompt cache in MiB of host memory (--prompt-cache-mb,
      * engine/prompt_cache.h); 0 turns it off. */
     int prompt_cache_mb;
+    /* kiln-encoder's and kiln-decoder's VAE in bands of rows (models/
+     * vae_band.h) for images of more than --vae-band-above megapixels
+     * (1 MP = 1024 x 1024), bands of --vae-band-rows rows. */
+    double vae_band_above_mp;
+    int vae_band_rows;
 } kiln_worker_opts;
+
+/* --vae-band-above in pixels for kiln_vae_set_banding. */
+int64_t kiln_worker_band_pixels(const kiln_worker_opts *o);
 
 typedef struct kiln_stage_ops {
     kiln_stage stage;
@@ -89,6 +97,7 @@ typedef struct kiln_stage_ops {
 /* Parses the common command line (--model --bus [--bus-key
  * --bus-server-key] [--device] [--gpu]
  * [--max-batch] [--text-encoder-out-layers] [--prompt-cache-mb]
+ * [--vae-band-above MP] [--vae-band-rows N]
  * [--batch-window-ms] [--tensor-transport auto|shm|cuda_ipc]
  * [--replica-id ID]), loads the
  * stage, serves until SIGINT/SIGTERM, and returns the exit status (0, 2 on

@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "engine/prompt_cache.h"
+#include "models/vae.h"
 #include "worker_impl.h"
 #include "common/args.h"
 
@@ -35,8 +36,16 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
             ops->binary,
             ops->stage == KILN_STAGE_ENCODE
                 ? "\n  [--text-encoder-out-layers A,B,C] [--prompt-cache-mb N (default 256, 0: off)]"
+                  "\n  [--vae-band-above MP (default 1)] [--vae-band-rows N (default 128)]"
+                : ops->stage == KILN_STAGE_DECODE
+                ? "\n  [--vae-band-above MP (default 1)] [--vae-band-rows N (default 128)]"
                 : "",
             kiln_stage_name(ops->stage));
+}
+
+int64_t kiln_worker_band_pixels(const kiln_worker_opts *o)
+{
+    return (int64_t)(o->vae_band_above_mp * (double)(1 << 20) + 0.5);
 }
 
 static int parse_layers(const char *s, kiln_worker_opts *o)
@@ -82,7 +91,8 @@ static int replica_id_ok(const char *id)
 static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_worker_opts *o)
 {
     enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID, O_BUS_KEY,
-           O_BUS_SERVER_KEY, O_BUS_ALLOW, O_DATA_PORT, O_DATA_HOST, O_HEALTH_PORT };
+           O_BUS_SERVER_KEY, O_BUS_ALLOW, O_DATA_PORT, O_DATA_HOST, O_HEALTH_PORT, O_BAND_ABOVE,
+           O_BAND_ROWS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
@@ -97,6 +107,8 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         {"data-port", required_argument, 0, O_DATA_PORT},
         {"data-host", required_argument, 0, O_DATA_HOST},
         {"health-port", required_argument, 0, O_HEALTH_PORT},
+        {"vae-band-above", required_argument, 0, O_BAND_ABOVE},
+        {"vae-band-rows", required_argument, 0, O_BAND_ROWS},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     /* No batch window by default: an idle stage starts a job at once (a
@@ -105,7 +117,10 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
     *o = (kiln_worker_opts){.device = "cpu", .max_batch = 4, .batch_window_ms = 0,
                             .n_out_layers = 0, /* the checkpoint's */
                             .tensor_transport = -1,
-                            .prompt_cache_mb = KILN_PROMPT_CACHE_DEFAULT_MIB};
+                            .prompt_cache_mb = KILN_PROMPT_CACHE_DEFAULT_MIB,
+                            .vae_band_above_mp = 1.0,
+                            .vae_band_rows = KILN_VAE_BAND_ROWS_DEFAULT};
+    int vae = ops->stage == KILN_STAGE_ENCODE || ops->stage == KILN_STAGE_DECODE;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -123,6 +138,10 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
             bad = ops->stage != KILN_STAGE_ENCODE ||
                   kiln_parse_int(optarg, 0, 1 << 20, &o->prompt_cache_mb);
             break;
+        case O_BAND_ABOVE:
+            bad = !vae || kiln_parse_double(optarg, 0, 1 << 20, &o->vae_band_above_mp);
+            break;
+        case O_BAND_ROWS: bad = !vae || kiln_parse_int(optarg, 1, 65536, &o->vae_band_rows); break;
         case O_REPLICA_ID: o->replica_id = optarg, bad = !replica_id_ok(optarg); break;
         case O_BUS_KEY: o->bus_key = optarg; break;
         case O_BUS_SERVER_KEY: o->bus_server_key = optarg; break;

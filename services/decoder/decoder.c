@@ -26,7 +26,6 @@ typedef struct dec_state {
 static void *dec_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_worker_opts *o,
                       kiln_err *err)
 {
-    (void)o;
     dec_state *s = calloc(1, sizeof *s);
     if (!s) {
         kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
@@ -36,6 +35,11 @@ static void *dec_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_wo
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     s->pool = kiln_pool_create(cpus < 2 ? 1 : cpus > 8 ? 4 : (int)(cpus / 2), err);
     s->dec = s->pool ? kiln_decode_stage_create(be, ck, err) : NULL;
+    if (s->dec && kiln_decode_stage_set_banding(s->dec, kiln_worker_band_pixels(o),
+                                                o->vae_band_rows, err)) {
+        kiln_decode_stage_destroy(s->dec);
+        s->dec = NULL;
+    }
     if (!s->dec) {
         kiln_pool_destroy(s->pool);
         free(s);

@@ -52,6 +52,11 @@ static void *enc_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_wo
     s->be = be;
     s->cache_logged_ms = kiln_now_ms();
     s->enc = kiln_encode_stage_create(be, ck, &eo, err);
+    if (s->enc && kiln_encode_stage_set_banding(s->enc, kiln_worker_band_pixels(o),
+                                                o->vae_band_rows, err)) {
+        kiln_encode_stage_destroy(s->enc);
+        s->enc = NULL;
+    }
     if (!s->enc) {
         free(s);
         return NULL;

@@ -366,11 +366,11 @@ static void band_case(kiln_vae *vae, int decode, int64_t B, int64_t zc, int64_t 
     size_t n_in = (size_t)(decode ? B * zc * h * w : B * 3 * H * W);
     size_t n_out = (size_t)(decode ? B * 3 * H * W : B * zc * h * w);
     float *in = random_host(n_in, (uint32_t)(H * 131 + W * 7 + B));
-    CHECK(!kiln_vae_set_banding(vae, 0, 64, &err));
+    CHECK(!kiln_vae_set_banding(vae, KILN_VAE_BAND_NEVER, 64, &err));
     float *whole = !in ? NULL : decode ? decode_host(vae, in, B, zc, h, w)
                                        : encode_host(vae, in, B, zc, H, W);
     for (int i = 0; whole && i < nrows; i++) {
-        CHECK(!kiln_vae_set_banding(vae, 1, rows[i], &err));
+        CHECK(!kiln_vae_set_banding(vae, 0, rows[i], &err));
         float *band = decode ? decode_host(vae, in, B, zc, h, w)
                              : encode_host(vae, in, B, zc, H, W);
         if (!band)
@@ -419,7 +419,7 @@ static void test_banded(void)
         size_t w1k = kiln_vae_scratch_bytes(k, KILN_VAE_DECODER, 1, 1024, 1024);
         size_t b2k = kiln_vae_scratch_bytes(k, KILN_VAE_DECODER, 1, 2048, 2048);
         size_t e2k = kiln_vae_scratch_bytes(k, KILN_VAE_ENCODER, 1, 2048, 2048);
-        CHECK(!kiln_vae_set_banding(k, 0, 128, &err));
+        CHECK(!kiln_vae_set_banding(k, KILN_VAE_BAND_NEVER, 128, &err));
         size_t w2k = kiln_vae_scratch_bytes(k, KILN_VAE_DECODER, 1, 2048, 2048);
         size_t we2k = kiln_vae_scratch_bytes(k, KILN_VAE_ENCODER, 1, 2048, 2048);
         CHECK(kiln_vae_scratch_bytes(k, KILN_VAE_DECODER, 1, 1024, 1024) == w1k);
@@ -429,11 +429,12 @@ static void test_banded(void)
          * width instead of three.  Band buffers on top. */
         CHECKF(b2k < w2k * 2 / 3 && e2k < we2k * 5 / 6, "2048^2 scratch: decode banded %zu vs "
                "whole %zu, encode %zu vs %zu", b2k, w2k, e2k, we2k);
-        CHECK(!kiln_vae_set_banding(k, 1, 32, &err));
+        CHECK(!kiln_vae_set_banding(k, 0, 32, &err));
         size_t b2k32 = kiln_vae_scratch_bytes(k, KILN_VAE_DECODER, 1, 2048, 2048);
         CHECKF(b2k32 < b2k, "bands of 32 rows %zu, of 128 %zu", b2k32, b2k);
         CHECK(kiln_vae_set_banding(k, -1, 32, &err) == KILN_ERR_INVALID);
         CHECK(kiln_vae_set_banding(k, 0, 0, &err) == KILN_ERR_INVALID);
+        CHECK(kiln_vae_set_banding(k, 0, 65537, &err) == KILN_ERR_INVALID);
     }
     kiln_vae_free(k);
     kiln_vae_free(zi);

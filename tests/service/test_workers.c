@@ -576,6 +576,11 @@ static void test_bad_options(void)
         {"kiln-encoder", "--prompt-cache-mb", "lots"},
         {"kiln-denoiser", "--prompt-cache-mb", "8"},
         {"kiln-decoder", "--batch-window-ms", "1001"},
+        {"kiln-denoiser", "--vae-band-above", "1"},
+        {"kiln-decoder", "--vae-band-above", "-0.5"},
+        {"kiln-encoder", "--vae-band-above", "lots"},
+        {"kiln-decoder", "--vae-band-rows", "0"},
+        {"kiln-encoder", "--vae-band-rows", "65537"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char exe[512], log[4096];

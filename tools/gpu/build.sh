@@ -17,6 +17,7 @@ build=.devbuild
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline
                                      tests/cuda/test_cuda_replay tests/cuda/test_cuda_mixed
+                                     tests/cuda/test_cuda_vae_band
                                      tests/cuda/test_cuda_ipc tests/cuda/compare_outputs tools/kiln
                                      tools/bench/kiln-soak
                                      services/gateway/kiln-gateway services/kiln-encoder

@@ -43,6 +43,15 @@
 #   fullcpu    the same checkpoint, CUDA vs CPU at 128x128, 1 step, 32 text
 #              tokens, same fp32 noise (bar: final latents rel err < 2e-2;
 #              image PSNR reported)
+#   vaefull    tests/cuda/test_cuda_vae_band on that checkpoint's VAE: decode
+#              and encode at 1024x1024, 2048x2048 and 1024x1536, whole and in
+#              bands (fresh backend each): PSNR banded vs whole (bar 50 dB),
+#              peak GPU memory each pass added, time
+#   servemem   tools/gpu/service_memory.py: kiln serve --device cuda on that
+#              checkpoint, per-process GPU memory (nvidia-smi) at rest and at
+#              the peak of 1024x1024 n=1, n=4, 2048x2048 n=1, n=4 requests,
+#              each "+X GiB over the peak before it" (bar for the issue: the
+#              2048x2048 n=1 line at most +6 GiB)
 # Add a section by writing a function sec_<name> and listing it in SECTIONS
 # (or only in OPTIONAL when it should run on request).
 #
@@ -55,9 +64,9 @@ build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
 SECTIONS=(env build ops pipeline replay ipc serve mixed)
-OPTIONAL=(devicefault mixedsan mixedfull memcheck racecheck fullsize fullcpu)
+OPTIONAL=(devicefault mixedsan mixedfull memcheck racecheck fullsize fullcpu vaefull servemem)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
-          tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed
+          tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed tests/cuda/test_cuda_vae_band
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
           services/kiln-encoder services/kiln-denoiser services/kiln-decoder)
 
@@ -207,6 +216,19 @@ sec_fullsize() {
     --height 1024 --steps 4 --seed 1 --prompt "a red fox sitting in fresh snow, soft winter light" \
     --out "$logs/fullsize/cuda-1024.png" || return 1
   serve_vs_cli "$logs/fullsize/serve" "$fulldir" 1024 1024 4 512
+}
+
+sec_vaefull() {
+  fullsize_checkpoint || return 1
+  "$build/tests/cuda/test_cuda_vae_band" --model "$fulldir" 2>&1 | grep -vi "cudnn" \
+    | tee "$logs/vaefull.log"
+  return "${PIPESTATUS[0]}"
+}
+
+sec_servemem() {
+  fullsize_checkpoint || return 1
+  python3 "$root/tools/gpu/service_memory.py" --kiln "$build/tools/kiln" --model "$fulldir" \
+    --out "$logs/servemem"
 }
 
 sec_fullcpu() {
