@@ -38,6 +38,15 @@ typedef enum kiln_pipeline_kind {
 kiln_checkpoint *kiln_checkpoint_open(const char *dir, kiln_err *err);
 void kiln_checkpoint_close(kiln_checkpoint *ck);
 
+/* The model name a checkpoint folder is served and labelled under: for a
+ * Hugging Face cache snapshot (.../models--ORG--NAME/snapshots/<commit>,
+ * what `huggingface-cli download` without --local-dir leaves) "ORG/NAME",
+ * else the folder's own name ("FLUX.2-klein-4B" for a --local-dir copy).
+ * The folder need not be a checkpoint (symlinks are resolved when it
+ * exists).  Characters outside [A-Za-z0-9._/-] become '_'; "model" when
+ * nothing is left.  Thread-safe. */
+void kiln_checkpoint_model_name(const char *dir, char *out, size_t cap);
+
 kiln_pipeline_kind kiln_checkpoint_pipeline(const kiln_checkpoint *ck);
 /* model_index.json's is_distilled (diffusers' default: false). */
 int kiln_checkpoint_is_distilled(const kiln_checkpoint *ck);

@@ -76,7 +76,7 @@ kiln_status kiln_image_encode(const kiln_image *img, const kiln_image_encode_opt
         (int64_t)img->width * 3 > INT32_MAX)
         return kiln_err_set(err, KILN_ERR_INVALID, "cannot encode an empty or oversized image");
     switch (o.format) {
-    case KILN_IMAGE_PNG:
+    case KILN_IMAGE_PNG: {
         if (o.png_level < 0 || o.png_level > 9)
             return kiln_err_set(err, KILN_ERR_INVALID, "PNG compression level %d not in 0..9",
                                 o.png_level);
@@ -86,10 +86,16 @@ kiln_status kiln_image_encode(const kiln_image *img, const kiln_image_encode_opt
         if (o.png_strategy != KILN_PNG_STRATEGY_RLE && o.png_strategy != KILN_PNG_STRATEGY_LZ77)
             return kiln_err_set(err, KILN_ERR_INVALID, "unknown PNG strategy %d",
                                 (int)o.png_strategy);
-        if (o.png_strategy == KILN_PNG_STRATEGY_RLE && o.png_filter == KILN_PNG_FILTER_PAETH &&
-            o.png_level > 0)
-            return kiln_image_png_encode_striped(img, out, err);
-        return kiln_image_png_encode(img, o.png_level, o.png_filter, o.png_strategy, out, err);
+        size_t start = out->len;
+        kiln_status st =
+            o.png_strategy == KILN_PNG_STRATEGY_RLE && o.png_filter == KILN_PNG_FILTER_PAETH &&
+                    o.png_level > 0
+                ? kiln_image_png_encode_striped(img, out, err)
+                : kiln_image_png_encode(img, o.png_level, o.png_filter, o.png_strategy, out, err);
+        if (!st && o.n_text && (st = kiln_image_png_add_text(out, start, o.text, o.n_text, err)))
+            out->len = start;
+        return st;
+    }
     case KILN_IMAGE_JPEG:
     case KILN_IMAGE_WEBP:
         if (o.quality < 0 || o.quality > 100)

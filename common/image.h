@@ -89,8 +89,20 @@ typedef enum kiln_png_strategy {
     KILN_PNG_STRATEGY_LZ77,    /* zlib's full search at png_level (libpng's Z_FILTERED) */
 } kiln_png_strategy;
 
+/* A text entry stored with the image: a PNG iTXt chunk (UTF-8, not
+ * compressed), as A1111, ComfyUI and Pillow's PngInfo write them.  key: 1..79
+ * printable Latin-1 characters; value: any UTF-8 without NUL. */
+typedef struct kiln_image_text {
+    const char *key, *value;
+} kiln_image_text;
+
 typedef struct kiln_image_encode_opts {
     kiln_image_format format;
+    /* PNG only (JPEG and WebP files get none): text entries written
+     * after the header, in order.  None by default, so that the bytes
+     * depend on the pixels alone. */
+    const kiln_image_text *text;
+    int n_text;
     /* JPEG and WebP quality 0..100, OpenAI's `output_compression` taken
      * as-is (its default is 100).  JPEG treats 0 as 1 (libjpeg's floor). */
     int quality;

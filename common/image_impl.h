@@ -15,6 +15,10 @@ kiln_status kiln_image_png_encode(const kiln_image *img, int level, kiln_png_fil
                                   kiln_png_strategy strategy, kiln_buf *out, kiln_err *err);
 /* The default combination (PAETH, Z_RLE, level >= 1) in parallel stripes
  * (image_png_striped.c). */
+/* Inserts an iTXt chunk per entry after the IHDR chunk of the PNG that
+ * starts at png->data + start.  KILN_ERR_INVALID for a bad key or value. */
+kiln_status kiln_image_png_add_text(kiln_buf *png, size_t start, const kiln_image_text *text,
+                                    int n, kiln_err *err);
 kiln_status kiln_image_png_encode_striped(const kiln_image *img, kiln_buf *out, kiln_err *err);
 kiln_status kiln_image_jpeg_encode(const kiln_image *img, int quality, kiln_buf *out,
                                    kiln_err *err);

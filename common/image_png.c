@@ -104,6 +104,63 @@ kiln_status kiln_image_png_encode(const kiln_image *img, int level, kiln_png_fil
     return st;
 }
 
+/* ---- text chunks ---- */
+
+static void be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+/* iTXt (PNG 1.2, 11.3.4.5): keyword, NUL, compression flag 0, method 0,
+ * empty language tag, NUL, empty translated keyword, NUL, UTF-8 text. */
+kiln_status kiln_image_png_add_text(kiln_buf *png, size_t start, const kiln_image_text *text,
+                                    int n, kiln_err *err)
+{
+    const size_t ihdr_end = start + 8 + 12 + 13; /* signature, IHDR chunk */
+    if (png->len < ihdr_end || memcmp(png->data + start + 12, "IHDR", 4))
+        return kiln_err_set(err, KILN_ERR_INTERNAL, "PNG text: no IHDR chunk");
+    size_t add = 0;
+    for (int i = 0; i < n; i++) {
+        size_t kl = text[i].key ? strlen(text[i].key) : 0;
+        if (kl < 1 || kl > 79 || !text[i].value)
+            return kiln_err_set(err, KILN_ERR_INVALID, "PNG text: bad key '%s'",
+                                text[i].key ? text[i].key : "");
+        for (size_t k = 0; k < kl; k++)
+            if ((unsigned char)text[i].key[k] < 32 || (unsigned char)text[i].key[k] > 126)
+                return kiln_err_set(err, KILN_ERR_INVALID, "PNG text: bad key '%s'", text[i].key);
+        size_t vl = strlen(text[i].value);
+        if (vl > (1u << 30))
+            return kiln_err_set(err, KILN_ERR_INVALID, "PNG text: '%s' is too long", text[i].key);
+        add += 12 + kl + 5 + vl;
+    }
+    if (!add)
+        return KILN_OK;
+    size_t tail = png->len - ihdr_end;
+    /* grow by `add`, move everything after IHDR up, fill the gap */
+    uint8_t *zero = calloc(1, add);
+    if (!zero)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    kiln_status st = kiln_buf_append(png, zero, add, err);
+    free(zero);
+    if (st)
+        return st;
+    memmove(png->data + ihdr_end + add, png->data + ihdr_end, tail);
+    uint8_t *p = png->data + ihdr_end;
+    for (int i = 0; i < n; i++) {
+        size_t kl = strlen(text[i].key), vl = strlen(text[i].value);
+        uint32_t dl = (uint32_t)(kl + 5 + vl);
+        be32(p, dl);
+        memcpy(p + 4, "iTXt", 4);
+        uint8_t *d = p + 8;
+        memcpy(d, text[i].key, kl);
+        memcpy(d + kl, "\0\0\0\0\0", 5);
+        memcpy(d + kl + 5, text[i].value, vl);
+        be32(d + dl, (uint32_t)crc32(crc32(0L, Z_NULL, 0), p + 4, dl + 4));
+        p += 12 + dl;
+    }
+    return KILN_OK;
+}
+
 /* ---- decoding ---- */
 
 typedef struct png_dec {

@@ -173,7 +173,8 @@ check() {
     { bad "$tag: request failed"; return; }
   if [ ! -f "$work/out/cli-$seed-$n.png" ] && [ ! -f "$work/out/cli-$seed-$n-0.png" ]; then
     kiln generate --model /models/klein --text-encoder-out-layers 1,2,3 --prompt "a red kiln" \
-      --seed "$seed" -n "$n" --width 64 --height 64 --steps 2 --out "/out/cli-$seed-$n.png" \
+      --seed "$seed" -n "$n" --width 64 --height 64 --steps 2 --no-metadata \
+      --out "/out/cli-$seed-$n.png" \
       >>"$work/cli.log" 2>&1 || { bad "$tag: kiln generate"; return; }
   fi
   if python3 -c "$compare_py" "$work/out" "$seed" "$n" <<<"$body" 2>"$work/compare.err"; then

@@ -1,7 +1,11 @@
 #include "cli_pipeline.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +27,14 @@ static void usage(FILE *f, int edit)
             "  [--negative-prompt TEXT] [--max-sequence-length L]\n"
             "  [--text-encoder-out-layers A,B,C] [--batch-noise] [--fp32-noise]\n"
             "  [--latents-in FILE.safetensors] [--latents-out FILE.safetensors]\n"
-            "  [--device cpu|cuda] [--gpu N]\n"
+            "  [--device cpu|cuda] [--gpu N] [-q | --progress] [--no-metadata]\n"
             "Image i of the run uses seed + i, drawn alone (--batch-noise: one draw for the\n"
-            "batch, as diffusers with a single generator).  Several images are written as\n"
-            "FILE-0.png, FILE-1.png, ...; the format follows the extension (.png, .jpg,\n"
-            ".webp).\n",
+            "batch, as diffusers with a single generator); without --seed a random seed is\n"
+            "drawn.  Several images are written as FILE-0.png, FILE-1.png, ...; each path\n"
+            "and its seed is printed.  The format follows the extension (.png, .jpg, .jpeg,\n"
+            ".webp); PNGs carry the request (prompt, seed, steps, guidance, size, model) as\n"
+            "text chunks unless --no-metadata.  Progress goes to stderr on a terminal, or\n"
+            "always with --progress; -q prints only errors and the paths.\n",
             edit ? "edit" : "generate", edit ? " --image A.png [--image B.jpg ...]" : "");
 }
 
@@ -45,9 +52,33 @@ static int parse_layers(const char *s, cli_gen_opts *o)
     return o->n_out_layers ? 0 : -1;
 }
 
+/* The extension of the file name (after the last '.' of its last part), or
+ * NULL. */
+static const char *extension(const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    const char *slash = strrchr(path, '/');
+    return dot && (!slash || dot > slash) && dot[1] ? dot + 1 : NULL;
+}
+
+/* The format an output's extension names (any case); -1 for none or an
+ * unknown one, so that cat.bmp is refused rather than filled with PNG. */
+static int format_of(const char *path, kiln_image_format *f)
+{
+    const char *ext = extension(path);
+    char low[8];
+    size_t n = ext ? strlen(ext) : 0;
+    if (!n || n >= sizeof low)
+        return -1;
+    for (size_t i = 0; i <= n; i++)
+        low[i] = (char)tolower((unsigned char)ext[i]);
+    return kiln_image_format_parse(low, f);
+}
+
 int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
 {
-    enum { O_NEG = 256, O_MAXSEQ, O_LAYERS, O_BATCH, O_FP32, O_LIN, O_LOUT, O_DEVICE, O_GPU };
+    enum { O_NEG = 256, O_MAXSEQ, O_LAYERS, O_BATCH, O_FP32, O_LIN, O_LOUT, O_DEVICE, O_GPU,
+           O_PROGRESS, O_NO_META };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
         {"out", required_argument, 0, 'o'},     {"seed", required_argument, 0, 's'},
@@ -59,6 +90,8 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         {"batch-noise", no_argument, 0, O_BATCH}, {"fp32-noise", no_argument, 0, O_FP32},
         {"latents-in", required_argument, 0, O_LIN}, {"latents-out", required_argument, 0, O_LOUT},
         {"device", required_argument, 0, O_DEVICE}, {"gpu", required_argument, 0, O_GPU},
+        {"quiet", no_argument, 0, 'q'},         {"progress", no_argument, 0, O_PROGRESS},
+        {"no-metadata", no_argument, 0, O_NO_META},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
@@ -68,7 +101,7 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
     const char *cmd = edit ? "edit" : "generate";
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "n:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:qh", longopts, NULL)) != -1) {
         int bad = 0;
         char *end;
         switch (c) {
@@ -90,6 +123,7 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
             errno = 0;
             o->req.seed = strtoull(optarg, &end, 10);
             bad = errno || *end || end == optarg || optarg[0] == '-';
+            o->seed_given = 1;
             break;
         case 'W': bad = kiln_parse_int(optarg, 1, 1 << 16, &o->req.width); break;
         case 'H': bad = kiln_parse_int(optarg, 1, 1 << 16, &o->req.height); break;
@@ -108,6 +142,9 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         case O_LOUT: o->latents_out = optarg; break;
         case O_DEVICE: o->device = optarg; break;
         case O_GPU: bad = kiln_parse_int(optarg, 0, 64, &o->gpu); break;
+        case 'q': o->progress = CLI_PROGRESS_OFF; break;
+        case O_PROGRESS: o->progress = CLI_PROGRESS_ON; break;
+        case O_NO_META: o->no_metadata = 1; break;
         case 'h': usage(stdout, edit); exit(0);
         default: bad = 1;
         }
@@ -127,6 +164,23 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         usage(stderr, edit);
         return 2;
     }
+    const char *ext = extension(o->out);
+    if (format_of(o->out, &o->req.format)) {
+        fprintf(stderr,
+                "kiln %s: --out %s: %s; the format follows it: .png, .jpg, .jpeg or .webp\n",
+                cmd, o->out, ext ? "unknown image extension" : "no file extension");
+        return 2;
+    }
+    if (!o->seed_given) {
+        /* A fresh seed, printed with each image so that it can be made
+         * again; below 2^53 as the service draws them (docs/API.md). */
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+            r = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
+        o->req.seed = r & ((UINT64_C(1) << 53) - 1);
+    }
+    if (o->progress == CLI_PROGRESS_OFF)
+        kiln_log_set_level(KILN_LOG_WARN);
     return 0;
 }
 
@@ -134,15 +188,6 @@ static int fail(const char *cmd, const kiln_err *err)
 {
     fprintf(stderr, "kiln %s: %s\n", cmd, err->msg);
     return 1;
-}
-
-static kiln_image_format format_of(const char *path)
-{
-    const char *dot = strrchr(path, '.');
-    kiln_image_format f = KILN_IMAGE_PNG;
-    if (dot && kiln_image_format_parse(dot + 1, &f) == 0)
-        return f;
-    return KILN_IMAGE_PNG;
 }
 
 /* FILE.png for one image, FILE-i.png for several. */
@@ -258,7 +303,6 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     kiln_model_traits traits = kiln_model_traits_of(r->ck);
     kiln_limits lim = KILN_LIMITS_CLI;
     o->req.refs = r->refs, o->req.n_refs = o->n_images;
-    o->req.format = format_of(o->out);
     for (int p = 0; p < o->n_prompts; p++) {
         o->req.prompt = o->prompts[p];
         if (kiln_request_resolve(&o->req, &traits, &lim, err))
@@ -272,6 +316,9 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         return err->code;
     kiln_backend *be = r->be;
 
+    cli_progress prog;
+    cli_progress_init(&prog, o->progress, stderr);
+    cli_progress_stage(&prog, "encode: loading the text encoder", 0);
     double t0 = kiln_now_ms();
     kiln_encode_opts eo = {.n_out_layers = o->n_out_layers, .with_references = o->n_images > 0};
     memcpy(eo.out_layers, o->out_layers, sizeof eo.out_layers);
@@ -279,6 +326,7 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     if (!r->enc)
         return err->code;
     double load_enc = kiln_now_ms() - t0;
+    cli_progress_stage(&prog, o->n_images ? "encode: prompts and references" : "encode: prompts", 0);
     int T = q->max_sequence_length;
     if (kiln_encode_prompts(r->enc, o->prompts, P, T, &r->emb_p, NULL, err))
         return err->code;
@@ -302,6 +350,7 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         return err->code;
     double t1 = kiln_now_ms();
 
+    cli_progress_stage(&prog, "denoise: loading the transformer", 0);
     r->den = kiln_denoise_stage_create(be, r->ck, err);
     if (!r->den)
         return err->code;
@@ -320,14 +369,16 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         .width = q->width, .height = q->height, .steps = q->steps, .guidance = q->guidance,
         .seeds = r->seeds, .batch_noise = q->batch_noise, .fp32_noise = o->fp32_noise,
         .latents_in = r->latents_in, .ref_tokens = R ? &r->ref_tokens : NULL,
-        .ref_ids = r->ref_ids, .R = R,
+        .ref_ids = r->ref_ids, .R = R, .on_step = cli_progress_step, .user = &prog,
     };
+    cli_progress_stage(&prog, "denoise", q->steps);
     if (kiln_denoise_run(r->den, &job, &r->latents, err))
         return err->code;
     double t2 = kiln_now_ms();
     if (o->latents_out && write_latents(be, o->latents_out, &r->latents, err))
         return err->code;
 
+    cli_progress_stage(&prog, "decode", 0);
     r->dec = kiln_decode_stage_create(be, r->ck, err);
     if (!r->dec)
         return err->code;
@@ -337,15 +388,37 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
     if (kiln_decode_run(r->dec, &r->latents, q->width, q->height, r->out_images, NULL, err))
         return err->code;
+    cli_progress_stage(&prog, "write", 0);
     kiln_image_encode_opts eopts = KILN_IMAGE_ENCODE_DEFAULTS;
     eopts.format = q->format;
     eopts.quality = q->compression;
+    char model_id[128]; /* as the service names it (kiln_checkpoint_model_name) */
+    kiln_checkpoint_model_name(o->model, model_id, sizeof model_id);
     for (int64_t i = 0; i < r->B; i++) {
-        char name[4096];
+        char name[4096], seed[24], steps[16], guidance[32], size[32];
         output_name(name, sizeof name, o->out, (int)i, (int)r->B);
+        /* The request that made this image, as other tools keep it (A1111's
+         * and ComfyUI's PNGs carry their parameters too), so that a file
+         * says how to make it again. */
+        snprintf(seed, sizeof seed, "%llu", (unsigned long long)r->seeds[i]);
+        snprintf(steps, sizeof steps, "%d", q->steps);
+        snprintf(guidance, sizeof guidance, "%g", q->guidance);
+        snprintf(size, sizeof size, "%dx%d", q->width, q->height);
+        kiln_image_text text[] = {
+            {"prompt", o->prompts[i / q->n]}, {"seed", seed}, {"steps", steps},
+            {"guidance", guidance}, {"size", size}, {"model", model_id}, {"Software", "kiln"},
+            {"negative_prompt", q->negative_prompt ? q->negative_prompt : ""},
+        };
+        eopts.text = o->no_metadata ? NULL : text;
+        eopts.n_text = o->no_metadata ? 0 : use_cfg ? 8 : 7;
         if (kiln_image_write_file(name, &r->out_images[i], &eopts, err))
             return err->code;
+        if (prog.open) /* the path on a line of its own */
+            fputc('\n', stderr), prog.open = 0;
+        printf("%s: seed %llu\n", name, (unsigned long long)r->seeds[i]);
+        fflush(stdout);
     }
+    cli_progress_end(&prog);
     double t3 = kiln_now_ms();
     /* Each stage's time includes loading its weights, given apart. */
     KILN_LOG_INFO("%lld image(s) %dx%d, %d steps: encode %.1f ms (load %.1f), denoise %.1f ms "

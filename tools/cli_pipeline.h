@@ -4,6 +4,7 @@
 #ifndef KILN_TOOLS_CLI_PIPELINE_H
 #define KILN_TOOLS_CLI_PIPELINE_H
 
+#include "cli_progress.h"
 #include "engine/request.h"
 
 #define CLI_MAX_PROMPTS 64
@@ -23,14 +24,20 @@ typedef struct cli_gen_opts {
     const char *images[KILN_MAX_REFS];
     int n_images;
     int fp32_noise;
+    int seed_given;           /* else a random seed is drawn and printed */
+    cli_progress_mode progress; /* -q, --progress, or on a terminal */
+    int no_metadata;          /* --no-metadata: PNGs without the request's text chunks */
 } cli_gen_opts;
 
 /* Parses argv for `generate` (edit = 0) or `edit` (edit = 1).  Returns 0, or
- * 2 after printing a usage error. */
+ * 2 after printing a usage error (also for an --out whose extension is not
+ * .png, .jpg, .jpeg or .webp). */
 int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o);
 
-/* Runs the pipeline and writes the outputs; returns the process exit status
- * (0, or 1 with the error printed as "kiln <cmd>: message"). */
+/* Runs the pipeline and writes the outputs, printing each path written and
+ * its seed on stdout ("cat-0.png: seed 42") and the progress on stderr;
+ * returns the process exit status (0, or 1 with the error printed as
+ * "kiln <cmd>: message"). */
 int cli_run_pipeline(const char *cmd, cli_gen_opts *o);
 
 #endif

@@ -1,7 +1,8 @@
 /* End to end: the real `kiln generate` / `kiln edit` binaries against the
  * diffusers oracle images, determinism (same command, same bytes; image i
- * of seed S equals image 0 of seed S + i), --latents-in/--latents-out, and
- * refusal of bad input with a clear message. */
+ * of seed S equals image 0 of seed S + i), --latents-in/--latents-out,
+ * refusal of bad input with a clear message, and what the user sees (paths,
+ * seeds, progress, PNG text). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +159,84 @@ static void test_edit_and_cfg_cases(void)
     CHECK(psnr_vs_oracle(io_path("cfg.png"), "klein_base_cfg_256", 0) >= 50.0);
 }
 
+/* The value of PNG iTXt entry `key` in the file (into out), or -1. */
+static int png_text(const char *path, const char *key, char *out, size_t cap)
+{
+    size_t len = 0;
+    char *d = read_all(path, &len);
+    int found = -1;
+    for (size_t off = 8; d && off + 12 <= len;) {
+        const unsigned char *p = (const unsigned char *)d + off;
+        size_t n = (size_t)p[0] << 24 | (size_t)p[1] << 16 | (size_t)p[2] << 8 | p[3];
+        if (off + 12 + n > len)
+            break;
+        size_t kl = strlen(key);
+        if (!memcmp(p + 4, "iTXt", 4) && n >= kl + 5 && !memcmp(p + 8, key, kl) && !p[8 + kl]) {
+            snprintf(out, cap, "%.*s", (int)(n - kl - 5), (const char *)p + 8 + kl + 5);
+            found = 0;
+        }
+        off += 12 + n;
+    }
+    free(d);
+    return found;
+}
+
+/* What a person sees: each path written and its seed on stdout, a drawn
+ * seed that makes the same image again, the request in the PNG's text
+ * chunks (none with --no-metadata), progress on stderr with --progress and
+ * nothing but errors with -q, and an output extension that names no format
+ * refused before any work. */
+static void test_cli_outputs(void)
+{
+    char model[512], out[4096], text[256];
+    snprintf(model, sizeof model, "%s", oracle_path("ckpt/klein-tiny"));
+    const char *drawn[] = {NULL, "generate", "--model", model, "--prompt", "a caf\xc3\xa9",
+                           "-n", "2", "--width", "64", "--height", "64", "--steps", "2",
+                           "--text-encoder-out-layers", "1,2,3", "--progress", "--out",
+                           io_path("r.png"), NULL};
+    CHECK(test_run_capture(kiln, drawn, out, sizeof out, log_text, sizeof log_text) == 0);
+    unsigned long long s0 = 0, s1 = 0;
+    char p0[1024], p1[1024];
+    CHECKF(sscanf(out, "%1023[^:]: seed %llu\n%1023[^:]: seed %llu", p0, &s0, p1, &s1) == 4,
+           "stdout: %s", out);
+    CHECK(!strcmp(p0, io_path("r-0.png")) && !strcmp(p1, io_path("r-1.png")) && s1 == s0 + 1);
+    CHECKF(strstr(log_text, "denoise: step 2/2") && strstr(log_text, "decode"), "stderr: %s",
+           log_text);
+    CHECK(png_text(io_path("r-1.png"), "prompt", text, sizeof text) == 0 &&
+          !strcmp(text, "a caf\xc3\xa9"));
+    char want[32];
+    snprintf(want, sizeof want, "%llu", s1);
+    CHECK(png_text(io_path("r-1.png"), "seed", text, sizeof text) == 0 && !strcmp(text, want));
+    CHECK(png_text(io_path("r-1.png"), "size", text, sizeof text) == 0 && !strcmp(text, "64x64"));
+    CHECK(png_text(io_path("r-1.png"), "steps", text, sizeof text) == 0 && !strcmp(text, "2"));
+    CHECK(png_text(io_path("r-1.png"), "model", text, sizeof text) == 0 &&
+          !strcmp(text, "klein-tiny"));
+    /* the printed seed makes image 1 again, alone; -q: nothing on stderr */
+    const char *again[] = {NULL, "generate", "--model", model, "--prompt", "a caf\xc3\xa9",
+                           "--seed", want, "--width", "64", "--height", "64", "--steps", "2",
+                           "--text-encoder-out-layers", "1,2,3", "-q", "--out",
+                           io_path("again.png"), NULL};
+    CHECK(test_run_capture(kiln, again, out, sizeof out, log_text, sizeof log_text) == 0);
+    CHECKF(log_text[0] == '\0', "-q printed: %s", log_text);
+    CHECK(same_file(io_path("r-1.png"), io_path("again.png")));
+    const char *bare[] = {NULL, "generate", "--model", model, "--prompt", "x", "--seed", want,
+                          "--width", "64", "--height", "64", "--steps", "2",
+                          "--text-encoder-out-layers", "1,2,3", "--no-metadata", "--out",
+                          io_path("bare.png"), NULL};
+    CHECK(test_run_capture(kiln, bare, out, sizeof out, log_text, sizeof log_text) == 0);
+    CHECK(png_text(io_path("bare.png"), "prompt", text, sizeof text) == -1);
+    const char *bmp[] = {NULL, "generate", "--model", model, "--prompt", "x", "--out",
+                         io_path("cat.bmp"), NULL};
+    CHECK(test_run(kiln, bmp, log_text, sizeof log_text) == 2);
+    CHECKF(strstr(log_text, "unknown image extension") && strstr(log_text, ".webp"), "%s",
+           log_text);
+    CHECK(access(io_path("cat.bmp"), F_OK) != 0);
+    const char *noext[] = {NULL, "generate", "--model", model, "--prompt", "x", "--out",
+                           io_path("cat"), NULL};
+    CHECK(test_run(kiln, noext, log_text, sizeof log_text) == 2);
+    CHECKF(strstr(log_text, "no file extension"), "%s", log_text);
+}
+
 static void expect_failure(const char **argv, const char *needle)
 {
     int rc = test_run(kiln, argv, log_text, sizeof log_text);
@@ -210,5 +289,6 @@ int main(void)
     RUN(test_seed_per_image);
     RUN(test_edit_and_cfg_cases);
     RUN(test_bad_input);
+    RUN(test_cli_outputs);
     return test_finish();
 }

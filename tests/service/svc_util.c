@@ -807,6 +807,7 @@ int svc_cli(const char *cmd, const char *const *args, const char *out)
     argv[n++] = svc.model;
     argv[n++] = "--text-encoder-out-layers";
     argv[n++] = "1,2,3";
+    argv[n++] = "--no-metadata"; /* the service's PNGs carry no text chunks */
     argv[n++] = "--out";
     argv[n++] = out;
     for (int i = 0; args[i] && n < 63; i++)

@@ -220,6 +220,7 @@ static void compare_cli(const char *cmd, const char *const *extra, const images 
     argv[n++] = model;
     argv[n++] = "--text-encoder-out-layers";
     argv[n++] = "1,2,3";
+    argv[n++] = "--no-metadata"; /* the service's PNGs carry no text chunks */
     argv[n++] = "--out";
     argv[n++] = out;
     for (int i = 0; extra[i]; i++)

@@ -266,6 +266,29 @@ out:
     kiln_checkpoint_close(cb);
 }
 
+/* The served name of a folder: its own name, or ORG/NAME for a Hugging
+ * Face cache snapshot. */
+static void test_model_name(void)
+{
+    char out[128];
+    kiln_checkpoint_model_name("/models/FLUX.2-klein-4B/", out, sizeof out);
+    CHECKF(!strcmp(out, "FLUX.2-klein-4B"), "%s", out);
+    kiln_checkpoint_model_name("/x/hub/models--black-forest-labs--FLUX.2-klein-4B/snapshots/"
+                               "0123456789abcdef0123456789abcdef01234567", out, sizeof out);
+    CHECKF(!strcmp(out, "black-forest-labs/FLUX.2-klein-4B"), "%s", out);
+    kiln_checkpoint_model_name("models--Tongyi-MAI--Z-Image-Turbo/snapshots/abc", out, sizeof out);
+    CHECKF(!strcmp(out, "Tongyi-MAI/Z-Image-Turbo"), "%s", out);
+    /* not a snapshot folder: the name as is; odd characters replaced */
+    kiln_checkpoint_model_name("/x/snapshots/abc", out, sizeof out);
+    CHECKF(!strcmp(out, "abc"), "%s", out);
+    kiln_checkpoint_model_name("/x/my model\"", out, sizeof out);
+    CHECKF(!strcmp(out, "my_model_"), "%s", out);
+    kiln_checkpoint_model_name("/", out, sizeof out);
+    CHECKF(!strcmp(out, "model"), "%s", out);
+    kiln_checkpoint_model_name("/models/FLUX.2-klein-4B", out, 6);
+    CHECKF(!strcmp(out, "FLUX."), "%s", out);
+}
+
 static int run_maker(const char *preset, const char *out, const char *seed)
 {
     const char *build = getenv("KILN_BUILD_ROOT");
@@ -361,6 +384,7 @@ int main(void)
     RUN(test_open_oracle);
     RUN(test_broken_folders);
     RUN(test_make_checkpoint);
+    RUN(test_model_name);
     RUN(test_sharded_writer);
     return test_finish();
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "common/image.h"
 #include "common/safetensors.h"
@@ -136,6 +137,66 @@ static void test_png_roundtrip(void)
     CHECK(kiln_image_encode(&src, NULL, &b, &err) == KILN_OK);
     CHECK(b.len > 11 && memcmp(b.data, "xyz\x89PNG", 7) == 0);
     kiln_buf_free(&b);
+    kiln_image_free(&src);
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Text entries become iTXt chunks right after IHDR, each with a valid CRC
+ * (checked with zlib's crc32, as every PNG reader does), the pixels are
+ * unchanged, and bad keys are refused. */
+static void test_png_text(void)
+{
+    kiln_image src = make_image(40, 24, 1);
+    const kiln_image_text text[] = {{"prompt", "a caf\xc3\xa9 at dusk"}, {"seed", "42"}};
+    for (int striped = 0; striped < 2; striped++) {
+        kiln_image_encode_opts o = KILN_IMAGE_ENCODE_DEFAULTS;
+        o.png_strategy = striped ? KILN_PNG_STRATEGY_RLE : KILN_PNG_STRATEGY_LZ77;
+        o.text = text, o.n_text = 2;
+        kiln_buf a = {0};
+        kiln_err err = {0};
+        CHECK(kiln_buf_append(&a, "xy", 2, &err) == KILN_OK); /* appends after this */
+        CHECKF(kiln_image_encode(&src, &o, &a, &err) == KILN_OK, "encode: %s", err.msg);
+        const uint8_t *p = a.data + 2;
+        size_t len = a.len - 2, off = 8;
+        int n_itxt = 0, order_ok = 1, crc_ok = 1, found = 0;
+        while (off + 12 <= len) {
+            uint32_t dl = rd32(p + off);
+            if (off + 12 + dl > len)
+                break;
+            const uint8_t *type = p + off + 4;
+            crc_ok &= (uint32_t)crc32(crc32(0L, Z_NULL, 0), type, dl + 4) == rd32(type + 4 + dl);
+            if (!memcmp(type, "iTXt", 4)) {
+                if (!n_itxt)
+                    order_ok &= off == 33; /* right after the signature and IHDR */
+                static const char want[] = "prompt\0\0\0\0\0a caf\xc3\xa9 at dusk";
+                found |= dl == sizeof want - 1 && !memcmp(type + 4, want, dl);
+                n_itxt++;
+            } else if (!memcmp(type, "IDAT", 4)) {
+                order_ok &= n_itxt == 2; /* both before the pixels */
+            }
+            off += 12 + dl;
+        }
+        CHECKF(off == len && crc_ok && order_ok && found && n_itxt == 2,
+               "striped %d: off %zu/%zu crc %d order %d found %d itxt %d", striped, off, len,
+               crc_ok, order_ok, found, n_itxt);
+        kiln_buf png = {.data = a.data + 2, .len = a.len - 2};
+        kiln_image back = {0};
+        CHECKF(decode_buf(&png, &back, &err) == KILN_OK, "decode: %s", err.msg);
+        same_image(&back, &src, "png with text");
+        kiln_image_free(&back);
+        kiln_buf_free(&a);
+    }
+    const kiln_image_text bad[] = {{"", "x"}};
+    kiln_image_encode_opts o = KILN_IMAGE_ENCODE_DEFAULTS;
+    o.text = bad, o.n_text = 1;
+    kiln_buf a = {0};
+    kiln_err err = {0};
+    CHECK(kiln_image_encode(&src, &o, &a, &err) == KILN_ERR_INVALID && a.len == 0);
+    kiln_buf_free(&a);
     kiln_image_free(&src);
 }
 
@@ -469,6 +530,7 @@ int main(void)
     snprintf(fixtures, sizeof fixtures, "%s/tests/data/image", src);
     RUN(test_formats);
     RUN(test_png_roundtrip);
+    RUN(test_png_text);
     RUN(test_jpeg_roundtrip);
     RUN(test_webp_roundtrip);
     RUN(test_encode_errors);
