@@ -25,11 +25,15 @@ static void usage(FILE *f)
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
             "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--prompt-cache-mb N]\n"
             "  [--vae-band-above MP] [--vae-band-rows N]\n"
-            "  [kiln-gateway's limits: --max-body-mb N --max-connections N\n"
-            "   --max-client-connections N --body-budget-mb N --client-body-budget-mb N\n"
-            "   --body-wait-ms MS --queue-max N --request-timeout-s S --max-cost MTOK\n"
-            "   --client-queue-share F --progress-timeout-s S\n"
-            "   --cancel-timeout-s S --api-key-file FILE --admin-port P]\n"
+            "  [--served-model-name NAME]\n"
+            "  [kiln-gateway's limits and timeouts: --max-body-mb N --max-header-kb N\n"
+            "   --max-connections N --max-client-connections N --body-budget-mb N\n"
+            "   --client-body-budget-mb N --body-wait-ms MS --queue-max N\n"
+            "   --request-timeout-s S --max-cost MTOK --client-queue-share F\n"
+            "   --progress-timeout-s S --cancel-timeout-s S --header-timeout-ms MS\n"
+            "   --read-timeout-ms MS --idle-timeout-ms MS --write-timeout-ms MS\n"
+            "   --heartbeat-timeout-ms MS --drain-s S --api-key-file FILE --admin-port P\n"
+            "   --admin-host ADDR]\n"
             "Starts kiln-gateway on ADDR:P (default 127.0.0.1:8000) and the stage replicas\n"
             "(one of each by default), connected over the bus (default\n"
             "tcp://127.0.0.1:<P+1>), secured with a CURVE keypair made for this run (only\n"
@@ -43,7 +47,9 @@ static void usage(FILE *f)
             "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n"
             "The gateway's limits are passed on to it (kiln-gateway --help).  A replica with\n"
             "work whose backend makes no progress for --progress-timeout-s (default 60) is\n"
-            "fenced and restarted.\n");
+            "fenced and restarted.  The gateway logs \"ready: http://ADDR:P\" once every stage\n"
+            "has loaded, then one access line per request.  The model is served as NAME\n"
+            "(default: the folder's name, or ORG/NAME for a Hugging Face cache folder).\n");
 }
 
 typedef struct serve_opts {
@@ -54,8 +60,8 @@ typedef struct serve_opts {
     int port, gpus, max_batch;
     int replicas[3]; /* encoders, denoisers, decoders */
     int stage_gpu[3]; /* -1: round robin over --gpus */
-    int gw_opt[16];           /* gateway options passed on: gateway_options indices */
-    const char *gw_value[16]; /* ... and their values */
+    int gw_opt[32];           /* gateway options passed on: gateway_options indices */
+    const char *gw_value[32]; /* ... and their values */
     int n_gw_args;
 } serve_opts;
 
@@ -65,9 +71,12 @@ static const char *const gateway_options[] = {
     "max-body-mb", "max-connections", "max-client-connections", "body-budget-mb",
     "client-body-budget-mb", "body-wait-ms", "queue-max", "request-timeout-s", "max-cost",
     "client-queue-share", "progress-timeout-s",
-    "cancel-timeout-s", "api-key-file", "admin-port",
+    "cancel-timeout-s", "api-key-file", "admin-port", "admin-host", "max-header-kb",
+    "header-timeout-ms", "read-timeout-ms", "idle-timeout-ms", "write-timeout-ms",
+    "heartbeat-timeout-ms", "drain-s", "served-model-name",
 };
 #define N_GATEWAY_OPTIONS ((int)(sizeof gateway_options / sizeof gateway_options[0]))
+_Static_assert(N_GATEWAY_OPTIONS <= 32, "serve_opts.gw_opt holds 32");
 
 static int parse(int argc, char **argv, serve_opts *o)
 {

@@ -69,7 +69,7 @@ static void log_readiness(kiln_gateway *gw)
     if (ready)
         KILN_LOG_INFO("gateway: ready: http://%s:%d serves model '%s' (%d encoder, %d denoiser, "
                       "%d decoder replicas)", gw->opt.host, kiln_http_server_port(gw->http),
-                      gw->model_id, g.replicas[0], g.replicas[1], g.replicas[2]);
+                      gw->served_name, g.replicas[0], g.replicas[1], g.replicas[2]);
     else if (!gw->draining)
         KILN_LOG_WARN("gateway: not ready: a stage has no live replica (%d encoder, %d denoiser, "
                       "%d decoder replicas)", g.replicas[0], g.replicas[1], g.replicas[2]);
@@ -113,6 +113,18 @@ static int check_options(const kiln_gw_options *o)
         KILN_LOG_ERROR("gateway: --min-size/--max-size must be multiples of 16 with "
                        "64 <= min <= max <= 4096");
         return -1;
+    }
+    if (o->served_model_name) {
+        size_t n = strlen(o->served_model_name);
+        int ok = n > 0 && n < KILN_PROTO_MODEL_ID_MAX;
+        for (size_t i = 0; ok && i < n; i++)
+            ok = !!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/@-",
+                          o->served_model_name[i]);
+        if (!ok) {
+            KILN_LOG_ERROR("gateway: --served-model-name takes 1..%d of A-Z a-z 0-9 . _ : / @ -",
+                           KILN_PROTO_MODEL_ID_MAX - 1);
+            return -1;
+        }
     }
     /* Else a body the route allows could never be admitted. */
     if (o->client_body_budget_bytes < o->max_body_bytes ||
@@ -227,7 +239,11 @@ static int start(kiln_gateway *gw, kiln_err *err)
     gw->api.traits = kiln_model_traits_of(ck);
     kiln_checkpoint_close(ck);
     kiln_proto_model_id(o->model_dir, gw->model_id, sizeof gw->model_id);
-    gw->api.model_id = gw->model_id;
+    if (o->served_model_name)
+        snprintf(gw->served_name, sizeof gw->served_name, "%s", o->served_model_name);
+    else
+        kiln_checkpoint_model_name(o->model_dir, gw->served_name, sizeof gw->served_name);
+    gw->api.model_id = gw->served_name;
     gw->api.limits = KILN_LIMITS_SERVICE;
     gw->api.limits.min_side = o->min_size;
     gw->api.limits.max_side = o->max_size;
@@ -300,7 +316,7 @@ static int start(kiln_gateway *gw, kiln_err *err)
     gw->tick.data = gw->sigint.data = gw->sigterm.data = gw;
     KILN_LOG_INFO("gateway: listening on http://%s:%d for model '%s', bus %s; ready once "
                   "every stage has a replica", o->host, kiln_http_server_port(gw->http),
-                  gw->model_id, bus);
+                  gw->served_name, bus);
     if (gw->admin)
         KILN_LOG_INFO("gateway: health, readiness and metrics on admin http://%s:%d",
                       o->admin_host ? o->admin_host : o->host, kiln_http_server_port(gw->admin));

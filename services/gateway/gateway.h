@@ -40,6 +40,10 @@ typedef struct kiln_gw_options {
     int admin_port;
     const char *admin_host; /* NULL: host */
     const char *model_dir; /* the checkpoint the replicas serve */
+    /* The model id clients see (GET /v1/models, a request's `model`); NULL:
+     * kiln_checkpoint_model_name of model_dir ("org/name" for a Hugging
+     * Face cache folder). */
+    const char *served_model_name;
     int min_size, max_size;
     size_t max_body_bytes, max_header_bytes;
     int max_connections;
@@ -75,6 +79,7 @@ typedef struct kiln_gateway {
     uv_loop_t *loop;
     kiln_gw_options opt;
     char model_id[KILN_PROTO_MODEL_ID_MAX]; /* kiln_proto_model_id, as the replicas say it */
+    char served_name[KILN_PROTO_MODEL_ID_MAX]; /* what clients call it (served_model_name) */
     kiln_api_config api;
     int64_t started; /* unix seconds, for /v1/models */
     kiln_http_server *http;

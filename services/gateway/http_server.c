@@ -222,9 +222,29 @@ static const char *conn_rid(kiln_http_conn *c)
     return c->rid;
 }
 
+/* The access log: one line per response, as nginx's: the request id (its
+ * X-Request-Id), method, path, status, body bytes, milliseconds since the
+ * request's first byte, and the peer.  2xx answers to the probe and scrape
+ * routes are left out (a kubelet asks every few seconds). */
+static void access_log(kiln_http_conn *c, int status, size_t bytes)
+{
+    if (!kiln_log_enabled(KILN_LOG_INFO))
+        return;
+    const kiln_http_request *req = kiln_http_reader_request(c->reader);
+    const char *path = req && req->path[0] ? req->path : "-";
+    if (status < 300 && (!strcmp(path, "/healthz") || !strcmp(path, "/readyz") ||
+                         !strcmp(path, "/metrics")))
+        return;
+    KILN_LOG_INFO("access: %s %s %s %d %zu bytes %llu ms %s", conn_rid(c),
+                  req && req->method_name[0] ? req->method_name : "-", path, status, bytes,
+                  (unsigned long long)(uv_now(c->srv->loop) - c->t_request),
+                  c->addr[0] ? c->addr : "-");
+}
+
 static void write_response(kiln_http_conn *c, int status, const char *ctype, const char *extra,
                            kiln_buf *body)
 {
+    access_log(c, status, body->len);
     if (c->srv->stopping)
         c->close_after = 1;
     const char *reason = http_status_str((enum http_status)status);

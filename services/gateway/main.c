@@ -21,6 +21,7 @@ static void usage(FILE *f)
             "  [--drain-s S] [--max-client-connections N] [--body-budget-mb N]\n"
             "  [--client-body-budget-mb N] [--body-wait-ms MS] [--max-cost MTOK]\n"
             "  [--client-queue-share F] [--cancel-timeout-s S] [--ignore-unknown-fields]\n"
+            "  [--served-model-name NAME]\n"
             "Defaults: --host 0.0.0.0 --port 8000 --bus tcp://127.0.0.1:<port+1>\n"
             "--bus-key: the gateway's CURVE secret key; --bus-allow: the replicas' public\n"
             "keys (kiln keygen); a bus other hosts can reach needs them or --bus-insecure.\n"
@@ -35,7 +36,9 @@ static void usage(FILE *f)
             "--client-queue-share 0.25 (0: no per-client share)\n"
             "--cancel-timeout-s 30 (0: never)\n"
             "--ignore-unknown-fields: skip request fields kiln does not know instead of\n"
-            "answering 400 unknown_parameter (for clients written for other servers).\n");
+            "answering 400 unknown_parameter (for clients written for other servers).\n"
+            "--served-model-name: the model id clients see (default: the folder's name, or\n"
+            "ORG/NAME for a Hugging Face cache folder models--ORG--NAME/snapshots/<commit>).\n");
 }
 
 static int num(const char *s, double lo, double hi, double *out)
@@ -55,7 +58,7 @@ int main(int argc, char **argv)
            O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_WRITE_TIMEOUT, O_HB, O_PROGRESS, O_DRAIN,
            O_CLIENT_CONNS, O_BODY_BUDGET, O_CLIENT_BODY_BUDGET, O_BODY_WAIT, O_MAX_COST,
            O_CLIENT_SHARE, O_CANCEL_TIMEOUT, O_BUS_KEY, O_BUS_ALLOW, O_BUS_INSECURE, O_API_KEY,
-           O_ADMIN_PORT, O_ADMIN_HOST, O_IGNORE_UNKNOWN };
+           O_ADMIN_PORT, O_ADMIN_HOST, O_IGNORE_UNKNOWN, O_SERVED_NAME };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"port", required_argument, 0, 'p'},
@@ -89,6 +92,7 @@ int main(int argc, char **argv)
         {"admin-port", required_argument, 0, O_ADMIN_PORT},
         {"admin-host", required_argument, 0, O_ADMIN_HOST},
         {"ignore-unknown-fields", no_argument, 0, O_IGNORE_UNKNOWN},
+        {"served-model-name", required_argument, 0, O_SERVED_NAME},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -134,6 +138,7 @@ int main(int argc, char **argv)
         case O_ADMIN_PORT: bad = num(optarg, 0, 65535, &v), o.admin_port = (int)v; break;
         case O_ADMIN_HOST: o.admin_host = optarg; break;
         case O_IGNORE_UNKNOWN: o.ignore_unknown_fields = 1; break;
+        case O_SERVED_NAME: o.served_model_name = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

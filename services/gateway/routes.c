@@ -19,6 +19,11 @@
 #define R_READY "/readyz"
 #define R_METRICS "/metrics"
 #define R_OTHER "other"
+#define R_PLAYGROUND "/"
+
+/* playground.html, embedded at build time (embed.py). */
+extern const char kiln_gw_playground_html[];
+extern const unsigned long kiln_gw_playground_html_len;
 
 typedef enum pending_state { P_PARSING, P_QUEUED } pending_state;
 
@@ -139,11 +144,11 @@ static void route_models(kiln_gateway *gw, kiln_http_conn *c, const char *path)
     char model[256];
     snprintf(model, sizeof model,
              "{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"kiln\"}",
-             gw->model_id, (long long)gw->started);
+             gw->served_name, (long long)gw->started);
     if (strcmp(path, R_MODELS) == 0) {
         snprintf(text, sizeof text, "{\"object\":\"list\",\"data\":[%s]}", model);
         reply_text(gw, c, R_MODELS, 200, "application/json", text);
-    } else if (strcmp(path + sizeof R_MODELS, gw->model_id) == 0) {
+    } else if (strcmp(path + sizeof R_MODELS, gw->served_name) == 0) {
         reply_text(gw, c, R_MODELS, 200, "application/json", model);
     } else {
         reply_error(gw, c, R_MODELS, 404, "The model does not exist", "model", "model_not_found",
@@ -277,7 +282,25 @@ static void route_images(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request 
     kiln_http_set_pending(c, p);
 }
 
-typedef enum route_id { RT_GENERATIONS, RT_EDITS, RT_MODELS, RT_HEALTH, RT_READY, RT_METRICS } route_id;
+/* The playground page: static, self-contained (its script and style are
+ * inline, and the policy lets it load nothing from elsewhere). */
+static void route_playground(kiln_gateway *gw, kiln_http_conn *c)
+{
+    kiln_buf body = {0};
+    if (kiln_buf_append(&body, kiln_gw_playground_html, kiln_gw_playground_html_len, NULL)) {
+        reply_error(gw, c, R_PLAYGROUND, 500, "out of memory", NULL, "server_error", NULL);
+        return;
+    }
+    reply(gw, c, R_PLAYGROUND, 200, "text/html; charset=utf-8",
+          "Content-Security-Policy: default-src 'self'; img-src 'self' data:; "
+          "style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'\r\n"
+          "Cache-Control: no-cache\r\n",
+          &body);
+}
+
+typedef enum route_id {
+    RT_GENERATIONS, RT_EDITS, RT_MODELS, RT_HEALTH, RT_READY, RT_METRICS, RT_PLAYGROUND
+} route_id;
 
 static const struct {
     const char *path;
@@ -286,6 +309,7 @@ static const struct {
 } routes[] = {
     {R_GENERATIONS, RT_GENERATIONS, 1}, {R_EDITS, RT_EDITS, 1}, {R_MODELS, RT_MODELS, 0},
     {R_HEALTH, RT_HEALTH, 0},           {R_READY, RT_READY, 0}, {R_METRICS, RT_METRICS, 0},
+    {R_PLAYGROUND, RT_PLAYGROUND, 0},
 };
 #define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))
 
@@ -317,6 +341,7 @@ static int needs_key(const kiln_gateway *gw, int k)
     switch (routes[k].id) {
     case RT_HEALTH:
     case RT_READY: return 0;           /* probes: they tell only replica counts */
+    case RT_PLAYGROUND: return 0;      /* a static page; its requests carry the key */
     case RT_METRICS: return gw->admin != NULL; /* open here unless the admin port has it */
     default: return 1;
     }
@@ -369,6 +394,7 @@ static void serve(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request *req, i
     case RT_HEALTH: reply_text(gw, c, R_HEALTH, 200, "application/json", "{\"status\":\"ok\"}"); break;
     case RT_READY: route_ready(gw, c); break;
     case RT_METRICS: route_metrics(gw, c); break;
+    case RT_PLAYGROUND: route_playground(gw, c); break;
     }
 }
 
