@@ -3,11 +3,14 @@
 #include <string.h>
 
 /* Band buffers: a stage's input rows (with halo), a resnet's conv1 output,
- * a stage's output rows. */
-enum { T_IN, T_MID, T_OUT, T_COUNT };
+ * a stage's output rows, a resnet's own input rows for its shortcut (when
+ * its input is computed on the fly).  An upsampled input borrows T_OUT and
+ * T_MID while it is computed. */
+enum { T_IN, T_MID, T_OUT, T_XS, T_COUNT };
 /* Statistics tensors: one per end of the region, one for a plane outside
- * it (the decoder's mid-block output), one for a resnet's inner norm. */
-enum { S_SIDE0, S_SIDE1, S_EXT, S_INNER, S_COUNT };
+ * it (the decoder's mid-block output), one for a resnet's inner norm, one
+ * for an upsampler's output (never stored). */
+enum { S_SIDE0, S_SIDE1, S_EXT, S_INNER, S_UP, S_COUNT };
 
 /* A whole activation and the GroupNorm statistics of all of it. */
 typedef struct plane {
@@ -146,22 +149,108 @@ static void conv_out(band *bd, kiln_tensor *y, const kiln_tensor *x, const vae_c
     kiln_be_conv2d(bd->be, y, x, &c->w, &c->b, 1, (int[]){top, k, bottom, k});
 }
 
+/* A stage's input: a stored plane, or an upsampler (Upsample2D: nearest
+ * 2x, then its 3x3 conv) applied on the fly to a stored plane of half the
+ * height and width.  The last upsampler's output is the decoder's widest
+ * activation (full resolution, 256 channels: 2 GiB for one 2048x2048
+ * image), so it is never stored: the first full-resolution resnet
+ * recomputes the rows it needs, once for its statistics and once per pass
+ * (about 25% more decoder work than storing it). */
+typedef struct source {
+    const plane *p;
+    const vae_conv *up; /* NULL: the input is p itself */
+    const kiln_tensor *stats;
+    int64_t B, C, H, W, count; /* the input's shape, elements per group */
+} source;
+
+static source stored(const band *bd, const plane *p)
+{
+    const int64_t *sh = p->t.shape;
+    return (source){.p = p, .stats = p->stats, .B = sh[0], .C = sh[1], .H = sh[2], .W = sh[3],
+                    .count = sh[1] / bd->groups * sh[2] * sh[3]};
+}
+
+static source upsampled(const band *bd, const plane *p, const vae_conv *up)
+{
+    const int64_t *sh = p->t.shape;
+    source s = {.p = p, .up = up, .B = sh[0], .C = up->w.shape[0], .H = 2 * sh[2],
+                .W = 2 * sh[3]};
+    s.count = s.C / bd->groups * s.H * s.W;
+    return s;
+}
+
+/* Rows [a0, a1) of the source into dst (B, C, a1 - a0, W). */
+static void source_rows(band *bd, const source *s, kiln_tensor *dst, int64_t a0, int64_t a1)
+{
+    if (!s->up) {
+        rows_in(bd, dst, &s->p->t, a0);
+        return;
+    }
+    /* The conv reads upsampled rows [u0, u1); nearest 2x makes them in
+     * pairs from rows [c0, c1) of the stored plane. */
+    int64_t u0 = in_lo(a0, 1), u1 = in_hi(a1, 1, s->H), c0 = u0 / 2, c1 = (u1 + 1) / 2;
+    int64_t B = s->B, Cu = s->p->t.shape[1], w = s->p->t.shape[3];
+    kiln_tensor half = tmp(bd, T_OUT, B, Cu, c1 - c0, w);
+    rows_in(bd, &half, &s->p->t, c0);
+    kiln_tensor up = tmp(bd, T_MID, B, Cu, 2 * (c1 - c0), s->W);
+    if (!bd->dry)
+        kiln_be_upsample_nearest2x(bd->be, &up, &half);
+    kiln_tensor win = up;
+    if (2 * c0 != u0 || 2 * c1 != u1) { /* a row too many at an end */
+        win = tmp(bd, T_OUT, B, Cu, u1 - u0, s->W);
+        if (!bd->dry) {
+            kiln_tensor d = rows3(&win), src = rows3(&up);
+            kiln_be_copy_rows(bd->be, &d, 0, &src, u0 - 2 * c0, u1 - u0);
+        }
+    }
+    conv_out(bd, dst, &win, s->up, a0, a1, s->H);
+}
+
+/* An upsampled source's statistics, band by band. */
+static void measure_source(band *bd, source *s)
+{
+    int64_t R = band_rows(bd, s->H), cpg = s->C / bd->groups;
+    s->stats = &bd->stats[S_UP];
+    for (int64_t r0 = 0; r0 < s->H; r0 += R) {
+        int64_t r1 = min64(r0 + R, s->H);
+        kiln_tensor t = tmp(bd, T_IN, s->B, s->C, r1 - r0, s->W);
+        source_rows(bd, s, &t, r0, r1);
+        if (!bd->dry)
+            kiln_be_group_norm_stats(bd->be, &bd->stats[S_UP], &t, bd->groups, cpg * r0 * s->W);
+    }
+}
+
+/* Upsample2D (vae_upsample_apply) stored whole, band by band. */
+static void up_stage(band *bd, const plane *x, plane *y, const vae_conv *c)
+{
+    source s = upsampled(bd, x, c);
+    int64_t R = band_rows(bd, s.H);
+    plane_new(bd, y, x, s.B, s.C, s.H, s.W);
+    for (int64_t r0 = 0; r0 < s.H; r0 += R) {
+        int64_t r1 = min64(r0 + R, s.H);
+        kiln_tensor t = tmp(bd, T_IN, s.B, s.C, r1 - r0, s.W);
+        source_rows(bd, &s, &t, r0, r1);
+        rows_out(bd, &y->t, r0, &t, 0, r1 - r0);
+    }
+    measure(bd, y);
+}
+
 /* ResnetBlock2D (vae_resnet_apply) over bands.  Pass A computes conv1 of
  * each band (input rows with a halo of one) for norm2's statistics; pass B
  * recomputes conv1 over the band plus one row each side (input halo two),
  * then norm2, conv2 and the shortcut give exactly the band's output rows. */
-static void res_stage(band *bd, const plane *x, plane *y, const vae_resnet *res)
+static void res_stage(band *bd, const source *x, plane *y, const vae_resnet *res)
 {
-    int64_t B = x->t.shape[0], cin = x->t.shape[1], H = x->t.shape[2], W = x->t.shape[3];
+    int64_t B = x->B, cin = x->C, H = x->H, W = x->W;
     int64_t cout = res->conv1.w.shape[0], R = band_rows(bd, H);
     int64_t inner = cout / bd->groups * H * W;
     kiln_tensor *s1 = &bd->stats[S_INNER];
-    plane_new(bd, y, x, B, cout, H, W);
+    plane_new(bd, y, x->p, B, cout, H, W);
     for (int64_t r0 = 0; r0 < H; r0 += R) {
         int64_t r1 = min64(r0 + R, H), a0 = in_lo(r0, 1), a1 = in_hi(r1, 1, H);
         kiln_tensor t0 = tmp(bd, T_IN, B, cin, a1 - a0, W);
-        rows_in(bd, &t0, &x->t, a0);
-        norm(bd, &t0, &res->norm1, x->stats, plane_count(bd, x));
+        source_rows(bd, x, &t0, a0, a1);
+        norm(bd, &t0, &res->norm1, x->stats, x->count);
         kiln_tensor t1 = tmp(bd, T_MID, B, cout, r1 - r0, W);
         conv_out(bd, &t1, &t0, &res->conv1, r0, r1, H);
         if (!bd->dry)
@@ -171,16 +260,22 @@ static void res_stage(band *bd, const plane *x, plane *y, const vae_resnet *res)
         int64_t r1 = min64(r0 + R, H), n = r1 - r0;
         int64_t b0 = in_lo(r0, 1), b1 = in_hi(r1, 1, H), a0 = in_lo(b0, 1), a1 = in_hi(b1, 1, H);
         kiln_tensor t0 = tmp(bd, T_IN, B, cin, a1 - a0, W);
-        rows_in(bd, &t0, &x->t, a0);
-        norm(bd, &t0, &res->norm1, x->stats, plane_count(bd, x));
+        source_rows(bd, x, &t0, a0, a1);
+        /* The shortcut reads the band's own input rows, unnormalised: from
+         * the plane, or kept aside before norm1 when computed here. */
+        kiln_tensor xs = tmp(bd, x->up ? T_XS : T_IN, B, cin, n, W);
+        if (x->up && !bd->dry) {
+            kiln_tensor d = rows3(&xs), src = rows3(&t0);
+            kiln_be_copy_rows(bd->be, &d, 0, &src, r0 - a0, n);
+        }
+        norm(bd, &t0, &res->norm1, x->stats, x->count);
         kiln_tensor t1 = tmp(bd, T_MID, B, cout, b1 - b0, W);
         conv_out(bd, &t1, &t0, &res->conv1, b0, b1, H);
         norm(bd, &t1, &res->norm2, s1, inner);
         kiln_tensor out = tmp(bd, T_OUT, B, cout, n, W);
         conv_out(bd, &out, &t1, &res->conv2, r0, r1, H);
-        /* The shortcut reads the band's own input rows, unnormalised. */
-        kiln_tensor xs = tmp(bd, T_IN, B, cin, n, W);
-        rows_in(bd, &xs, &x->t, r0);
+        if (!x->up)
+            rows_in(bd, &xs, &x->p->t, r0);
         if (res->shortcut.w.data) {
             kiln_tensor sc = tmp(bd, T_MID, B, cout, n, W);
             conv_out(bd, &sc, &xs, &res->shortcut, r0, r1, H);
@@ -190,32 +285,6 @@ static void res_stage(band *bd, const plane *x, plane *y, const vae_resnet *res)
             kiln_be_add(bd->be, &out, &out, &xs);
         }
         rows_out(bd, &y->t, r0, &out, 0, n);
-    }
-    measure(bd, y);
-}
-
-/* Upsample2D (vae_upsample_apply): nearest 2x of the input rows that cover
- * the band's conv window, then the 3x3 conv.  The 2x rows come in pairs,
- * so the window may start a row early or end a row late: the conv then
- * yields that row too (with the same values), and it is not copied. */
-static void up_stage(band *bd, const plane *x, plane *y, const vae_conv *c)
-{
-    int64_t B = x->t.shape[0], C = x->t.shape[1], h = x->t.shape[2], w = x->t.shape[3];
-    int64_t H = 2 * h, W = 2 * w, cout = c->w.shape[0], R = band_rows(bd, H);
-    plane_new(bd, y, x, B, cout, H, W);
-    for (int64_t r0 = 0; r0 < H; r0 += R) {
-        int64_t r1 = min64(r0 + R, H), a0 = in_lo(r0, 1), a1 = in_hi(r1, 1, H);
-        int64_t c0 = a0 / 2, c1 = (a1 + 1) / 2;
-        /* The conv's output rows for input rows [2 c0, 2 c1). */
-        int64_t o0 = c0 > 0 ? 2 * c0 + 1 : 0, o1 = 2 * c1 < H ? 2 * c1 - 1 : H;
-        kiln_tensor t0 = tmp(bd, T_IN, B, C, c1 - c0, w);
-        rows_in(bd, &t0, &x->t, c0);
-        kiln_tensor t1 = tmp(bd, T_MID, B, C, 2 * (c1 - c0), W);
-        if (!bd->dry)
-            kiln_be_upsample_nearest2x(bd->be, &t1, &t0);
-        kiln_tensor out = tmp(bd, T_OUT, B, cout, o1 - o0, W);
-        conv_out(bd, &out, &t1, c, o0, o1, H);
-        rows_out(bd, &y->t, r0, &out, r0 - o0, r1 - r0);
     }
     measure(bd, y);
 }
@@ -282,11 +351,20 @@ static void decode_walk(band *bd, const vae_coder *d, int nblocks, const plane *
                         kiln_tensor *img)
 {
     plane cur = *m, next;
+    const vae_conv *up = NULL; /* an upsampler left to the next resnet */
     for (int i = 0; i < nblocks; i++) {
         const vae_block *b = &d->blocks[i];
-        for (int j = 0; j < b->nres; j++, cur = next)
-            res_stage(bd, &cur, &next, &b->res[j]);
-        if (b->has_sampler) {
+        for (int j = 0; j < b->nres; j++, cur = next, up = NULL) {
+            source x = stored(bd, &cur);
+            if (up) {
+                x = upsampled(bd, &cur, up);
+                measure_source(bd, &x);
+            }
+            res_stage(bd, &x, &next, &b->res[j]);
+        }
+        if (b->has_sampler && i + 2 == nblocks) {
+            up = &b->sampler; /* into the full-resolution block: never stored */
+        } else if (b->has_sampler) {
             up_stage(bd, &cur, &next, &b->sampler);
             cur = next;
         }
@@ -430,8 +508,10 @@ static void encode_walk(band *bd, const vae_coder *e, int nblocks, const kiln_te
     in_stage(bd, img, &e->conv_in, &cur);
     for (int i = 0; i < nblocks; i++) {
         const vae_block *b = &e->blocks[i];
-        for (int j = 0; j < b->nres; j++, cur = next)
-            res_stage(bd, &cur, &next, &b->res[j]);
+        for (int j = 0; j < b->nres; j++, cur = next) {
+            source x = stored(bd, &cur);
+            res_stage(bd, &x, &next, &b->res[j]);
+        }
         if (b->has_sampler) {
             down_stage(bd, &cur, &next, &b->sampler);
             cur = next;

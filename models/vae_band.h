@@ -25,12 +25,19 @@
  * order and whatever the backend's convolution does differently for a band
  * shape (none on the CPU: its sums run in the same order).
  *
+ * - The decoder's last upsampler (its output, at full resolution with 256
+ *   channels, is the widest activation) is never stored: the first
+ *   full-resolution resnet recomputes the rows of it that each pass needs.
+ *
  * Memory (scratch, bf16, one 2048x2048 klein image, bands of 128 rows):
- * the largest pair of whole activations is the last upsampler's output
- * (256 channels, 2 GiB) and the first full-resolution resnet's (128, 1 GiB),
- * plus about 0.4 GiB of band buffers; the whole pass needed 3 x 2 GiB.
- * Every buffer is laid out once from a dry run of the same walk, so the
- * arena is reserved at its exact size before anything runs.
+ * the largest pair of whole activations is two full-resolution resnet
+ * outputs (128 channels, 2 x 1 GiB), plus about 0.5 GiB of band buffers and
+ * the 64 MiB mid-block output: about 2.6 GiB, where the whole pass needs
+ * 6.3 GiB (3 x 2 GiB of slots).  The price is compute: each resnet's conv1
+ * runs twice and the last upsampler's conv three times, about 1.6 times the
+ * whole pass's convolution work, plus the halo rows.  Every buffer is laid
+ * out once from a dry run of the same walk, so the arena is reserved at its
+ * exact size before anything runs.
  *
  * Not thread-safe: runs on its backend's thread.
  */
