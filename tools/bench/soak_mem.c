@@ -103,20 +103,24 @@ static int read_status(pid_t pid, long *rss, long *anon)
     return *rss < 0 ? -1 : 0;
 }
 
-/* GPU memory per pid from nvidia-smi: the number of pairs read. */
-static int gpu_query(pid_t *pids, long *mib, int max)
+/* GPU memory per process from nvidia-smi: pid, executable's base name
+ * and MiB; the number read. */
+static int gpu_query(pid_t *pids, char (*names)[16], long *mib, int max)
 {
-    FILE *p = popen("nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits "
-                    "2>/dev/null",
+    FILE *p = popen("nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+                    "--format=csv,noheader,nounits 2>/dev/null",
                     "r");
     if (!p)
         return 0;
     int n = 0, pid;
     long m;
-    char line[256];
+    char line[512], name[256];
     while (fgets(line, sizeof line, p))
-        if (n < max && sscanf(line, "%d , %ld", &pid, &m) == 2)
+        if (n < max && sscanf(line, "%d , %255[^,] , %ld", &pid, name, &m) == 3) {
+            const char *base = strrchr(name, '/');
+            snprintf(names[n], sizeof names[n], "%.15s", base ? base + 1 : name);
             pids[n] = pid, mib[n++] = m;
+        }
     pclose(p);
     return n;
 }
@@ -135,15 +139,28 @@ static int on_path(const char *tool)
     return 0;
 }
 
+static void push(kiln_soak_mem *m, const kiln_soak_sample *s)
+{
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? 2 * m->cap : 1024;
+        kiln_soak_sample *ns = realloc(m->s, cap * sizeof *ns);
+        if (!ns)
+            return; /* fewer samples, not a failed run */
+        m->s = ns, m->cap = cap;
+    }
+    m->s[m->n++] = *s;
+}
+
 static void sample(kiln_soak_mem *m)
 {
     pid_t pids[MAX_PROCS], gp[MAX_PROCS];
     long gm[MAX_PROCS];
-    int n = 0, ng = 0;
+    char gn[MAX_PROCS][16];
+    int n = 0, ng = 0, gmatched[MAX_PROCS] = {0};
     pids[n++] = m->serve;
     n += kiln_soak_children(m->serve, NULL, pids + n, MAX_PROCS - n);
     if (m->gpu_tool)
-        ng = gpu_query(gp, gm, MAX_PROCS);
+        ng = gpu_query(gp, gn, gm, MAX_PROCS);
     double t = now_s() - m->t0;
     pthread_mutex_lock(&m->mu);
     for (int i = 0; i < n; i++) {
@@ -154,16 +171,20 @@ static void sample(kiln_soak_mem *m)
             continue; /* gone meanwhile */
         for (int j = 0; j < ng; j++)
             if (gp[j] == pids[i])
-                s.gpu_mib = gm[j], m->gpu_seen = 1;
-        if (m->n == m->cap) {
-            size_t cap = m->cap ? 2 * m->cap : 1024;
-            kiln_soak_sample *ns = realloc(m->s, cap * sizeof *ns);
-            if (!ns)
-                break; /* fewer samples, not a failed run */
-            m->s = ns, m->cap = cap;
-        }
-        m->s[m->n++] = s;
+                s.gpu_mib = gm[j], m->gpu_seen = 1, gmatched[j] = 1;
+        push(m, &s);
     }
+    /* In a container nvidia-smi may name processes by the host's pids,
+     * which are not ours: those of kiln's executables become samples of
+     * their own (GPU memory only, under nvidia-smi's pid). */
+    for (int j = 0; j < ng; j++)
+        if (!gmatched[j] && !strncmp(gn[j], "kiln", 4)) {
+            kiln_soak_sample s = {.t = t, .pid = gp[j], .rss_kb = -1, .anon_kb = -1,
+                                  .gpu_mib = gm[j]};
+            snprintf(s.name, sizeof s.name, "%s", gn[j]);
+            m->gpu_seen = 1;
+            push(m, &s);
+        }
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -257,7 +278,8 @@ static double window_median(const kiln_soak_sample *s, size_t n, pid_t pid, doub
 {
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (s[i].pid == pid && s[i].t >= t0 && s[i].t <= t1 && (gpu ? s[i].gpu_mib >= 0 : 1))
+        if (s[i].pid == pid && s[i].t >= t0 && s[i].t <= t1 &&
+            (gpu ? s[i].gpu_mib >= 0 : s[i].anon_kb >= 0))
             v[k++] = gpu ? (double)s[i].gpu_mib : (double)s[i].anon_kb / 1024.0;
     if (!k)
         return -1;
@@ -290,7 +312,7 @@ size_t kiln_soak_mem_growth(const kiln_soak_sample *s, size_t n, double warmup_s
         kiln_soak_growth *p = &g[j];
         p->last_t = s[i].t;
         double mb = (double)s[i].anon_kb / 1024.0;
-        p->peak_mb = mb > p->peak_mb ? mb : p->peak_mb;
+        p->peak_mb = s[i].anon_kb >= 0 && mb > p->peak_mb ? mb : p->peak_mb;
         if (s[i].gpu_mib >= 0 && (double)s[i].gpu_mib > p->gpu_peak_mb)
             p->gpu_peak_mb = (double)s[i].gpu_mib;
     }
@@ -309,10 +331,11 @@ size_t kiln_soak_mem_growth(const kiln_soak_sample *s, size_t n, double warmup_s
         p->end_mb = window_median(s, n, p->pid, w + span - fifth, w + span, 0, v);
         p->gpu_base_mb = window_median(s, n, p->pid, w, w + fifth, 1, v);
         p->gpu_end_mb = window_median(s, n, p->pid, w + span - fifth, w + span, 1, v);
-        p->judged = p->base_mb >= 0 && p->end_mb >= 0;
-        p->over = p->judged && (p->end_mb - p->base_mb > max_rss_mb ||
-                                (p->gpu_base_mb >= 0 && p->gpu_end_mb >= 0 &&
-                                 p->gpu_end_mb - p->gpu_base_mb > max_gpu_mb));
+        int rss = p->base_mb >= 0 && p->end_mb >= 0;
+        int gpu = p->gpu_base_mb >= 0 && p->gpu_end_mb >= 0;
+        p->judged = rss || gpu;
+        p->over = (rss && p->end_mb - p->base_mb > max_rss_mb) ||
+                  (gpu && p->gpu_end_mb - p->gpu_base_mb > max_gpu_mb);
     }
     free(v);
     *out = g;

@@ -13,7 +13,10 @@
  * restarted ones included), listed from /proc at every sample.  Each
  * sample holds VmRSS and RssAnon (/proc/<pid>/status) and, where
  * nvidia-smi is on the PATH, the process's GPU memory
- * (--query-compute-apps=pid,used_memory).  Growth is judged on RssAnon:
+ * (--query-compute-apps=pid,process_name,used_memory; where its pids are
+ * not ours, as in a container that sees the host's, kiln's executables
+ * become GPU-only samples under nvidia-smi's pid, RSS -1).  Growth is
+ * judged on RssAnon:
  * the private heap and stacks, which a leak grows, without the mapped
  * checkpoint and shared slabs (whose resident pages come and go with the
  * page cache).  Sample times are seconds since kiln_soak_mem_start.
@@ -32,8 +35,8 @@ typedef struct kiln_soak_sample {
     double t;
     pid_t pid;
     char name[16];  /* the command name (comm) */
-    long rss_kb, anon_kb;
-    long gpu_mib;   /* -1: not known */
+    long rss_kb, anon_kb; /* -1: not known (a GPU-only sample) */
+    long gpu_mib;         /* -1: not known */
 } kiln_soak_sample;
 
 typedef struct kiln_soak_mem kiln_soak_mem;
@@ -58,7 +61,8 @@ typedef struct kiln_soak_growth {
     char name[16];
     double first_t, last_t;      /* first and last sample */
     int judged;                  /* lived long enough after its warm-up to judge */
-    double base_mb, end_mb, peak_mb; /* RssAnon: median after warm-up, median at the end, max */
+    double base_mb, end_mb, peak_mb; /* RssAnon: median after warm-up, median at the end, max;
+                                        -1 / 0 without RSS samples */
     double gpu_base_mb, gpu_end_mb, gpu_peak_mb; /* -1 without GPU samples */
     int over;                    /* judged, and grew past a bound */
 } kiln_soak_growth;

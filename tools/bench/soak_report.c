@@ -125,11 +125,17 @@ void kiln_soak_report_text(FILE *f, const kiln_soak_run *run, const kiln_soak_op
             fprintf(f, "    %-14s pid %-7d %6.1f-%6.1f s  ", g->name, (int)g->pid, g->first_t,
                     g->last_t);
             if (!g->judged) {
-                fprintf(f, "peak %.1f MiB (not judged: restarted or gone)\n", g->peak_mb);
+                fprintf(f, "peak %.1f MiB", g->peak_mb);
+                if (g->gpu_peak_mb >= 0)
+                    fprintf(f, ", GPU %.0f MiB", g->gpu_peak_mb);
+                fprintf(f, " (not judged: restarted or gone)\n");
                 continue;
             }
-            fprintf(f, "%.1f -> %.1f MiB (%+.1f), peak %.1f", g->base_mb, g->end_mb,
-                    g->end_mb - g->base_mb, g->peak_mb);
+            if (g->base_mb >= 0)
+                fprintf(f, "%.1f -> %.1f MiB (%+.1f), peak %.1f", g->base_mb, g->end_mb,
+                        g->end_mb - g->base_mb, g->peak_mb);
+            else
+                fprintf(f, "(nvidia-smi's pid, GPU only)");
             if (g->gpu_base_mb >= 0)
                 fprintf(f, "; GPU %.0f -> %.0f MiB (%+.0f), peak %.0f", g->gpu_base_mb,
                         g->gpu_end_mb, g->gpu_end_mb - g->gpu_base_mb, g->gpu_peak_mb);
@@ -227,7 +233,7 @@ static cJSON *summary_json(const kiln_soak_run *run, const kiln_soak_opts *o,
         cJSON_AddNumberToObject(e, "last_s", g->last_t);
         cJSON_AddBoolToObject(e, "judged", g->judged);
         cJSON_AddNumberToObject(e, "rss_anon_peak_mb", g->peak_mb);
-        if (g->judged) {
+        if (g->judged && g->base_mb >= 0) {
             cJSON_AddNumberToObject(e, "rss_anon_base_mb", g->base_mb);
             cJSON_AddNumberToObject(e, "rss_anon_end_mb", g->end_mb);
             cJSON_AddNumberToObject(e, "rss_anon_growth_mb", g->end_mb - g->base_mb);
@@ -294,11 +300,13 @@ static kiln_status plot(const char *dir, const kiln_soak_run *run, const kiln_so
         size_t a = off, ga = goff;
         for (size_t i = 0; i < ns; i++)
             if (s[i].pid == pids[p]) {
-                x[off] = s[i].t, y[off++] = (double)s[i].anon_kb / 1024.0;
+                if (s[i].anon_kb >= 0)
+                    x[off] = s[i].t, y[off++] = (double)s[i].anon_kb / 1024.0;
                 if (s[i].gpu_mib >= 0)
                     gx[goff] = s[i].t, gy[goff++] = (double)s[i].gpu_mib;
             }
-        rs[nr++] = (kiln_plot_series){labels[p], x + a, y + a, off - a};
+        if (off > a)
+            rs[nr++] = (kiln_plot_series){labels[p], x + a, y + a, off - a};
         if (goff > ga)
             gs[ng++] = (kiln_plot_series){labels[p], gx + ga, gy + ga, goff - ga};
     }
