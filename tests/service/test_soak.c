@@ -2,7 +2,7 @@
  * klein checkpoint (CPU backend), driven by kiln-soak (tools/bench/) for
  * TRAFFIC_S seconds with the mixed traffic of the GPU soak scaled down:
  * sizes 64..128 (some square, some not), n 1..4, a quarter edits with 1..4
- * references (PNG, JPEG, WebP), png/jpeg/webp outputs, 15% of clients
+ * references (PNG, JPEG, WebP), png/jpeg/webp outputs, 20% of clients
  * leaving mid-request, three connections; a denoiser SIGKILLed and
  * another SIGSTOPped for STOP_S seconds on the way.  The requests come
  * from a pool of POOL distinct ones whose images `kiln generate` / `kiln
@@ -86,7 +86,7 @@ static void test_soak(void)
                           "--min-side", "64", "--max-side", "128", "--max-n", "4",
                           "--steps", "2", "--max-sequence-length", "32",
                           "--edits", "0.25", "--max-refs", "4",
-                          "--disconnects", "0.15", "--disconnect-max-s", "3",
+                          "--disconnects", "0.2", "--disconnect-max-s", "3",
                           "--pool", POOL, "--serve-pid", pid_s,
                           "--kill", KILL_AT, "--stop", STOP_AT, "--heal-grace", "10",
                           "--warmup", WARMUP_S, "--max-rss-growth-mb", RSS_SLACK_MB,
@@ -114,9 +114,12 @@ static void test_soak(void)
     CHECKF(num(j, "wrong") == 0 && num(j, "malformed") == 0, "%g wrong, %g malformed images",
            num(j, "wrong"), num(j, "malformed"));
     CHECKF(num(j, "unexpected") == 0, "%g unexpected answers", num(j, "unexpected"));
-    CHECKF(num(j, "requests") >= 15 && num(j, "answered") >= 10, "%g requests, %g answered",
+    /* About 35 requests in 100 s here; a machine twice as slow still
+     * sends the first 12, which with seed 11 hold edits, batches, a
+     * non-square size and clients that leave (k = 9, 10, 12). */
+    CHECKF(num(j, "requests") >= 12 && num(j, "answered") >= 8, "%g requests, %g answered",
            num(j, "requests"), num(j, "answered"));
-    CHECKF(num(j, "verified") >= 10 && num(j, "verified") == num(j, "images"),
+    CHECKF(num(j, "verified") >= 8 && num(j, "verified") == num(j, "images"),
            "%g of %g images verified against the CLI", num(j, "verified"), num(j, "images"));
     CHECKF(num(j, "left") >= 1, "no client left mid-request");
     const cJSON *faults = cJSON_GetObjectItemCaseSensitive(j, "faults");

@@ -362,7 +362,9 @@ sec_devicefault() {
       --prompt "a red fox sitting in fresh snow" --width 256 --height 256 --seed "$s" --steps 4 \
       --max-sequence-length 64 --out "$dir/cli-$s.png" >>"$dir/cli.log" 2>&1 ||
       { echo "kiln generate seed $s failed"; tail -5 "$dir/cli.log"; rc=1; continue; }
-    if cmp -s "$dir/served-$s.png" "$dir/cli-$s.png"; then
+    if [ ! -f "$dir/served-$s.png" ]; then
+      echo "seed $s: no served image"; rc=1
+    elif cmp -s "$dir/served-$s.png" "$dir/cli-$s.png"; then
       echo "seed $s: served image identical to kiln generate"
     else
       echo "seed $s: served image DIFFERS from kiln generate"; rc=1
