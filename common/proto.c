@@ -11,6 +11,7 @@
 static const char *const msg_names[KILN_MSG_TYPE_END] = {
     [KILN_MSG_HELLO] = "hello",   [KILN_MSG_READY] = "ready",   [KILN_MSG_HB] = "hb",
     [KILN_MSG_DONE] = "done",     [KILN_MSG_RELEASE] = "release", [KILN_MSG_BYE] = "bye",
+    [KILN_MSG_LEAVING] = "leaving",
     [KILN_MSG_JOB] = "job",
     [KILN_MSG_CANCEL] = "cancel", [KILN_MSG_FREE] = "free",     [KILN_MSG_FENCED] = "fenced",
     [KILN_MSG_GONE] = "gone",     [KILN_MSG_FETCH] = "fetch",
@@ -407,6 +408,7 @@ static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
         return check_job(&m->job, err) ? kiln_err_wrap(err, "job") : KILN_OK;
     case KILN_MSG_BYE:
         return check_string(m->bye_reason, "bye: reason", err);
+    case KILN_MSG_LEAVING: return KILN_OK;
     case KILN_MSG_GONE:
         if (!id_valid(m->gone.replica) || !m->gone.incarnation)
             return kiln_err_set(err, KILN_ERR_INVALID, "gone: bad replica id or incarnation");

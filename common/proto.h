@@ -68,6 +68,7 @@ typedef enum kiln_msg_type {
     KILN_MSG_DONE,
     KILN_MSG_RELEASE,
     KILN_MSG_BYE,
+    KILN_MSG_LEAVING,
     /* gateway -> replica */
     KILN_MSG_JOB,
     KILN_MSG_CANCEL,
@@ -309,9 +310,12 @@ typedef struct kiln_msg {
             uint64_t shm_short;
         };
         kiln_msg_gone gone;
-        /* bye: why this incarnation stops now (its device is lost); its
-         * jobs will not be answered.  For logs, never for clients. */
+        /* bye: why this incarnation stops now (its device is lost: its
+         * jobs will not be answered; or, after `leaving`, it has answered
+         * them all and exits).  For logs, never for clients. */
         const char *bye_reason;
+        /* leaving: no fields; the incarnation takes no new jobs, answers
+         * those it holds, then says `bye` (a graceful stop: SIGTERM) */
         /* fenced: no fields; the epoch it names is declared dead */
     };
 } kiln_msg;

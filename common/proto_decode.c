@@ -545,7 +545,8 @@ static kiln_status extract(dec *d, const msgpack_object *o, kiln_msg *m)
     case KILN_MSG_FETCH: return refs(d, o, &m->refs);
     case KILN_MSG_JOB: return job(d, o, &m->job);
     case KILN_MSG_CANCEL: return get_u64(d, o, "job", &m->cancel_job);
-    case KILN_MSG_FENCED: return KILN_OK;
+    case KILN_MSG_FENCED:
+    case KILN_MSG_LEAVING: return KILN_OK;
     case KILN_MSG_BYE: return get_str(d, o, "reason", &m->bye_reason);
     case KILN_MSG_GONE:
         if (get_str(d, o, "replica", &m->gone.replica) ||

@@ -258,6 +258,7 @@ kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err)
         kv_u64(&pk, "shm_short", m->shm_short);
         break;
     case KILN_MSG_FENCED:
+    case KILN_MSG_LEAVING:
         head(&pk, m, 0);
         break;
     case KILN_MSG_DONE: done(&pk, m); break;

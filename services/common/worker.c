@@ -63,7 +63,9 @@ void worker_unhold(kiln_worker *w, kiln_worker_job *j)
 
 static void send_hello(kiln_worker *w)
 {
-    if (worker_halted(w))
+    /* A leaving incarnation registers nowhere again (a gateway that
+     * restarted meanwhile never sends it work). */
+    if (worker_halted(w) || atomic_load(&w->leaving))
         return;
     kiln_msg m = {.type = KILN_MSG_HELLO,
                   .hello = {.stage = w->ops->stage, .replica = w->replica, .model = w->model,
@@ -110,6 +112,12 @@ static void on_job(kiln_worker *w, kiln_msg *msg)
 {
     if (msg->job.stage != w->ops->stage) {
         fail_now(w, msg, KILN_ERR_INVALID, "job for another stage");
+        return;
+    }
+    if (atomic_load(&w->stop)) {
+        /* Sent before the gateway heard we stop: back at once (it runs
+         * it elsewhere when we were leaving), not held until we exit. */
+        fail_now(w, msg, KILN_ERR_UNAVAILABLE, "replica shutting down");
         return;
     }
     kiln_worker_job *j = calloc(1, sizeof *j);
@@ -319,6 +327,63 @@ static uint64_t worker_shm_short(kiln_worker *w)
     return need;
 }
 
+/* The first SIGINT/SIGTERM with --drain-s: `leaving` to the gateway,
+ * which sends no more work; the jobs held are answered (worker_leave_check
+ * ends it).  A second signal, or none of that, stops at once: a running
+ * batch stops at its next op and queued jobs go back `unavailable`.  Bus
+ * thread. */
+static void on_signals(kiln_worker *w, double now)
+{
+    int sig = kiln_worker_signalled;
+    if (sig == w->signals_seen)
+        return;
+    int first = !w->signals_seen;
+    w->signals_seen = sig;
+    if (atomic_load(&w->stop))
+        return;
+    if (first && w->opts.drain_s > 0 && !worker_halted(w)) {
+        pthread_mutex_lock(&w->mu);
+        int held = w->n_held;
+        pthread_mutex_unlock(&w->mu);
+        w->leave_started = now;
+        w->leave_deadline = now + w->opts.drain_s * 1000.0;
+        atomic_store(&w->leaving, 1);
+        kiln_msg m = {.type = KILN_MSG_LEAVING};
+        if (atomic_load(&w->registered)) /* else no gateway knows us */
+            worker_send(w, &m);
+        KILN_LOG_INFO("%s %s: signal received: leaving (no new work; the %d job(s) held "
+                      "finish within --drain-s %d; another signal stops at once)",
+                      w->ops->binary, w->replica, held, w->opts.drain_s);
+        return;
+    }
+    KILN_LOG_INFO("%s: signal received, shutting down", w->ops->binary);
+    begin_stop(w);
+}
+
+/* A leaving incarnation stops once it holds no job, or at its deadline.
+ * Bus thread. */
+static void leave_check(kiln_worker *w, double now)
+{
+    if (!atomic_load(&w->leaving) || atomic_load(&w->stop))
+        return;
+    pthread_mutex_lock(&w->mu);
+    int held = w->n_held;
+    pthread_mutex_unlock(&w->mu);
+    /* Not before the gateway had time to hear `leaving`: a job it sent
+     * meanwhile is still on its way (one that comes later anyway is
+     * given back, on_job). */
+    if ((held && now < w->leave_deadline) || now < w->leave_started + WORKER_LEAVE_SETTLE_MS)
+        return;
+    if (held)
+        KILN_LOG_WARN("%s %s: --drain-s %d is over with %d job(s) held: stopping them (the "
+                      "gateway runs them elsewhere)", w->ops->binary, w->replica,
+                      w->opts.drain_s, held);
+    else
+        KILN_LOG_INFO("%s %s: every job it held is answered; stopping", w->ops->binary,
+                      w->replica);
+    begin_stop(w);
+}
+
 static void *bus_main(void *arg)
 {
     kiln_worker *w = arg;
@@ -326,11 +391,9 @@ static void *bus_main(void *arg)
     double next_hb = kiln_now_ms(), halted_at = 0;
     while (!atomic_load(&w->bus_stop)) {
         kiln_err err = {0};
-        if (kiln_worker_signalled && !atomic_load(&w->stop)) {
-            KILN_LOG_INFO("%s: signal received, shutting down", w->ops->binary);
-            begin_stop(w);
-        }
         double now = kiln_now_ms();
+        on_signals(w, now);
+        leave_check(w, now);
         atomic_store(&w->bus_tick_ms, (long long)now);
         if (worker_halted(w) && !halted_at)
             halted_at = now;
@@ -502,6 +565,11 @@ void worker_shutdown(kiln_worker *w)
     if (!w->bus_started)
         return;
     double until = kiln_now_ms() + (worker_halted(w) ? WORKER_HALT_DRAIN_MS : 2000);
+    /* A leaving one waits for its last outputs up to its deadline: their
+     * consumer may take long to come (a job queued behind others). */
+    int left = atomic_load(&w->leaving) && !worker_halted(w);
+    if (left && w->leave_deadline > until)
+        until = w->leave_deadline;
     kiln_transport_stats st = {0}, dev = {0};
     int held;
     for (;;) {
@@ -511,7 +579,9 @@ void worker_shutdown(kiln_worker *w)
         pthread_mutex_lock(&w->mu);
         held = w->n_held;
         pthread_mutex_unlock(&w->mu);
-        if ((!st.live && !dev.live && !held) || kiln_now_ms() >= until)
+        /* (A second signal ends a leaving one's wait too.) */
+        if ((!st.live && !dev.live && !held) || kiln_now_ms() >= until ||
+            (left && kiln_worker_signalled > 1))
             break;
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -525,6 +595,12 @@ void worker_shutdown(kiln_worker *w)
                   "(%lld bytes)", w->ops->binary, (long long)atomic_load(&w->fetched),
                   (long long)atomic_load(&w->fetched_bytes), (long long)atomic_load(&w->served),
                   (long long)atomic_load(&w->served_bytes));
+    if (left && atomic_load(&w->registered)) {
+        /* Its jobs are answered (those given back came before this): the
+         * gateway ends the incarnation as left, not lost. */
+        kiln_msg bye = {.type = KILN_MSG_BYE, .bye_reason = "left"};
+        worker_send(w, &bye);
+    }
     atomic_store(&w->bus_stop, 1);
     wake(w);
     pthread_join(w->bus_thread, NULL);

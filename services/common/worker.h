@@ -45,6 +45,10 @@ typedef struct kiln_worker_opts {
     int data_port;
     const char *data_host;
     int health_port; /* 0: none; else /healthz and /readyz there (worker_health.c) */
+    /* --drain-s: on the first SIGTERM/SIGINT, how long the jobs it holds
+     * may take to finish while it takes no new ones (`leaving`); 0: stop
+     * at once (a running batch at its next op, queued jobs back). */
+    int drain_s;
     const char *device;  /* "cpu" or "cuda" */
     int gpu;
     int max_batch;       /* rows per batch (a bigger job runs alone) */

@@ -39,6 +39,7 @@ static void answer(kiln_worker *w, int fd)
     /* A halted incarnation (fenced, or its device lost) takes no work
      * and exits to be restarted. */
     int ready = live && atomic_load(&w->registered) && !atomic_load(&w->stop) &&
+                !atomic_load(&w->leaving) &&
                 !worker_halted(w) && !atomic_load(&w->shm_short);
     int ok, known = 1;
     if (!strncmp(req, "GET /healthz ", 13) || !strncmp(req, "HEAD /healthz ", 14))

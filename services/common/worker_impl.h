@@ -19,6 +19,9 @@
  * is doing (it may be stuck in the device). */
 #define WORKER_HALT_DRAIN_MS 5000
 #define WORKER_HALT_EXIT_MS 10000
+/* A leaving incarnation holding nothing stops no sooner than this after
+ * its `leaving`, so that jobs the gateway sent before hearing it arrive. */
+#define WORKER_LEAVE_SETTLE_MS 500
 
 /* Why an incarnation ends before its time (kiln_worker.halt). */
 enum { WORKER_RUNNING = 0, WORKER_FENCED, WORKER_FAULTED };
@@ -88,6 +91,13 @@ struct kiln_worker {
     int efd; /* eventfd waking the bus thread */
 
     atomic_int stop;     /* shutting down: no new batches */
+    /* SIGTERM with --drain-s: it said `leaving` and answers the jobs it
+     * holds until leave_deadline (kiln_now_ms), then stops; it says `bye`
+     * once its outputs came back (worker_shutdown).  leave_started,
+     * leave_deadline and signals_seen are the bus thread's. */
+    atomic_int leaving;
+    double leave_started, leave_deadline;
+    int signals_seen;
     atomic_int bus_stop; /* the bus thread flushes and exits */
     /* WORKER_FENCED once the gateway declared this incarnation dead,
      * WORKER_FAULTED once its backend was lost (it said `bye`): nothing it
@@ -129,7 +139,7 @@ struct kiln_worker {
     pthread_t health_thread;
 };
 
-/* Set by the SIGINT/SIGTERM handler, polled by the bus thread. */
+/* Counts SIGINT/SIGTERMs (the handler's), polled by the bus thread. */
 extern volatile sig_atomic_t kiln_worker_signalled;
 
 /* Stamps m with the worker's epoch, encodes it and queues it for the bus

@@ -24,7 +24,7 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
             "  [--bus-allow FILE]] [--data-port P] [--data-host HOST] [--health-port P]\n"
             "  [--device cpu|cuda] [--gpu N]\n"
             "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]\n"
-            "  [--replica-id ID]%s\n"
+            "  [--replica-id ID] [--drain-s S]%s\n"
             "Serves the %s stage of the checkpoint's pipeline to the kiln gateway at\n"
             "ENDPOINT (e.g. tcp://127.0.0.1:8001); --bus-key is this replica's CURVE secret\n"
             "key and --bus-server-key the gateway's public key (kiln keygen); --bus-allow\n"
@@ -32,7 +32,10 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
             "its data socket (--data-port, default any free port, -1: none), which other\n"
             "stages reach at --data-host (default: the address it reaches the gateway\n"
             "from).  --health-port serves\n"
-            "GET /healthz (loaded and not hung) and /readyz (registered) for probes.\n",
+            "GET /healthz (loaded and not hung) and /readyz (registered) for probes.\n"
+            "On SIGTERM/SIGINT it leaves gracefully: no new work, the jobs it holds are\n"
+            "answered within --drain-s (default 30, 0: stop at once); a second signal\n"
+            "stops at once.\n",
             ops->binary,
             ops->stage == KILN_STAGE_ENCODE
                 ? "\n  [--text-encoder-out-layers A,B,C] [--prompt-cache-mb N (default 256, 0: off)]"
@@ -92,7 +95,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
 {
     enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID, O_BUS_KEY,
            O_BUS_SERVER_KEY, O_BUS_ALLOW, O_DATA_PORT, O_DATA_HOST, O_HEALTH_PORT, O_BAND_ABOVE,
-           O_BAND_ROWS };
+           O_BAND_ROWS, O_DRAIN };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
@@ -109,6 +112,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         {"health-port", required_argument, 0, O_HEALTH_PORT},
         {"vae-band-above", required_argument, 0, O_BAND_ABOVE},
         {"vae-band-rows", required_argument, 0, O_BAND_ROWS},
+        {"drain-s", required_argument, 0, O_DRAIN},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     /* No batch window by default: an idle stage starts a job at once (a
@@ -116,7 +120,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
      * under load jobs queue while a batch runs, so batches form anyway. */
     *o = (kiln_worker_opts){.device = "cpu", .max_batch = 4, .batch_window_ms = 0,
                             .n_out_layers = 0, /* the checkpoint's */
-                            .tensor_transport = -1,
+                            .tensor_transport = -1, .drain_s = 30,
                             .prompt_cache_mb = KILN_PROMPT_CACHE_DEFAULT_MIB,
                             .vae_band_above_mp = 1.0,
                             .vae_band_rows = KILN_VAE_BAND_ROWS_DEFAULT};
@@ -148,6 +152,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         case O_BUS_ALLOW: o->bus_allow = optarg; break;
         case O_DATA_PORT: bad = kiln_parse_int(optarg, -1, 65535, &o->data_port); break;
         case O_HEALTH_PORT: bad = kiln_parse_int(optarg, 1, 65535, &o->health_port); break;
+        case O_DRAIN: bad = kiln_parse_int(optarg, 0, 3600, &o->drain_s); break;
         case O_DATA_HOST:
             o->data_host = optarg;
             bad = !kiln_domain_id_valid(optarg, KILN_PROTO_ENDPOINT_MAX - 24);
@@ -198,7 +203,9 @@ static void sanitize(char *dst, size_t cap, const char *s)
 static void on_signal(int sig)
 {
     (void)sig;
-    kiln_worker_signalled = 1;
+    /* Only this handler writes it (the first signal leaves gracefully,
+     * the next stops at once: worker.c). */
+    kiln_worker_signalled = kiln_worker_signalled + 1;
 }
 
 /* On a CUDA backend: a cuda_ipc transport to open such inputs, and to

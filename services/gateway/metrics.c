@@ -42,7 +42,7 @@ static const char *part_names[KILN_PART_COUNT] = {"encode_run",    "denoise_setu
                                                   "image_encode",  "handoff"};
 static const char *event_names[KILN_EVENT_COUNT] = {"replica_lost", "redispatch", "timeout",
                                                     "cancel", "handoff_failure",
-                                                    "cancel_timeout"};
+                                                    "cancel_timeout", "replica_left"};
 static const char *reject_names[KILN_REJECT_COUNT] = {"fenced", "unregistered", "not_handed",
                                                       "foreign_ref"};
 

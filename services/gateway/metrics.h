@@ -62,6 +62,7 @@ typedef enum kiln_event {
     KILN_EVENT_CANCEL,
     KILN_EVENT_HANDOFF_FAILURE, /* a consumer could not open (or keep) its inputs */
     KILN_EVENT_CANCEL_TIMEOUT,  /* a replica fenced for not answering a cancel in time */
+    KILN_EVENT_REPLICA_LEFT,    /* a replica said `leaving`, then `bye` with its jobs answered */
     KILN_EVENT_COUNT
 } kiln_event;
 

@@ -65,7 +65,7 @@ int sched_live(const kiln_sched *s, kiln_stage stage)
     int n = 0;
     for (const sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
         const sched_replica *r = LINK_OWNER(l, sched_replica, node);
-        n += r->alive && r->stage == stage;
+        n += r->alive && !r->leaving && r->stage == stage;
     }
     return n;
 }
@@ -76,7 +76,7 @@ static int shm_short(const kiln_sched *s, kiln_stage stage)
     int n = 0;
     for (const sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
         const sched_replica *r = LINK_OWNER(l, sched_replica, node);
-        n += r->alive && r->stage == stage && r->shm_short;
+        n += r->alive && !r->leaving && r->stage == stage && r->shm_short;
     }
     return n;
 }
@@ -225,7 +225,7 @@ static sched_replica *pick(kiln_sched *s, const sched_job *j)
     sched_pairing best_pair = PAIR_NONE;
     for (sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
         sched_replica *r = LINK_OWNER(l, sched_replica, node);
-        if (!r->alive || r->stage != j->stage || r->credits <= 0 || r->shm_short)
+        if (!r->alive || r->leaving || r->stage != j->stage || r->credits <= 0 || r->shm_short)
             continue;
         sched_pairing pair = sched_pairing_of(s, j, r);
         if (pair == PAIR_NONE || pair < best_pair)
@@ -327,7 +327,7 @@ static int has_credit(const kiln_sched *s, kiln_stage stage)
 {
     for (const sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
         const sched_replica *r = LINK_OWNER(l, sched_replica, node);
-        if (r->alive && r->stage == stage && r->credits > 0)
+        if (r->alive && !r->leaving && r->stage == stage && r->credits > 0)
             return 1;
     }
     return 0;
@@ -468,7 +468,11 @@ void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
     } else {
         r->last_seen = now;
         switch (m->type) {
-        case KILN_MSG_READY: r->credits += m->ready.credits; break;
+        case KILN_MSG_READY:
+            if (!r->leaving)
+                r->credits += m->ready.credits;
+            break;
+        case KILN_MSG_LEAVING: sched_replica_leaving(r); break;
         case KILN_MSG_DONE:
             r->progress_at = now;
             sched_on_done(s, r, m, now);
@@ -490,6 +494,11 @@ void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
             r->shm_short = m->shm_short;
             break;
         case KILN_MSG_BYE: {
+            /* After `leaving`, with every job answered: a graceful stop. */
+            if (r->leaving && !r->n_inflight) {
+                sched_replica_left(s, r, now);
+                break;
+            }
             char why[300];
             snprintf(why, sizeof why, "said bye (%.200s)", m->bye_reason);
             sched_replica_fence(s, r, why, now);

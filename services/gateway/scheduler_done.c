@@ -257,7 +257,8 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
 {
     const kiln_msg_done *d = &m->done;
     sched_job *j = kiln_idmap_get(&s->jobs, d->job);
-    r->credits++; /* each done returns a credit */
+    if (!r->leaving)
+        r->credits++; /* each done returns a credit */
     sched_cancel_answered(r, d->job);
     /* Done with the job, the consumer is done with its inputs: what it
      * did not release goes back now. */
@@ -277,8 +278,18 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
         kiln_msg_free(m);
         return;
     }
-    record(s, j, d, now);
     kiln_stage stage = j->stage;
+    if (!d->ok && r->leaving &&
+        (d->code == KILN_ERR_UNAVAILABLE || d->code == KILN_ERR_CANCELLED)) {
+        /* A leaving replica whose drain time ran out gave the job back
+         * (nobody cancelled it: its client is still here): elsewhere. */
+        sched_free_map(s, &d->out);
+        kiln_msg_free(m);
+        sched_detach(s, j);
+        sched_rerun_or_fail(s, j, kiln_stage_name(stage), "stopped before finishing it", now);
+        return;
+    }
+    record(s, j, d, now);
     if (stage != KILN_STAGE_ENCODE && (d->ok || d->code != KILN_ERR_NOT_FOUND))
         s->handoff_streak[stage] = 0;
     if (!d->ok && d->code == KILN_ERR_NOT_FOUND && stage != KILN_STAGE_ENCODE) {

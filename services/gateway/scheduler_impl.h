@@ -43,6 +43,10 @@ typedef struct sched_replica {
     uint64_t epoch; /* the current (or last, when !alive) incarnation */
     kiln_stage stage;
     int alive;      /* 0 once that incarnation is fenced */
+    /* It said `leaving` (a graceful stop): no new jobs and no credits; it
+     * answers those it holds, then says `bye`.  Not live for readiness,
+     * admission or placement (sched_live), still trusted for its work. */
+    int leaving;
     int credits;
     int max_batch;
     double last_seen;
@@ -155,6 +159,20 @@ sched_replica *sched_replica_find(kiln_sched *s, const char *id);
  * heartbeating").  No-op for an incarnation already fenced.  Any reason
  * to stop trusting a replica is a reason to call this. */
 void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, double now);
+/* A replica's `leaving`: it gets no job from now on, and its credits are
+ * void. */
+void sched_replica_leaving(sched_replica *r);
+/* A leaving replica's `bye`: it has answered every job it held.  Ended
+ * like a fenced one (its record, the references still handed to it, the
+ * `gone` to the others; a job still in flight runs again) but counted as
+ * replica_left, not replica_lost, and not sent `fenced`: it exits on its
+ * own, with 0. */
+void sched_replica_left(kiln_sched *s, sched_replica *r, double now);
+/* Job j, running on r, was not done there: it runs again once from the
+ * encode stage (or fails with 503 when it already did, or no encoder is
+ * live).  `stage` and `why` name what happened for the 503. */
+void sched_rerun_or_fail(kiln_sched *s, sched_job *j, const char *stage, const char *why,
+                         double now);
 void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double now);
 /* A message from `peer` that its current incarnation did not send (a
  * fenced one's, or an id the gateway does not know): counted, answered

@@ -44,7 +44,8 @@ int sched_placeable(kiln_sched *s, const sched_job *j)
 {
     for (sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
         const sched_replica *r = LINK_OWNER(l, sched_replica, node);
-        if (r->alive && r->stage == j->stage && sched_pairing_of(s, j, r) != PAIR_NONE)
+        if (r->alive && !r->leaving && r->stage == j->stage &&
+            sched_pairing_of(s, j, r) != PAIR_NONE)
             return 1;
     }
     return 0;
@@ -57,7 +58,7 @@ unsigned sched_out_kinds(kiln_sched *s, const sched_replica *producer, kiln_stag
         return host;
     for (sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
         const sched_replica *c = LINK_OWNER(l, sched_replica, node);
-        if (c->alive && c->stage == stage + 1 &&
+        if (c->alive && !c->leaving && c->stage == stage + 1 &&
             kiln_domain_can_open(KILN_REF_CUDA_IPC, &producer->domain, &c->domain, c->transports))
             return host | KILN_TRANSPORT_BIT(KILN_REF_CUDA_IPC);
     }

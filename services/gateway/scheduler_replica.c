@@ -67,8 +67,8 @@ static void announce_gone(kiln_sched *s, const sched_replica *r)
  * encode stage: the references it was handed went back to their owners
  * (the fenced incarnation may still read them, so they are never handed
  * on again), and whatever it made does not count. */
-static void rerun_or_fail(kiln_sched *s, sched_job *j, const char *stage, const char *why,
-                          double now)
+void sched_rerun_or_fail(kiln_sched *s, sched_job *j, const char *stage, const char *why,
+                         double now)
 {
     if (j->redispatched || !sched_live(s, KILN_STAGE_ENCODE)) {
         sched_fail(s, j, 503, "stage_unavailable",
@@ -86,21 +86,28 @@ static void rerun_or_fail(kiln_sched *s, sched_job *j, const char *stage, const 
     sched_enqueue(s, j, KILN_STAGE_ENCODE, 1, now);
 }
 
-void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, double now)
+/* Ends incarnation r: fenced (lost) or, after `leaving`, left. */
+static void end_incarnation(kiln_sched *s, sched_replica *r, const char *why, int left,
+                            double now)
 {
     if (!r->alive)
         return;
     r->alive = 0;
     r->credits = 0;
-    kiln_metrics_event(s->metrics, KILN_EVENT_REPLICA_LOST);
-    KILN_LOG_WARN("gateway: %s replica %s epoch %016llx %s: fenced (%d job(s) in flight)",
-                  kiln_stage_name(r->stage), r->id, (unsigned long long)r->epoch, why,
-                  r->n_inflight);
+    kiln_metrics_event(s->metrics, left ? KILN_EVENT_REPLICA_LEFT : KILN_EVENT_REPLICA_LOST);
+    if (left)
+        KILN_LOG_INFO("gateway: %s replica %s epoch %016llx left (%d job(s) in flight)",
+                      kiln_stage_name(r->stage), r->id, (unsigned long long)r->epoch,
+                      r->n_inflight);
+    else
+        KILN_LOG_WARN("gateway: %s replica %s epoch %016llx %s: fenced (%d job(s) in flight)",
+                      kiln_stage_name(r->stage), r->id, (unsigned long long)r->epoch, why,
+                      r->n_inflight);
     /* Nothing it holds will be released by it any more. */
     sched_handoff_return(s, r, 0);
     sched_cancel_forget(r); /* it is no longer busy for us: it goes */
     while (!link_empty(&r->inflight))
-        rerun_or_fail(s, LINK_OWNER(r->inflight.next, sched_job, qnode),
+        sched_rerun_or_fail(s, LINK_OWNER(r->inflight.next, sched_job, qnode),
                       kiln_stage_name(r->stage), why, now);
     /* Queued jobs whose inputs it made start over too; the ranges go back
      * to it while it still runs. */
@@ -109,17 +116,39 @@ void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, doubl
             next = kiln_fairq_next(&s->queue[st], n);
             sched_job *j = FQ_JOB(n);
             if (sched_job_holds_from(j, r->id, r->epoch))
-                rerun_or_fail(s, j, kiln_stage_name(r->stage), why, now);
+                sched_rerun_or_fail(s, j, kiln_stage_name(r->stage), why, now);
         }
     /* It may still be running (paused, stuck, cut off): it exits when it
-     * hears this. */
-    send_fenced(s, r->id, r->epoch);
+     * hears this.  One that left exits by itself, with 0. */
+    if (!left)
+        send_fenced(s, r->id, r->epoch);
     announce_gone(s, r);
     if (sched_live(s, r->stage))
         return;
     for (kiln_fairq_node *n; (n = kiln_fairq_peek(&s->queue[r->stage]));)
         sched_fail(s, FQ_JOB(n), 503,
                    "stage_unavailable", "no %s replica is available", kiln_stage_name(r->stage));
+}
+
+void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, double now)
+{
+    end_incarnation(s, r, why, 0, now);
+}
+
+void sched_replica_left(kiln_sched *s, sched_replica *r, double now)
+{
+    end_incarnation(s, r, "left", 1, now);
+}
+
+void sched_replica_leaving(sched_replica *r)
+{
+    if (!r->alive || r->leaving)
+        return;
+    r->leaving = 1;
+    r->credits = 0;
+    KILN_LOG_INFO("gateway: %s replica %s epoch %016llx is leaving: no new work; its %d job(s) "
+                  "in flight finish there", kiln_stage_name(r->stage), r->id,
+                  (unsigned long long)r->epoch, r->n_inflight);
 }
 
 void sched_on_stale(kiln_sched *s, sched_replica *r, const char *peer, kiln_msg *m)
@@ -187,6 +216,7 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
     r->epoch = m->epoch;
     r->stage = h->stage;
     r->alive = 1;
+    r->leaving = 0;
     r->credits = 0;
     r->max_batch = h->max_batch;
     r->last_seen = now;

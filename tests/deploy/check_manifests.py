@@ -4,7 +4,7 @@ every kiln container runs non-root on a read-only root file system without
 privileges, with requests and limits and startup, liveness and readiness
 probes on ports it declares; containers of one pod (which share its network)
 use distinct ports; stages reach the gateway through the bus Service that
-readiness does not gate; the gateway's grace period outlasts its drain; the
+readiness does not gate; every process's grace period outlasts its drain; the
 compose stages share a /dev/shm volume and have health checks and a restart
 policy.  Prints each broken rule and exits 1 when there is one."""
 import glob
@@ -71,10 +71,11 @@ def check_pod(where, spec):
         bus = arg_after(args, "--bus")
         if bus and not bus.startswith("tcp://0.0.0.0") and "kiln-bus" not in bus:
             bad(cw, f"connects to the bus at {bus}, not through the kiln-bus Service")
-        if c["name"] == "gateway":
-            drain = float(arg_after(args, "--drain-s") or 30)
-            if spec.get("terminationGracePeriodSeconds", 30) <= drain:
-                bad(cw, "terminationGracePeriodSeconds does not outlast --drain-s")
+        # The gateway drains accepted requests, a stage the jobs it holds
+        # (both --drain-s, default 30) before SIGKILL comes.
+        drain = float(arg_after(args, "--drain-s") or 30)
+        if spec.get("terminationGracePeriodSeconds", 30) <= drain:
+            bad(cw, "terminationGracePeriodSeconds does not outlast --drain-s")
 
 
 def check_k8s():
@@ -107,6 +108,11 @@ def check_compose():
             bad(where, "cap_drop is not ALL")
         if name != "gateway" and not any(str(v).endswith(":/dev/shm") for v in s.get("volumes", [])):
             bad(where, "no shared /dev/shm volume")
+        args = s.get("command", [])
+        drain = float(arg_after(args, "--drain-s") or 30) if isinstance(args, list) else 30
+        grace = str(s.get("stop_grace_period", "10s"))
+        if not grace.endswith("s") or float(grace[:-1]) <= drain:
+            bad(where, f"stop_grace_period {grace} does not outlast --drain-s {drain:g}")
         if s.get("ipc") == "host" or s.get("pid") == "host":
             bad(where, "joins the host's IPC or PID namespace (only compose.cuda.yaml may)")
 

@@ -8,10 +8,10 @@
  * 503, messages of fenced incarnations ignored and answered `fenced`,
  * forged and repeated releases refused, restarts when inputs are gone (a
  * consumer's not_found), timeouts (504), error dones, dones nobody
- * waits for, and cancels a replica answers late or never (busy gauges,
- * fencing).  Every message the scheduler sends goes through
- * kiln_msg_encode / kiln_msg_decode, so it must be a valid protocol
- * message. */
+ * waits for, cancels a replica answers late or never (busy gauges,
+ * fencing), and replicas leaving gracefully (`leaving`, then `bye`).
+ * Every message the scheduler sends goes through kiln_msg_encode /
+ * kiln_msg_decode, so it must be a valid protocol message. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1010,6 +1010,104 @@ static void test_bye(void)
     world_free(&w);
 }
 
+/* kiln_events_total{event} as rendered for /metrics. */
+static double event_count(world *w, const char *event)
+{
+    kiln_buf b = {0};
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w->s, &g);
+    CHECK(kiln_metrics_render(w->metrics, &g, &b, NULL) == KILN_OK);
+    char key[96];
+    snprintf(key, sizeof key, "kiln_events_total{event=\"%s\"} ", event);
+    const char *at = b.data ? memmem(b.data, b.len, key, strlen(key)) : NULL;
+    double v = at ? strtod(at + strlen(key), NULL) : -1;
+    kiln_buf_free(&b);
+    return v;
+}
+
+/* A replica that says `leaving` (SIGTERM) gets no job and no credit from
+ * then on and no longer counts as live (readiness, admission, placement),
+ * while the job it runs finishes there normally; its `bye` afterwards
+ * ends it as left (replica_left, no `fenced`, nothing re-run).  One whose
+ * drain time runs out gives its job back `unavailable`: the job runs
+ * again elsewhere, not 503. */
+static void test_leaving(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    hello(&w, "denoise-b", KILN_STAGE_DENOISE, "klein-tiny", 2);
+    uint64_t a, b, c;
+    kiln_tensor_ref emb;
+    const char *leaver;
+    kiln_msg *m = to_denoise(&w, "{\"prompt\":\"a\",\"size\":\"64x64\",\"seed\":5}", &a, &emb,
+                             &leaver);
+    if (!m)
+        goto out;
+    const char *stayer = strcmp(leaver, "denoise-a") == 0 ? "denoise-b" : "denoise-a";
+    kiln_msg leaving = {.type = KILN_MSG_LEAVING};
+    deliver(&w, leaver, &leaving);
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[KILN_STAGE_DENOISE] == 1 && g.busy[KILN_STAGE_DENOISE] == 1 &&
+          kiln_sched_ready(w.s));
+    /* Credits it offers now are void: the next job goes to the other. */
+    kiln_msg ready = {.type = KILN_MSG_READY, .ready.credits = 8};
+    deliver(&w, leaver, &ready);
+    kiln_tensor_ref emb_b;
+    const char *to;
+    m = to_denoise(&w, "{\"prompt\":\"b\",\"size\":\"64x64\",\"seed\":6}", &b, &emb_b, &to);
+    CHECKF(m && !strcmp(to, stayer), "a job went to %s while %s was leaving", to, leaver);
+    /* Its job in flight finishes there and goes on to the decoder. */
+    kiln_tensor_ref lat = shm_ref(&w, leaver, "/kiln-denoise-7-0", 0);
+    done_with(&w, leaver, a, "latents", &lat);
+    expect_free(&w, "encode-a", &emb);
+    m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
+    CHECK(m && m->job.job == a);
+    done_images(&w, "decode-a", a, 1);
+    CHECK(w.n_finished == 1 && w.last_status == 200);
+    expect_free(&w, leaver, &lat);
+    /* Its done returned no credit either. */
+    kiln_tensor_ref emb_c;
+    m = to_denoise(&w, "{\"prompt\":\"c\",\"size\":\"64x64\",\"seed\":7}", &c, &emb_c, &to);
+    CHECKF(m && !strcmp(to, stayer), "job c went to %s", to);
+    kiln_msg bye = {.type = KILN_MSG_BYE, .bye_reason = "left"};
+    deliver(&w, leaver, &bye);
+    expect_quiet(&w); /* no `fenced`, no job re-run */
+    CHECK(event_count(&w, "replica_left") == 1 && event_count(&w, "replica_lost") == 0 &&
+          event_count(&w, "redispatch") == 0);
+
+    /* The last denoiser leaves too: the stage has no live replica (not
+     * ready, new requests 503), and its drain time runs out with b and c
+     * held: given back, they run again from the encode stage and wait for
+     * a denoiser. */
+    deliver(&w, stayer, &leaving);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[KILN_STAGE_DENOISE] == 0 && !kiln_sched_ready(w.s));
+    uint64_t d;
+    CHECK(submit(&w, "{\"prompt\":\"d\",\"size\":\"64x64\"}", &d) == KILN_ERR_UNAVAILABLE);
+    done_error(&w, stayer, b, KILN_ERR_UNAVAILABLE, "replica shutting down");
+    expect_free(&w, "encode-a", &emb_b);
+    m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    CHECK(m && m->job.job == b);
+    done_error(&w, stayer, c, KILN_ERR_CANCELLED, "cancelled");
+    expect_free(&w, "encode-a", &emb_c);
+    m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    CHECK(m && m->job.job == c);
+    CHECK(w.n_finished == 1 && event_count(&w, "redispatch") == 2);
+    deliver(&w, stayer, &bye);
+    expect_quiet(&w);
+    /* A new denoiser (the restarted one) takes b over. */
+    hello(&w, "denoise-c", KILN_STAGE_DENOISE, "klein-tiny", 2);
+    kiln_tensor_ref emb_b2 = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 512);
+    done_with(&w, "encode-a", b, "embeds", &emb_b2);
+    m = expect_sent(&w, KILN_MSG_JOB, "denoise-c");
+    CHECK(m && m->job.job == b && m->job.denoise.seeds[0] == 6);
+    CHECK(event_count(&w, "replica_left") == 2 && event_count(&w, "replica_lost") == 0);
+out:
+    world_free(&w);
+}
+
 /* Messages of `type` to `peer` among those sent since the last look (all
  * of them are looked at). */
 static int count_sent(world *w, kiln_msg_type type, const char *peer)
@@ -1286,6 +1384,7 @@ int main(void)
 {
     RUN(test_flow);
     RUN(test_bye);
+    RUN(test_leaving);
     RUN(test_progress_stall);
     RUN(test_gateway_stall);
     RUN(test_gone_broadcast);

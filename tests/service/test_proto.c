@@ -77,6 +77,12 @@ static void test_hello_ready_hb_cancel(void)
     CHECK(d && d->type == KILN_MSG_BYE && !strcmp(d->bye_reason, "device lost"));
     kiln_msg_free(d);
 
+    m = (kiln_msg){.type = KILN_MSG_LEAVING, .epoch = EPOCH};
+    d = roundtrip(&m);
+    CHECK(d && d->type == KILN_MSG_LEAVING && d->epoch == EPOCH &&
+          !strcmp(kiln_msg_type_name(KILN_MSG_LEAVING), "leaving"));
+    kiln_msg_free(d);
+
     m = (kiln_msg){.type = KILN_MSG_GONE, .epoch = EPOCH,
                    .gone = {.replica = "denoise-box-17-0badcafe", .incarnation = 99}};
     d = roundtrip(&m);

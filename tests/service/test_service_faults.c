@@ -1,4 +1,11 @@
 /* Replica faults under load, on the tiny klein checkpoint (CPU backend):
+ * - kiln serve with two denoisers: one is stopped (SIGTERM: a container
+ *   restart, a rolling update, a scale-down) in the middle of a denoise
+ *   batch while four requests are in flight.  It leaves gracefully: every
+ *   request gets its correct image, no 503 and nothing re-run (the
+ *   gateway sends it no new job and counts replica_left, not
+ *   replica_lost); it exits with 0 once its jobs are answered, leaving no
+ *   slab, and the supervisor's restart registers and serves.
  * - kiln serve with two denoisers: one is killed (SIGKILL) in the middle
  *   of a denoise batch while four requests are in flight.  Every request
  *   gets either its correct image (byte-identical to `kiln generate`) or
@@ -136,6 +143,105 @@ static void expect_after_image(int port, const char *what)
            "%s: status %d, or not the CLI's image", what, r.status);
     svc_images_free(&im);
     gwc_response_free(&r);
+}
+
+/* ---- kiln serve: one of two denoisers is stopped (SIGTERM) ---- */
+
+/* The number after `key` in the last line of `log` holding it, or -1. */
+static int last_count_after(const char *log, const char *key)
+{
+    kiln_buf text = {0};
+    svc_read_log(log, &text);
+    const char *last = NULL;
+    for (const char *p = (const char *)text.data; p && (p = strstr(p, key)); p++)
+        last = p;
+    int v = last ? atoi(last + strlen(key)) : -1;
+    kiln_buf_free(&text);
+    return v;
+}
+
+static void test_sigterm_one_denoiser(void)
+{
+    int port = svc_free_port();
+    char port_s[16], bus[128];
+    snprintf(port_s, sizeof port_s, "%d", port);
+    snprintf(bus, sizeof bus, "ipc://%s/bus-term", svc.tmpdir);
+    const char *log = svc_tmp("serve-term.log");
+    const char *argv[] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port", port_s,
+                          "--bus", bus, "--min-size", "64", "--max-size", "128",
+                          "--text-encoder-out-layers", "1,2,3", "--encoders", "1", "--denoisers",
+                          "2", "--decoders", "1", NULL};
+    pid_t serve = svc_spawn(argv, proc_env, log);
+    double v;
+    CHECKF(svc_wait_ready(port, 60000) == 0 &&
+               svc_wait_metric(port, "kiln_replicas{stage=\"denoise\"}", 2, 30000, &v) == 0,
+           "kiln serve with two denoisers did not come up (log %s)", log);
+    if (test_failures) {
+        svc_stop(serve, 60000);
+        return;
+    }
+    pid_t before[2];
+    CHECK(svc_children(serve, "kiln-denoiser", before, 2) == 2);
+    char bodies[N_INFLIGHT][256];
+    int fds[N_INFLIGHT];
+    for (int i = 0; i < N_INFLIGHT; i++)
+        slow_json(bodies[i], sizeof bodies[i], SEED_SLOW + i);
+    size_t from = svc_log_size(log);
+    send_all(port, bodies, N_INFLIGHT, fds);
+    pid_t victim = svc_batch_started(log, from, before, 2, 60000);
+    CHECKF(victim == before[0] || victim == before[1], "no denoiser started a batch (got pid %ld)",
+           (long)victim);
+    if (victim > 0)
+        kill(victim, SIGTERM);
+    double t_term = kiln_now_ms();
+    int images = 0, unavail = 0;
+    for (int i = 0; i < N_INFLIGHT; i++) {
+        char what[64], ref[32];
+        snprintf(what, sizeof what, "in-flight request %d", i);
+        snprintf(ref, sizeof ref, "slow-%d.png", i);
+        expect_image_or_503(fds[i], ref, what, &images, &unavail);
+    }
+    KILN_LOG_INFO("faults: denoiser %ld stopped (SIGTERM); %d images, %d 503s, all answered "
+                  "%.1f s later", (long)victim, images, unavail, (kiln_now_ms() - t_term) / 1000);
+    CHECKF(images == N_INFLIGHT, "%d of %d requests got their image", images, N_INFLIGHT);
+    /* It held work when it left (else this proves little), finished it
+     * and said so; the gateway neither lost it nor re-ran anything. */
+    CHECKF(svc_wait_log(log, "every job it held is answered; stopping", 1, 30000) == 0,
+           "the stopped denoiser did not finish its jobs");
+    int held = last_count_after(log, "is leaving: no new work; its ");
+    CHECKF(held >= 1, "the denoiser had %d job(s) in flight when it left", held);
+    char exited[64];
+    snprintf(exited, sizeof exited, "(pid %ld) exited with status 0", (long)victim);
+    CHECKF(svc_wait_log(log, exited, 1, 30000) == 0, "denoiser %ld did not exit with 0",
+           (long)victim);
+    CHECKF(svc_log_count(log, "signal received: leaving") == 1 &&
+               svc_log_count(log, " left (0 job(s) in flight)") == 1,
+           "the gateway did not see the denoiser leave");
+    CHECK(metric_now(port, "kiln_events_total{event=\"replica_left\"}") == 1);
+    CHECK(metric_now(port, "kiln_events_total{event=\"replica_lost\"}") == 0);
+    CHECK(metric_now(port, "kiln_events_total{event=\"redispatch\"}") == 0);
+    CHECKF(svc_shm_slabs(victim) == 0, "the stopped denoiser left slabs in /dev/shm");
+
+    /* The supervisor starts it again; it registers and serves. */
+    pid_t now[2] = {0, 0}, fresh = -1;
+    double until = kiln_now_ms() + 60000;
+    while (fresh < 0 && kiln_now_ms() < until) {
+        int n = svc_children(serve, "kiln-denoiser", now, 2);
+        for (int i = 0; i < n; i++)
+            if (now[i] != before[0] && now[i] != before[1])
+                fresh = now[i];
+        if (fresh < 0)
+            svc_sleep_ms(50);
+    }
+    CHECKF(fresh > 0 && svc_wait_registered(log, fresh, 60000) == 0,
+           "the stopped denoiser was not started again");
+    CHECKF(svc_wait_metric(port, "kiln_replicas{stage=\"denoise\"}", 2, 30000, &v) == 0,
+           "%g live denoisers after the restart, want 2", v);
+    expect_after_image(port, "after the graceful restart");
+    char last[128];
+    CHECKF(svc_wait_idle(port, 10000, last, sizeof last) == 0, "jobs left: %s", last);
+    int st = svc_stop(serve, 60000);
+    CHECKF(st == 0, "kiln serve exit status %d", st);
 }
 
 /* ---- kiln serve: one of two denoisers dies ---- */
@@ -356,6 +462,7 @@ int main(void)
         svc_cleanup(1);
         return 1;
     }
+    RUN(test_sigterm_one_denoiser);
     RUN(test_kill_one_denoiser);
     RUN(test_kill_only_denoiser);
     int rc = test_finish();

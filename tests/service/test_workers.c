@@ -10,7 +10,12 @@
  * - malformed messages and bad references fail one job, not the worker;
  * - messages for another incarnation (epoch) are dropped, and `fenced`
  *   makes a worker exit with 75, leaving no slab;
- * - SIGTERM stops every worker cleanly and their shm slabs are gone. */
+ * - SIGTERM stops every worker cleanly and their shm slabs are gone;
+ * - SIGTERM during a long denoise: the denoiser says `leaving`, keeps
+ *   running its job, and when its --drain-s runs out stops it at the next
+ *   op and gives it back with the job that came meanwhile (both
+ *   `unavailable`: the gateway runs them elsewhere), says `bye` ("left")
+ *   and exits with 0, no slab left. */
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -29,6 +34,8 @@
 #define TIMEOUT_MS 120000.0
 
 static const char *build_root, *shared;
+/* --drain-s for the denoisers start() spawns (NULL: the default). */
+static const char *denoiser_drain;
 static char tmpdir[256];
 
 typedef struct cluster {
@@ -161,6 +168,8 @@ static int start(cluster *c, const char *model, const char *layers, const char *
                               "--batch-window-ms", "50", NULL, NULL, NULL};
         if (s == KILN_STAGE_ENCODE)
             argv[9] = "--text-encoder-out-layers", argv[10] = layers;
+        if (s == KILN_STAGE_DENOISE && denoiser_drain)
+            argv[9] = "--drain-s", argv[10] = denoiser_drain;
         c->pid[s] = spawn(argv);
         CHECK(c->pid[s] > 0);
     }
@@ -564,6 +573,70 @@ static void test_fenced_worker(void)
     stop(&c);
 }
 
+/* A denoiser with --drain-s 2 gets SIGTERM in the middle of a long job. */
+static void test_leave_drain_out(void)
+{
+    char model[512], endpoint[300];
+    snprintf(model, sizeof model, "%s/oracle/ckpt/klein-tiny", shared);
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/bus-leave", tmpdir);
+    cluster c;
+    denoiser_drain = "2";
+    int rc = start(&c, model, "1,2,3", endpoint);
+    denoiser_drain = NULL;
+    if (rc)
+        return;
+    request slow = {.prompt = "leaving", .n = 1, .width = 64, .height = 64, .steps = 1000,
+                    .max_seq = 16, .guidance = 1.0f, .seed = 9};
+    ref_file rf = {0};
+    kiln_msg *e = encode_job(&c, &slow, &rf);
+    send_to(&c, KILN_STAGE_ENCODE, e);
+    kiln_msg *ed = wait_done(&c, e->job.job);
+    CHECK(ed && ed->done.ok);
+    pid_t den = c.pid[KILN_STAGE_DENOISE];
+    if (ed && ed->done.ok) {
+        kiln_msg *d = denoise_job(&c, &slow, ed);
+        send_to(&c, KILN_STAGE_DENOISE, d);
+        kiln_msg_free(wait_for(&c, KILN_MSG_DONE, NULL, 500)); /* it runs */
+        double t0 = kiln_now_ms();
+        kill(den, SIGTERM);
+        char from[KILN_PROTO_ID_MAX] = "";
+        kiln_msg *l = wait_for(&c, KILN_MSG_LEAVING, from, 5000);
+        CHECKF(l && !strcmp(from, c.id[KILN_STAGE_DENOISE]), "no `leaving` from the denoiser");
+        kiln_msg_free(l);
+        /* A job the gateway sent before hearing it: held, then given back. */
+        kiln_msg *d2 = denoise_job(&c, &slow, ed);
+        send_to(&c, KILN_STAGE_DENOISE, d2);
+        kiln_msg *dd = wait_for(&c, KILN_MSG_DONE, NULL, 1000);
+        CHECKF(dd == NULL, "the leaving denoiser answered job %llu before its drain time",
+               dd ? (unsigned long long)dd->done.job : 0ull);
+        kiln_msg_free(dd);
+        int stopped = 0, given_back = 0;
+        for (int i = 0; i < 2; i++) {
+            dd = wait_for(&c, KILN_MSG_DONE, NULL, 30000);
+            CHECK(dd && !dd->done.ok && dd->done.code == KILN_ERR_UNAVAILABLE);
+            stopped += dd && dd->done.job == d->job.job;
+            given_back += dd && dd->done.job == d2->job.job;
+            kiln_msg_free(dd);
+        }
+        double ms = kiln_now_ms() - t0;
+        CHECKF(stopped == 1 && given_back == 1, "after the drain: running job back %d, queued "
+               "job back %d", stopped, given_back);
+        CHECKF(ms >= 1900 && ms < 15000, "the jobs came back %.0f ms after SIGTERM (--drain-s 2)",
+               ms);
+        kiln_msg *bye = wait_for(&c, KILN_MSG_BYE, from, 30000);
+        CHECKF(bye && !strcmp(bye->bye_reason, "left"), "no bye (left) from the denoiser");
+        kiln_msg_free(bye);
+        free(d), free(d2);
+    }
+    int st = wait_exit(den, 30000);
+    CHECKF(st == 0, "the leaving denoiser exited with %d", st);
+    CHECKF(slabs_of(den) == 0, "the leaving denoiser left shm slabs behind");
+    c.pid[KILN_STAGE_DENOISE] = -1;
+    kiln_msg_free(ed);
+    free(e);
+    stop(&c);
+}
+
 /* Bad option values are refused before anything loads (exit 2), naming the
  * option, including an option the stage does not have. */
 static void test_bad_options(void)
@@ -610,6 +683,7 @@ int main(void)
     RUN(test_klein_distilled);
     RUN(test_klein_base_cfg);
     RUN(test_fenced_worker);
+    RUN(test_leave_drain_out);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd))
