@@ -267,8 +267,9 @@ static int cli_reference(const request *q, const char *model, const char *layers
                             "--prompt", q->prompt, "--out", out, "--seed", seed, "-n", n,
                             "--width", w, "--height", h, "--steps", steps,
                             "--max-sequence-length", seq, "--guidance", g,
-                            "--text-encoder-out-layers", layers};
-    int k = 24;
+                            "--text-encoder-out-layers", layers,
+                            "--no-metadata"}; /* the workers' PNGs carry no text chunks */
+    int k = 25;
     if (q->negative)
         argv[k++] = "--negative-prompt", argv[k++] = q->negative;
     if (q->ref_path)
