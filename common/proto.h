@@ -249,6 +249,10 @@ typedef struct kiln_job_denoise {
     int steps;
     float guidance;
     int batch_noise;
+    /* Image-to-image (engine/denoise_stage.h): (0, 1], the job's
+     * "ref_tokens" input is the starting image; 0 (absent on the wire):
+     * text-to-image or edit. */
+    double strength;
 } kiln_job_denoise;
 
 typedef struct kiln_job_decode {

@@ -467,6 +467,10 @@ static kiln_status job_denoise(dec *d, const msgpack_object *o, kiln_job_denoise
     if (!g || num_of(d, g, "guidance", &guidance))
         return bad(d, "guidance", "missing or not a number");
     j->guidance = (float)guidance;
+    g = get(o, "strength");
+    if (g && (num_of(d, g, "strength", &j->strength) ||
+              !(j->strength == 0 || (j->strength > 0 && j->strength <= 1))))
+        return bad(d, "strength", "not 0 or a number in (0, 1]");
     return KILN_OK;
 }
 

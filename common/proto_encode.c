@@ -170,7 +170,7 @@ static void done(msgpack_packer *pk, const kiln_msg *m)
 static void job(msgpack_packer *pk, const kiln_msg *m)
 {
     const kiln_msg_job *j = &m->job;
-    static const int fields[KILN_STAGE_COUNT] = {4, 7, 4};
+    static const int fields[KILN_STAGE_COUNT] = {4, 8, 4};
     head(pk, m, (size_t)(5 + fields[j->stage]));
     kv_u64(pk, "job", j->job);
     kv_str(pk, "stage", kiln_stage_name(j->stage));
@@ -213,6 +213,8 @@ static void job(msgpack_packer *pk, const kiln_msg *m)
         key(pk, "guidance");
         msgpack_pack_float(pk, d->guidance);
         kv_bool(pk, "batch_noise", d->batch_noise);
+        key(pk, "strength"); /* 0: not img2img */
+        msgpack_pack_double(pk, d->strength);
         break;
     }
     case KILN_STAGE_DECODE: {

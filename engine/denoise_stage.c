@@ -1,5 +1,6 @@
 #include "denoise_stage.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,6 +103,18 @@ static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job
     if (job->R && (!job->ref_tokens || !job->ref_ids || job->ref_tokens->ndim != 3 ||
                    job->ref_tokens->shape[1] != job->R || job->ref_tokens->shape[2] != s->channels))
         return kiln_err_set(err, KILN_ERR_INVALID, "denoise: bad reference tokens");
+    if (job->strength != 0 &&
+        (!(job->strength > 0 && job->strength <= 1) || !job->init_tokens ||
+         job->init_tokens->ndim != 3 || job->init_tokens->shape[0] != 1 ||
+         job->init_tokens->shape[1] != (int64_t)(job->width / 16) * (job->height / 16) ||
+         job->init_tokens->shape[2] != s->channels || job->latents_in))
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "denoise: img2img needs strength in (0, 1] and the image's (1, N, C) "
+                            "tokens at the output size");
+    if (job->strength > 0 && kiln_denoise_first_step(job->steps, job->strength) >= job->steps)
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "denoise: strength %g leaves none of the %d steps to run",
+                            job->strength, job->steps);
     if (s->traits.cfg && job->guidance > 1.0f &&
         (!job->neg_embeds || job->neg_embeds->ndim != 3 ||
          memcmp(job->neg_embeds->shape, job->embeds->shape, sizeof job->embeds->shape)))
@@ -218,6 +231,36 @@ static void release(loop_ctx *c)
     kiln_be_free(be, &c->v), kiln_be_free(be, &c->v_neg);
 }
 
+int kiln_denoise_first_step(int steps, double strength)
+{
+    if (!(strength > 0))
+        return 0;
+    /* Python's int(num_inference_steps * strength), in double as Python
+     * computes it. */
+    double init = floor((double)steps * strength);
+    if (init > steps)
+        init = steps;
+    return steps - (int)init;
+}
+
+/* img2img's starting latents: diffusers' FlowMatchEulerDiscreteScheduler
+ * scale_noise, sigma * noise + (1 - sigma) * image, per row, on the host
+ * in fp32 (x holds the noise, B rows of N x C). */
+static kiln_status noise_image(kiln_backend *be, const kiln_tensor *init, float sigma, float *x,
+                               int64_t B, int64_t NC, kiln_err *err)
+{
+    float *img = malloc((size_t)NC * sizeof *img);
+    if (!img)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    kiln_be_download(be, init, img);
+    kiln_status st = kiln_be_check(be, err);
+    for (int64_t b = 0; b < B && !st; b++)
+        for (int64_t k = 0; k < NC; k++)
+            x[b * NC + k] = sigma * x[b * NC + k] + (1.0f - sigma) * img[k];
+    free(img);
+    return st;
+}
+
 kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_tensor *out,
                              kiln_err *err)
 {
@@ -244,27 +287,37 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
         memcpy(x0, job->latents_in, (size_t)(B * N * C) * sizeof *x0);
     else
         st = kiln_denoise_noise(s, job, x0, err);
+    /* img2img starts at `first`: its sigma noises the image, and the
+     * remaining steps take their own timesteps and sigmas (as diffusers'
+     * Flux2KleinInpaintPipeline steps them, from the scheduler's begin
+     * index; its Img2Img pipeline at diffusers 4369be3 resets that index to
+     * 0 before its loop, stepping with the schedule's first sigmas while
+     * the model sees the later timesteps: kiln follows the former). */
+    int first = kiln_denoise_first_step(job->steps, job->strength);
+    if (!st && job->strength > 0)
+        st = noise_image(be, job->init_tokens, sigmas[first], x0, B, N * C, err);
     if (!st)
         st = prepare(&c, err);
     if (!st && kiln_be_from_host(be, out, 3, (int64_t[]){B, N, C}, x0, KILN_F32))
         st = kiln_be_check(be, err);
     free(x0);
     int use_cfg = s->traits.cfg && job->guidance > 1.0f;
-    for (int i = 0; i < job->steps && !st; i++) {
+    for (int i = first; i < job->steps && !st; i++) {
         if (job->cancelled && job->cancelled(job->user)) {
             st = kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
             break;
         }
         if (job->on_step)
-            job->on_step(job->user, i);
+            job->on_step(job->user, i - first);
         float t = kiln_sched_flux2_dit_time(timesteps[i], be->act_dtype);
         for (int64_t b = 0; b < B; b++)
             c.t[b] = t;
-        st = forward(&c, job->embeds, i, out, &c.v, err);
+        st = forward(&c, job->embeds, i - first, out, &c.v, err);
         if (!st && use_cfg) {
             /* diffusers runs the negative prompt as a second forward with the
              * same latents; the KV cache is filled by the first one. */
-            st = forward(&c, job->neg_embeds, s->traits.kv_cache ? 1 : i, out, &c.v_neg, err);
+            st = forward(&c, job->neg_embeds, s->traits.kv_cache ? 1 : i - first, out, &c.v_neg,
+                         err);
             kiln_be_cfg(be, &c.v, &c.v, &c.v_neg, job->guidance);
         }
         if (!st) {

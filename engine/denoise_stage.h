@@ -39,6 +39,15 @@ typedef struct kiln_denoise_job {
     int batch_noise;               /* one draw for all rows from seeds[0] */
     int fp32_noise;                /* draw fp32 noise even on a bf16 backend (oracle runs) */
     const float *latents_in;       /* optional host (B, N, C) initial latents instead of noise */
+    /* Image-to-image, as diffusers' Flux2KleinImg2ImgPipeline: with
+     * strength in (0, 1], init_tokens (1, N, C) (the input image encoded,
+     * patchified, BN-normalised and packed, as an edit reference is) are
+     * noised to the schedule's sigma at step kiln_denoise_first_step (the
+     * scheduler's scale_noise: sigma * noise + (1 - sigma) * image, the
+     * noise drawn as for text-to-image) and only the steps from there run.
+     * strength 1 is text-to-image from the same noise.  0: not img2img. */
+    const kiln_tensor *init_tokens;
+    double strength;
     const kiln_tensor *ref_tokens; /* (1, R, C) edit references, or NULL */
     const int32_t *ref_ids;        /* (R, 4) */
     int64_t R;
@@ -69,6 +78,12 @@ int64_t kiln_denoise_stage_channels(const kiln_denoise_stage *s);
  * host (B, N, C) f32 in `out`. */
 kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_job *job,
                                float *out, kiln_err *err);
+
+/* The step img2img starts at: steps - min(floor(steps * strength), steps),
+ * diffusers' get_timesteps (0 when strength <= 0: text-to-image).  The run
+ * takes steps - kiln_denoise_first_step steps; none when strength * steps
+ * < 1, which kiln_request_resolve refuses. */
+int kiln_denoise_first_step(int steps, double strength);
 
 /* Runs the whole loop.  `out` is allocated here as (B, N, C) of
  * be->act_dtype (caller frees with kiln_be_free).  Errors: KILN_ERR_INVALID

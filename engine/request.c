@@ -95,7 +95,8 @@ double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model
     double img = (double)(req->width / 16) * (double)(req->height / 16);
     double text = req->max_sequence_length > 0 ? req->max_sequence_length : 512;
     double refs = 0;
-    for (int i = 0; i < req->n_refs; i++) {
+    /* img2img's image is the starting point, not tokens of every forward. */
+    for (int i = 0; i < req->n_refs && !(req->strength > 0); i++) {
         int w, h;
         if (kiln_image_flux2_ref_size(req->refs[i].width, req->refs[i].height, &w, &h, NULL) == 0)
             refs += (double)(w / 16) * (double)(h / 16);
@@ -103,6 +104,8 @@ double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model
     double all = img + text + refs;
     double forward = all * (1 + all / KILN_COST_ATTN_TOKENS);
     double steps = req->steps > 0 ? req->steps : 1;
+    if (req->strength > 0 && req->strength <= 1 && floor(steps * req->strength) >= 1)
+        steps = floor(steps * req->strength); /* the steps img2img runs */
     double per_row;
     if (model->kv_cache && refs > 0)
         per_row = forward + (steps - 1) * (img + text) * (1 + all / KILN_COST_ATTN_TOKENS);
@@ -118,6 +121,32 @@ static kiln_status check_side(const char *name, int v, const kiln_limits *lim, k
     if (v < lim->min_side || v > lim->max_side)
         return kiln_err_set(err, KILN_ERR_INVALID, "%s must be between %d and %d (got %d)", name,
                             lim->min_side, lim->max_side, v);
+    return KILN_OK;
+}
+
+/* Image-to-image's own rules (after size and steps are resolved). */
+static kiln_status check_strength(const kiln_request *req, kiln_err *err)
+{
+    if (!(req->strength > 0 && req->strength <= 1))
+        return kiln_err_set(err, KILN_ERR_INVALID, "strength must be in (0, 1] (got %g)",
+                            req->strength);
+    if (req->n_refs != 1)
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "strength (image-to-image) takes exactly one image, not %d",
+                            req->n_refs);
+    int w, h;
+    if (kiln_image_flux2_ref_size(req->refs[0].width, req->refs[0].height, &w, &h, err))
+        return kiln_err_wrap(err, "image");
+    if (req->width != w || req->height != h)
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "size must be the image's prepared size %dx%d with strength "
+                            "(image-to-image starts from the image; got %dx%d)",
+                            w, h, req->width, req->height);
+    /* diffusers' get_timesteps: int(steps * strength) steps run. */
+    if (floor((double)req->steps * req->strength) < 1)
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "strength %g x num_inference_steps %d is below 1: no step would run",
+                            req->strength, req->steps);
     return KILN_OK;
 }
 
@@ -172,6 +201,8 @@ kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *mod
         req->guidance = model->default_guidance;
     if (!isfinite(req->guidance) || req->guidance > 100.0f)
         return kiln_err_set(err, KILN_ERR_INVALID, "guidance_scale must be between 0 and 100");
+    if (req->strength != 0 && check_strength(req, err))
+        return err ? err->code : KILN_ERR_INVALID;
     if (req->max_sequence_length == 0)
         req->max_sequence_length = 512;
     /* diffusers' klein pipeline refuses more than 512 text tokens too. */

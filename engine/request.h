@@ -70,6 +70,11 @@ typedef struct kiln_request {
     int max_sequence_length;     /* 0 = 512 */
     int batch_noise;             /* draw one noise tensor for the batch, as diffusers does
                                     with a single generator */
+    /* Image-to-image (diffusers' Flux2KleinImg2ImgPipeline): in (0, 1], the
+     * one image is the starting point, noised to this fraction of the
+     * schedule (engine/denoise_stage.h), instead of a reference; 0: not
+     * img2img. */
+    double strength;
     const kiln_image *refs;      /* edits: decoded references, 1..max_refs */
     int n_refs;
     kiln_image_format format;
@@ -83,7 +88,9 @@ void kiln_request_init(kiln_request *req);
  * prompt present, valid UTF-8 and within max_prompt_bytes, references within
  * the limits.  For an edit without a size the output size is the first
  * reference's prepared size (shared/spec/pipeline.md section 8,
- * kiln_image_flux2_ref_size).  Returns KILN_ERR_INVALID with a message naming
+ * kiln_image_flux2_ref_size).  With a strength: exactly one image, the
+ * output at its prepared size (diffusers' img2img latents are the image's),
+ * and floor(steps x strength) >= 1 so that a step runs.  Returns KILN_ERR_INVALID with a message naming
  * the field. */
 kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *model,
                                  const kiln_limits *lim, kiln_err *err);

@@ -24,7 +24,7 @@ static void usage(FILE *f, int edit)
     fprintf(f,
             "usage: kiln %s --model DIR%s --prompt TEXT [--prompt TEXT ...] --out FILE.png\n"
             "  [--seed N] [--width W --height H] [--steps S] [--guidance G] [-n N]\n"
-            "  [--negative-prompt TEXT] [--max-sequence-length L]\n"
+            "  [--negative-prompt TEXT] [--max-sequence-length L]%s\n"
             "  [--text-encoder-out-layers A,B,C] [--batch-noise] [--fp32-noise]\n"
             "  [--latents-in FILE.safetensors] [--latents-out FILE.safetensors]\n"
             "  [--device cpu|cuda] [--gpu N] [-q | --progress] [--no-metadata]\n"
@@ -34,8 +34,13 @@ static void usage(FILE *f, int edit)
             "and its seed is printed.  The format follows the extension (.png, .jpg, .jpeg,\n"
             ".webp); PNGs carry the request (prompt, seed, steps, guidance, size, model) as\n"
             "text chunks unless --no-metadata.  Progress goes to stderr on a terminal, or\n"
-            "always with --progress; -q prints only errors and the paths.\n",
-            edit ? "edit" : "generate", edit ? " --image A.png [--image B.jpg ...]" : "");
+            "always with --progress; -q prints only errors and the paths.%s\n",
+            edit ? "edit" : "generate", edit ? " --image A.png [--image B.jpg ...]" : "",
+            edit ? " [--strength S]" : "",
+            edit ? "\n--strength S (0 < S <= 1): image-to-image from the one --image (diffusers'\n"
+                   "Flux2KleinImg2ImgPipeline): it is noised to fraction S of the schedule and the\n"
+                   "last floor(steps x S) steps run; the output has the image's prepared size."
+                 : "");
 }
 
 static int parse_layers(const char *s, cli_gen_opts *o)
@@ -78,7 +83,7 @@ static int format_of(const char *path, kiln_image_format *f)
 int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
 {
     enum { O_NEG = 256, O_MAXSEQ, O_LAYERS, O_BATCH, O_FP32, O_LIN, O_LOUT, O_DEVICE, O_GPU,
-           O_PROGRESS, O_NO_META };
+           O_PROGRESS, O_NO_META, O_STRENGTH };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
         {"out", required_argument, 0, 'o'},     {"seed", required_argument, 0, 's'},
@@ -92,6 +97,7 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         {"device", required_argument, 0, O_DEVICE}, {"gpu", required_argument, 0, O_GPU},
         {"quiet", no_argument, 0, 'q'},         {"progress", no_argument, 0, O_PROGRESS},
         {"no-metadata", no_argument, 0, O_NO_META},
+        {"strength", required_argument, 0, O_STRENGTH},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
@@ -145,6 +151,11 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         case 'q': o->progress = CLI_PROGRESS_OFF; break;
         case O_PROGRESS: o->progress = CLI_PROGRESS_ON; break;
         case O_NO_META: o->no_metadata = 1; break;
+        case O_STRENGTH:
+            /* Checked by kiln_request_resolve, as the service's. */
+            o->req.strength = strtod(optarg, &end);
+            bad = !edit || *end || end == optarg || !(o->req.strength > 0);
+            break;
         case 'h': usage(stdout, edit); exit(0);
         default: bad = 1;
         }
@@ -371,7 +382,10 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         .latents_in = r->latents_in, .ref_tokens = R ? &r->ref_tokens : NULL,
         .ref_ids = r->ref_ids, .R = R, .on_step = cli_progress_step, .user = &prog,
     };
-    cli_progress_stage(&prog, "denoise", q->steps);
+    if (q->strength > 0) /* img2img: the one image is the start, not a reference */
+        job.init_tokens = &r->ref_tokens, job.strength = q->strength, job.ref_tokens = NULL,
+        job.R = 0;
+    cli_progress_stage(&prog, "denoise", q->steps - kiln_denoise_first_step(q->steps, q->strength));
     if (kiln_denoise_run(r->den, &job, &r->latents, err))
         return err->code;
     double t2 = kiln_now_ms();

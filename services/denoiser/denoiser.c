@@ -209,6 +209,10 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         .ref_tokens = ps[0].R ? &ps[0].ref_tokens : NULL, .ref_ids = ps[0].ref_ids, .R = ps[0].R,
         .cancelled = batch_cancelled, .on_step = batch_step, .user = &ctx,
     };
+    if (d->strength > 0) /* img2img: the job's one image is its start (never batched) */
+        job.init_tokens = job.ref_tokens, job.strength = d->strength, job.ref_tokens = NULL,
+        job.R = 0;
+    int run_steps = d->steps - kiln_denoise_first_step(d->steps, d->strength);
     double t_run = kiln_now_ms();
     kiln_worker_job *watched[KILN_PROTO_MAX_ROWS];
     for (int i = 0; i < live; i++)
@@ -234,7 +238,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         row += rows;
         if (!jst && ctx.t_first_step > 0) {
             kiln_worker_timing(ps[i].job, "setup", ctx.t_first_step - t_run);
-            kiln_worker_timing(ps[i].job, "step", (t_end - ctx.t_first_step) / job.steps);
+            kiln_worker_timing(ps[i].job, "step", (t_end - ctx.t_first_step) / run_steps);
         }
         kiln_worker_done(w, ps[i].job, jst, &jerr);
     }

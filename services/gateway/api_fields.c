@@ -53,6 +53,7 @@ static const struct {
     [F_IMAGE_ARRAY] = {"image[]", T_IMAGE, ON_EDIT, NULL},
     [F_IMAGES] = {"images", T_IMAGE, ON_EDIT, NULL},
     [F_MASK] = {"mask", T_MASK, ON_EDIT, NULL},
+    [F_STRENGTH] = {"strength", T_NUM, ON_EDIT, NULL},
 };
 
 kiln_status api_fail(kiln_api_error *e, kiln_status st, const char *param, const char *code,
@@ -359,7 +360,7 @@ kiln_status api_set(api_draft *d, const char *name, const api_value *v, kiln_api
         return get_int(v, name, id == F_N ? &d->n : id == F_STEPS ? &d->steps
                                : id == F_COMPRESSION ? &d->compression
                                : id == F_PARTIAL_IMAGES ? &d->partial_images : &d->max_seq, e);
-    case T_NUM: return get_num(v, name, &d->guidance, e);
+    case T_NUM: return get_num(v, name, id == F_STRENGTH ? &d->strength : &d->guidance, e);
     case T_SEED: return get_seed(v, &d->seed, e);
     case T_BOOL: return get_bool(v, name, &d->stream, e);
     case T_ENUM: {

@@ -18,7 +18,7 @@ typedef enum api_field {
     F_MODEL, F_PROMPT, F_NEGATIVE, F_N, F_SIZE, F_SEED, F_STEPS, F_GUIDANCE, F_RESPONSE_FORMAT,
     F_OUTPUT_FORMAT, F_COMPRESSION, F_MAX_SEQ, F_STREAM, F_PARTIAL_IMAGES, F_QUALITY,
     F_BACKGROUND, F_MODERATION, F_STYLE, F_USER, F_INPUT_FIDELITY, F_IMAGE, F_IMAGE_ARRAY,
-    F_IMAGES, F_MASK, F_COUNT
+    F_IMAGES, F_MASK, F_STRENGTH, F_COUNT
 } api_field;
 
 /* Values of the enumerated string fields (index into their lists in
@@ -35,7 +35,7 @@ typedef struct api_draft {
     /* Integers as given (whole numbers, range-checked by finish so that
      * the error can quote them). */
     double n, steps, max_seq, compression, partial_images;
-    double guidance;
+    double guidance, strength;
     int width, height; /* 0 x 0: "auto" */
     uint64_t seed;
     kiln_image_format format;

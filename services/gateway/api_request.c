@@ -96,7 +96,7 @@ static void param_of(const char *msg, char *param, size_t len)
 {
     static const char *known[] = {"prompt", "negative_prompt", "n", "num_inference_steps",
                                   "guidance_scale", "max_sequence_length",
-                                  "output_compression", "image", "size"};
+                                  "output_compression", "image", "size", "strength"};
     size_t w = strcspn(msg, " :");
     if ((w == 5 && strncmp(msg, "width", 5) == 0) || (w == 6 && strncmp(msg, "height", 6) == 0)) {
         snprintf(param, len, "size");
@@ -177,8 +177,14 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
         check_range(d, F_MAX_SEQ, "max_sequence_length", d->max_seq, 1, 512, 0, e) ||
         check_range(d, F_GUIDANCE, "guidance_scale", d->guidance, 0, 100, 1, e) ||
         check_range(d, F_COMPRESSION, "output_compression", d->compression, 0, 100, 0, e) ||
-        check_range(d, F_PARTIAL_IMAGES, "partial_images", d->partial_images, 0, 3, 0, e))
+        check_range(d, F_PARTIAL_IMAGES, "partial_images", d->partial_images, 0, 3, 0, e) ||
+        check_range(d, F_STRENGTH, "strength", d->strength, 0, 1, 1, e))
         return e->err.code;
+    /* strength's range is (0, 1]: 0 would leave the image as it is. */
+    if (SEEN(d, F_STRENGTH) && d->strength == 0)
+        return api_fail(e, KILN_ERR_INVALID, "strength", "decimal_below_min_value",
+                        "Invalid 'strength': decimal below minimum value. Expected a value > 0, "
+                        "but got 0 instead.");
 
     kiln_image dims[KILN_MAX_REFS] = {{0}};
     if (check_images(d, cfg, dims, e))
@@ -200,6 +206,7 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
     q->n_refs = d->n_images;
     q->format = d->format;
     q->compression = SEEN(d, F_COMPRESSION) ? (int)d->compression : -1;
+    q->strength = SEEN(d, F_STRENGTH) ? d->strength : 0;
     kiln_err err = {0};
     if (kiln_request_resolve(q, &cfg->traits, lim, &err)) {
         char param[KILN_API_PARAM_MAX];

@@ -270,6 +270,7 @@ static void build_job(kiln_sched *s, const sched_job *j, const sched_replica *r,
         mj->denoise.steps = q->steps;
         mj->denoise.guidance = q->guidance;
         mj->denoise.batch_noise = q->batch_noise;
+        mj->denoise.strength = q->strength;
         mj->in = j->held->done.out;
         break;
     default:

@@ -873,6 +873,46 @@ static void test_edit_images_form(void)
     kiln_buf_free(&png), kiln_buf_free(&b64);
 }
 
+/* strength (image-to-image, a kiln extension on edits): (0, 1], one image,
+ * the image's size; refused on generations. */
+static void test_strength(void)
+{
+    const kiln_api_kind E = KILN_API_EDIT;
+    kiln_buf png = make_png(200, 136), b64 = {0};
+    kiln_base64_encode(png.data, png.len, &b64, NULL);
+    size_t cap = 2 * b64.len + 256;
+    char *json = malloc(cap);
+    kiln_api_request r;
+    kiln_api_error e;
+    snprintf(json, cap, "{\"prompt\":\"e\",\"strength\":0.6,\"image\":\"%.*s\"}", (int)b64.len,
+             (char *)b64.data);
+    CHECKF(parse_json(json, E, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
+    CHECK(r.req.strength == 0.6 && r.req.width == 192 && r.req.height == 128);
+    kiln_api_request_free(&r);
+    static const char *const bad[][3] = {
+        {"\"strength\":0", "decimal_below_min_value", "strength"},
+        {"\"strength\":-0.5", "decimal_below_min_value", "strength"},
+        {"\"strength\":1.5", "decimal_above_max_value", "strength"},
+        {"\"strength\":\"0.5\"", "invalid_type", "strength"},
+        {"\"strength\":0.2", "invalid_value", "strength"}, /* 4 steps x 0.2 < 1 */
+        {"\"strength\":0.5,\"size\":\"64x64\"", "invalid_value", "size"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(json, cap, "{\"prompt\":\"e\",%s,\"image\":\"%.*s\"}", bad[i][0], (int)b64.len,
+                 (char *)b64.data);
+        CHECK(parse_json(json, E, &distilled, &r, &e) != KILN_OK);
+        CHECKF(!strcmp(e.code, bad[i][1]) && !strcmp(e.param, bad[i][2]), "%s: %s %s: %s",
+               bad[i][0], e.code, e.param, e.err.msg);
+    }
+    snprintf(json, cap, "{\"prompt\":\"e\",\"strength\":0.5,\"image\":[\"%.*s\",\"%.*s\"]}",
+             (int)b64.len, (char *)b64.data, (int)b64.len, (char *)b64.data);
+    expect_error(json, E, 400, "strength", "invalid_value");
+    expect_error("{\"prompt\":\"x\",\"strength\":0.5}", KILN_API_GENERATE, 400, "strength",
+                 "unknown_parameter");
+    free(json);
+    kiln_buf_free(&png), kiln_buf_free(&b64);
+}
+
 static void test_error_body(void)
 {
     kiln_buf b = {0};
@@ -960,6 +1000,7 @@ int main(void)
     RUN(test_openai_errors);
     RUN(test_openai_fields);
     RUN(test_edit_images_form);
+    RUN(test_strength);
     RUN(test_error_body);
     RUN(test_images_body);
     return test_finish();

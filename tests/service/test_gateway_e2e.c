@@ -365,6 +365,23 @@ static void test_edit_matches_cli(void)
     gwc_response_free(&r);
     images_free(&im2);
     images_free(&im);
+
+    /* Image-to-image: strength over HTTP is kiln edit --strength. */
+    kiln_buf_clear(&json);
+    const char *p3 = "{\"prompt\":\"a blue fox\",\"seed\":9,\"strength\":0.5,"
+                     "\"num_inference_steps\":2,\"images\":[{\"image_url\":\"";
+    kiln_buf_append(&json, p3, strlen(p3), NULL);
+    kiln_buf_append(&json, ea.data, ea.len, NULL);
+    kiln_buf_append(&json, "\"}]}", 4, NULL);
+    CHECK(gwc_request(port, "POST", "/v1/images/edits", "application/json", json.data, json.len, &r,
+                      T_REQ) == 0);
+    CHECKF(r.status == 200, "status %d: %.*s", r.status, (int)r.body.len, (char *)r.body.data);
+    CHECK(parse_images(&r, &im) == 0 && im.n == 1 && !strcmp(im.size, "64x128"));
+    gwc_response_free(&r);
+    const char *args3[] = {"--image", ref0, "--prompt", "a blue fox", "--seed", "9", "--steps", "2",
+                           "--strength", "0.5", NULL};
+    compare_cli("edit", args3, &im, "png", "img2img strength 0.5");
+    images_free(&im);
     kiln_buf_free(&ea), kiln_buf_free(&eb), kiln_buf_free(&json);
     kiln_buf_free(&a), kiln_buf_free(&b);
 }

@@ -149,7 +149,7 @@ static void test_jobs(void)
     m->job.stage = KILN_STAGE_DENOISE;
     m->job.denoise = (kiln_job_denoise){.n = 2, .n_seeds = 4, .seeds = {UINT64_MAX, 0, 5, 6},
                                         .width = 64, .height = 128, .steps = 2,
-                                        .guidance = 3.7f, .batch_noise = 1};
+                                        .guidance = 3.7f, .batch_noise = 1, .strength = 0.35};
     kiln_tensor_ref emb = shm_ref("/kiln-encode-42-0", 128, 2);
     int32_t ids[8] = {10, 0, 0, 0, 10, 0, 1, 0};
     kiln_tensor_ref rid = {.kind = KILN_REF_INLINE, .dtype = KILN_I32, .ndim = 2, .shape = {2, 4},
@@ -167,7 +167,7 @@ static void test_jobs(void)
         const kiln_job_denoise *j = &d->job.denoise;
         CHECK(j->n == 2 && j->n_seeds == 4 && j->seeds[0] == UINT64_MAX && j->seeds[3] == 6);
         CHECK(j->width == 64 && j->height == 128 && j->steps == 2 && j->batch_noise == 1);
-        CHECK(j->guidance == 3.7f);
+        CHECK(j->guidance == 3.7f && j->strength == 0.35);
         CHECK(d->job.in.n == 3);
         const kiln_tensor_ref *r = kiln_ref_map_get(&d->job.in, "embeds");
         CHECK(r && ref_equal(r, &emb));

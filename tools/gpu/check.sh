@@ -17,6 +17,9 @@
 #   serve  kiln serve --device cuda on the tiny checkpoint (stages passing
 #          cuda_ipc references), one HTTP request, its image compared with
 #          kiln generate --device cuda (must be identical)
+#   img2img  kiln edit --strength on the tiny checkpoint: strength 1 on CUDA
+#          identical to kiln generate --device cuda (same seed); strength 0.5
+#          on CUDA against the CPU (both fp32 noise): image PSNR >= 40 dB
 #   mixed  tests/cuda/test_cuda_mixed on the tiny checkpoint: one process
 #          through requests of changing sizes (to 2048x2048), rows and
 #          references, each bit-identical to the same request in a fresh
@@ -63,7 +66,7 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline replay ipc serve mixed)
+SECTIONS=(env build ops pipeline replay ipc serve img2img mixed)
 OPTIONAL=(devicefault mixedsan mixedfull memcheck racecheck fullsize fullcpu vaefull servemem)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
           tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed tests/cuda/test_cuda_vae_band
@@ -182,6 +185,33 @@ serve_vs_cli() {
 sec_serve() {
   serve_vs_cli "$logs/serve" "$(oracle_root)/oracle/ckpt/klein-tiny" 256 256 4 64 \
     --text-encoder-out-layers 1,2,3
+}
+
+# Image-to-image (engine/denoise_stage.h): strength 1 is text-to-image of
+# the same seed, bit for bit; strength 0.5 on the GPU is the CPU's result
+# within bf16 (the input image made by the CPU first).
+sec_img2img() {
+  local d=$logs/img2img kiln=$build/tools/kiln
+  local ck=$(oracle_root)/oracle/ckpt/klein-tiny
+  local common=(--model "$ck" --text-encoder-out-layers 1,2,3 --prompt "a red fox in snow"
+                --seed 5 --steps 4 --max-sequence-length 64)
+  mkdir -p "$d"
+  "$kiln" generate "${common[@]}" --device cpu --width 128 --height 96 --seed 3 \
+    --out "$d/in.png" >"$d/in.log" 2>&1 || { tail -5 "$d/in.log"; return 1; }
+  "$kiln" generate "${common[@]}" --device cuda --width 128 --height 96 \
+    --out "$d/t2i-cuda.png" >"$d/t2i.log" 2>&1 || { tail -5 "$d/t2i.log"; return 1; }
+  "$kiln" edit "${common[@]}" --device cuda --image "$d/in.png" --strength 1 \
+    --out "$d/s1-cuda.png" >"$d/s1.log" 2>&1 || { tail -5 "$d/s1.log"; return 1; }
+  echo "strength 1 vs text-to-image (CUDA):"
+  "$build/tests/cuda/compare_outputs" --image "$d/s1-cuda.png" "$d/t2i-cuda.png" --min-psnr 1000 ||
+    return 1
+  local dev
+  for dev in cpu cuda; do
+    "$kiln" edit "${common[@]}" --device "$dev" --fp32-noise --image "$d/in.png" --strength 0.5 \
+      --out "$d/s05-$dev.png" >"$d/s05-$dev.log" 2>&1 || { tail -5 "$d/s05-$dev.log"; return 1; }
+  done
+  echo "strength 0.5, CUDA vs CPU:"
+  "$build/tests/cuda/compare_outputs" --image "$d/s05-cuda.png" "$d/s05-cpu.png" --min-psnr 40
 }
 
 # Runs a command, logging to $logs/fullsize/<name>.log, and prints its wall
