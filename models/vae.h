@@ -29,7 +29,7 @@
  * on top.  Images above a size (kiln_vae_set_banding; 1024x1024 by default)
  * run in bands of rows with the same result (models/vae_band.h), so scratch
  * grows with two activations of one stage instead of three of the widest
- * (a 2048x2048 klein decode: about 2.6 GiB instead of 6.3 GiB).
+ * (a 2048x2048 klein decode: about 2.2 GiB instead of 6.3 GiB).
  *
  * Thread-safety: a kiln_vae uses its backend and its arena, so it belongs to
  * the backend's thread; use one kiln_vae per backend instance.

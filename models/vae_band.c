@@ -4,9 +4,10 @@
 
 /* Band buffers: a stage's input rows (with halo), a resnet's conv1 output,
  * a stage's output rows, a resnet's own input rows for its shortcut (when
- * its input is computed on the fly).  An upsampled input borrows T_OUT and
- * T_MID while it is computed. */
-enum { T_IN, T_MID, T_OUT, T_XS, T_COUNT };
+ * its input is computed on the fly), a second output band for a resnet
+ * that writes over its input.  An upsampled input borrows T_OUT and T_MID
+ * while it is computed. */
+enum { T_IN, T_MID, T_OUT, T_XS, T_OUT2, T_COUNT };
 /* Statistics tensors: one per end of the region, one for a plane outside
  * it (the decoder's mid-block output), one for a resnet's inner norm, one
  * for an upsampler's output (never stored). */
@@ -238,14 +239,24 @@ static void up_stage(band *bd, const plane *x, plane *y, const vae_conv *c)
 /* ResnetBlock2D (vae_resnet_apply) over bands.  Pass A computes conv1 of
  * each band (input rows with a halo of one) for norm2's statistics; pass B
  * recomputes conv1 over the band plus one row each side (input halo two),
- * then norm2, conv2 and the shortcut give exactly the band's output rows. */
+ * then norm2, conv2 and the shortcut give exactly the band's output rows.
+ * A block that keeps the channel count writes its output over its stored
+ * input: a band's output rows are written once the next band has read its
+ * input (the two halo rows above it included), so the stage needs one
+ * whole activation instead of two. */
 static void res_stage(band *bd, const source *x, plane *y, const vae_resnet *res)
 {
     int64_t B = x->B, cin = x->C, H = x->H, W = x->W;
     int64_t cout = res->conv1.w.shape[0], R = band_rows(bd, H);
     int64_t inner = cout / bd->groups * H * W;
     kiln_tensor *s1 = &bd->stats[S_INNER];
-    plane_new(bd, y, x->p, B, cout, H, W);
+    int inplace = !x->up && x->p->in_region && cin == cout && R >= 2;
+    if (inplace)
+        *y = *x->p;
+    else
+        plane_new(bd, y, x->p, B, cout, H, W);
+    kiln_tensor pending = {0};
+    int64_t pending_r0 = 0, k = 0;
     for (int64_t r0 = 0; r0 < H; r0 += R) {
         int64_t r1 = min64(r0 + R, H), a0 = in_lo(r0, 1), a1 = in_hi(r1, 1, H);
         kiln_tensor t0 = tmp(bd, T_IN, B, cin, a1 - a0, W);
@@ -256,7 +267,7 @@ static void res_stage(band *bd, const source *x, plane *y, const vae_resnet *res
         if (!bd->dry)
             kiln_be_group_norm_stats(bd->be, s1, &t1, bd->groups, cout / bd->groups * r0 * W);
     }
-    for (int64_t r0 = 0; r0 < H; r0 += R) {
+    for (int64_t r0 = 0; r0 < H; r0 += R, k++) {
         int64_t r1 = min64(r0 + R, H), n = r1 - r0;
         int64_t b0 = in_lo(r0, 1), b1 = in_hi(r1, 1, H), a0 = in_lo(b0, 1), a1 = in_hi(b1, 1, H);
         kiln_tensor t0 = tmp(bd, T_IN, B, cin, a1 - a0, W);
@@ -272,7 +283,7 @@ static void res_stage(band *bd, const source *x, plane *y, const vae_resnet *res
         kiln_tensor t1 = tmp(bd, T_MID, B, cout, b1 - b0, W);
         conv_out(bd, &t1, &t0, &res->conv1, b0, b1, H);
         norm(bd, &t1, &res->norm2, s1, inner);
-        kiln_tensor out = tmp(bd, T_OUT, B, cout, n, W);
+        kiln_tensor out = tmp(bd, inplace && k % 2 ? T_OUT2 : T_OUT, B, cout, n, W);
         conv_out(bd, &out, &t1, &res->conv2, r0, r1, H);
         if (!x->up)
             rows_in(bd, &xs, &x->p->t, r0);
@@ -284,8 +295,18 @@ static void res_stage(band *bd, const source *x, plane *y, const vae_resnet *res
         } else if (!bd->dry) {
             kiln_be_add(bd->be, &out, &out, &xs);
         }
-        rows_out(bd, &y->t, r0, &out, 0, n);
+        if (!inplace) {
+            rows_out(bd, &y->t, r0, &out, 0, n);
+            continue;
+        }
+        /* This band has read its input: the previous band's rows may go. */
+        if (k > 0)
+            rows_out(bd, &y->t, pending_r0, &pending, 0, pending.shape[2]);
+        pending = out;
+        pending_r0 = r0;
     }
+    if (inplace)
+        rows_out(bd, &y->t, pending_r0, &pending, 0, pending.shape[2]);
     measure(bd, y);
 }
 

@@ -29,11 +29,15 @@
  *   channels, is the widest activation) is never stored: the first
  *   full-resolution resnet recomputes the rows of it that each pass needs.
  *
+ * - A resnet that keeps the channel count writes its output over its input
+ *   (each band's rows once the next band has read its halo).
+ *
  * Memory (scratch, bf16, one 2048x2048 klein image, bands of 128 rows):
- * the largest pair of whole activations is two full-resolution resnet
- * outputs (128 channels, 2 x 1 GiB), plus about 0.5 GiB of band buffers and
- * the 64 MiB mid-block output: about 2.6 GiB, where the whole pass needs
- * 6.3 GiB (3 x 2 GiB of slots).  The price is compute: each resnet's conv1
+ * the largest pair of whole activations is the first full-resolution
+ * resnet's input and output (256 channels at half resolution, 0.5 GiB, and
+ * 128 at full, 1 GiB), plus about 0.6 GiB of band buffers and the 64 MiB
+ * mid-block output: about 2.2 GiB, where the whole pass needs 6.3 GiB (3 x
+ * 2 GiB of slots) and a whole 1024x1024 decode 1.6 GiB.  The price is compute: each resnet's conv1
  * runs twice and the last upsampler's conv three times, about 1.6 times the
  * whole pass's convolution work, plus the halo rows.  Every buffer is laid
  * out once from a dry run of the same walk, so the arena is reserved at its

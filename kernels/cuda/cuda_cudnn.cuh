@@ -20,9 +20,12 @@
 #include "cuda_internal.cuh"
 
 /* Plans are built once per op shape and kept: a klein size needs ~20 (VAE
- * convolutions, attention), so 256 covers a dozen image sizes per process;
- * shapes past that run on kiln's own kernels. */
-#define CUDNN_MAX_PLANS 256
+ * convolutions, attention), and a size above the VAE's banding threshold
+ * about 90 more (models/vae_band.c: each conv sees a top, a middle and a
+ * last band, per pass), so 1024 covers a dozen large sizes and many small
+ * ones per process; shapes past that run on kiln's own kernels.  Their
+ * workspace is the backend's one shared scratch. */
+#define CUDNN_MAX_PLANS 1024
 #define CUDNN_MAX_OWNED 24 /* descriptors in one plan's graph */
 #define CUDNN_MAX_KEY 16
 
