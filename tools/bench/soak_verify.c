@@ -32,6 +32,7 @@ static uint64_t entry_key(const kiln_soak_verify *v, const kiln_soak_req *r)
     const kiln_soak_opts *o = v->o;
     char line[256];
     uint64_t h = hash_str(KILN_SOAK_FNV, o->verify_model);
+    h = hash_str(h, "--no-metadata"); /* a cache made with metadata is not reused */
     for (int i = 0; i < o->n_verify_args; i++)
         h = hash_str(h, o->verify_args[i]);
     snprintf(line, sizeof line, "%d %dx%d n%d s%llu %s steps%d seq%d", r->edit, r->width,
@@ -136,6 +137,7 @@ static pid_t start_cli(const kiln_soak_verify *v, uint64_t key, const kiln_soak_
     argv[n++] = o->verify_kiln;
     argv[n++] = r->edit ? "edit" : "generate";
     argv[n++] = "--model", argv[n++] = o->verify_model;
+    argv[n++] = "--no-metadata"; /* the service's PNGs carry no text chunks */
     for (int i = 0; i < o->n_verify_args; i++)
         argv[n++] = o->verify_args[i];
     argv[n++] = "--prompt", argv[n++] = v->t->prompts->v[r->prompt];

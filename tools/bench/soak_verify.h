@@ -8,7 +8,8 @@
  *   int same = kiln_soak_verify_image(v, &req, i, &file);  // 1, 0, or -1
  *   kiln_soak_verify_destroy(v);
  *
- * The CLI's images are kept in opts.verify_cache under a hash of
+ * The CLI runs with --no-metadata (the service's PNGs carry no text
+ * chunks).  The CLI's images are kept in opts.verify_cache under a hash of
  * everything that decides them (the model path, the --verify-arg list,
  * kind, size, n, seed, format, steps, sequence length, prompt and the
  * references' bytes), so later runs with the same settings reuse them;

@@ -388,7 +388,7 @@ sec_devicefault() {
   grep -q "exited with status 75" "$dir/serve.log" ||
     { echo "serve.log: no denoiser exited with status 75"; rc=1; }
   for s in $(seq 1 8); do
-    "$kiln" generate --model "$ckpt" --device "$dev" "${layers[@]}" \
+    "$kiln" generate --model "$ckpt" --device "$dev" "${layers[@]}" --no-metadata \
       --prompt "a red fox sitting in fresh snow" --width 256 --height 256 --seed "$s" --steps 4 \
       --max-sequence-length 64 --out "$dir/cli-$s.png" >>"$dir/cli.log" 2>&1 ||
       { echo "kiln generate seed $s failed"; tail -5 "$dir/cli.log"; rc=1; continue; }
