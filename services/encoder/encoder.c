@@ -167,7 +167,10 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     enc_state *s = state;
     kiln_err err = {0};
     kiln_tensor emb = {0};
+    kiln_prompt_cache_stats c0, c1;
+    kiln_encode_stage_cache_stats(s->enc, &c0);
     kiln_status st = encode_batch(s, w, jobs, n, &emb, &err);
+    kiln_encode_stage_cache_stats(s->enc, &c1);
     if (st && st != KILN_ERR_CANCELLED && n > 1) {
         /* One bad prompt (say invalid UTF-8) must not fail its neighbours:
          * run the jobs one by one to find it. */
@@ -175,6 +178,13 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         for (int i = 0; i < n; i++)
             enc_run(state, w, &jobs[i], 1);
         return;
+    }
+    if (c1.max_bytes) {
+        /* The batch's prompt cache lookups, carried by its first job's done
+         * (the gateway sums them into kiln_prompt_cache_*_total). */
+        kiln_worker_timing(jobs[0], "cache_hits", (double)(c1.hits - c0.hits));
+        kiln_worker_timing(jobs[0], "cache_misses", (double)(c1.misses - c0.misses));
+        kiln_worker_timing(jobs[0], "cache_evictions", (double)(c1.evictions - c0.evictions));
     }
     int64_t row = 0;
     for (int i = 0; i < n; i++) {

@@ -788,6 +788,11 @@ void kiln_http_set_pending(kiln_http_conn *c, void *pending)
     c->pending = pending;
 }
 
+double kiln_http_conn_age_ms(const kiln_http_conn *c)
+{
+    return (double)(uv_now(c->srv->loop) - c->t_request);
+}
+
 void kiln_http_respond(kiln_http_conn *c, int status, const char *content_type,
                        const char *extra_headers, kiln_buf *body)
 {

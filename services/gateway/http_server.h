@@ -114,6 +114,9 @@ void kiln_http_server_stop(kiln_http_server *s);
  * by on_abort). */
 void kiln_http_set_pending(kiln_http_conn *c, void *pending);
 
+/* Milliseconds since the first byte of the request being handled. */
+double kiln_http_conn_age_ms(const kiln_http_conn *c);
+
 /* Answers the request being handled.  Takes body's memory (it may be
  * empty); extra_headers is NULL or complete "Name: value\r\n" lines.
  * The connection stays open when the client allows it. */

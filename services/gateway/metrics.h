@@ -7,21 +7,31 @@
  *   kiln_metrics_gauges g = {...from the scheduler...};
  *   kiln_metrics_render(m, &g, &body, &err);
  *
- * Families: kiln_http_requests_total{route,status},
- * kiln_latency_seconds{phase} (queue: each wait in a gateway stage queue;
- * encode/denoise/decode: dispatch to done of that stage, so it includes the
- * replica's own queue and batching; total: accepted to answered),
- * kiln_batch_rows{stage} (rows of the batch a job ran in, as the replica
- * reports it), kiln_images_generated_total (rate() gives images/s),
- * kiln_events_total{event} (replica_lost: an incarnation fenced,
- * redispatch, timeout, cancel, handoff_failure, cancel_timeout),
- * kiln_bus_rejected_total{reason} (bus messages that did not count, see
- * kiln_reject), the gauges kiln_queue_depth{stage}, kiln_inflight{stage},
- * kiln_replicas{stage}, kiln_replicas_busy{stage}, kiln_cancelling{stage},
- * kiln_jobs, kiln_connections, kiln_clients, kiln_body_bytes,
- * kiln_body_waiting, the counters kiln_body_waits_total and
- * kiln_connections_refused_total{reason}, and every configured limit as
- * kiln_limit{name}.
+ * Families (names per the Prometheus conventions, one quantity each):
+ * kiln_http_requests_total{route,status}; kiln_request_duration_seconds
+ * {route,status} (an image request from its first byte to its answer, by
+ * how it ended); kiln_queue_wait_seconds{stage,queue} (a job's wait in
+ * the gateway's queue of a stage, queue="gateway", and in the replica's
+ * own queue before its batch started, queue="replica", as the replica
+ * reports it); kiln_stage_duration_seconds{stage} (dispatch to done of
+ * that stage at the gateway: the replica's queue, its run and the
+ * hand-offs); kiln_stage_seconds{part} (the replicas' timings of the parts
+ * of a stage); kiln_batch_rows{stage}; kiln_images_generated_total;
+ * kiln_job_failures_total{stage,code} (a stage's failed jobs by kiln status
+ * name); kiln_prompt_cache_{hits,misses,evictions}_total (the encoders'
+ * prompt caches); kiln_events_total{event} (replica_lost: an incarnation
+ * fenced, redispatch, timeout, cancel, handoff_failure, cancel_timeout);
+ * kiln_bus_rejected_total{reason} (kiln_reject); the gauges
+ * kiln_queue_depth{stage}, kiln_inflight{stage}, kiln_replicas{stage},
+ * kiln_replicas_busy{stage}, kiln_cancelling{stage}, kiln_jobs,
+ * kiln_connections, kiln_clients, kiln_body_bytes, kiln_body_waiting; per
+ * replica kiln_replica_inflight{stage,replica},
+ * kiln_replica_jobs_total{stage,replica} and
+ * kiln_replica_heartbeat_age_seconds{stage,replica}; the counters
+ * kiln_body_waits_total and kiln_connections_refused_total{reason}; every
+ * configured limit as kiln_limit{name}; kiln_build_info{version,...} and
+ * the gateway's process_* (proc_metrics.h).  Duration buckets run from
+ * 5 ms to 300 s, dense between 50 ms and 60 s where GPU stages fall.
  *
  * Not thread-safe: the event loop thread alone updates and renders.
  */
@@ -32,14 +42,12 @@
 #include "common/error.h"
 #include "common/proto.h"
 
-typedef enum kiln_phase {
-    KILN_PHASE_QUEUE = 0,
-    KILN_PHASE_ENCODE,
-    KILN_PHASE_DENOISE,
-    KILN_PHASE_DECODE,
-    KILN_PHASE_TOTAL,
-    KILN_PHASE_COUNT
-} kiln_phase;
+/* Which queue a wait was spent in. */
+typedef enum kiln_queue {
+    KILN_QUEUE_GATEWAY = 0, /* the gateway's fair queue of a stage */
+    KILN_QUEUE_REPLICA,     /* the replica's own queue, until its batch started */
+    KILN_QUEUE_COUNT
+} kiln_queue;
 
 /* Parts of the stages, from the timings replicas report with each done
  * (kiln_worker_timing) and the gateway's own clock: what kiln-bench breaks
@@ -81,6 +89,8 @@ typedef struct kiln_metrics_limit {
     double value;
 } kiln_metrics_limit;
 
+#define KILN_METRICS_MAX_REPLICAS 128
+
 /* Values read at render time from the scheduler and the HTTP side. */
 typedef struct kiln_metrics_gauges {
     int queued[KILN_STAGE_COUNT];   /* jobs waiting in the gateway's stage queue */
@@ -100,6 +110,15 @@ typedef struct kiln_metrics_gauges {
     double refused_global, refused_client; /* connections refused, ever */
     const kiln_metrics_limit *limits;
     int n_limits;
+    /* Per replica (live ones; the first KILN_METRICS_MAX_REPLICAS). */
+    struct {
+        const char *id; /* owned by the scheduler; valid until it next runs */
+        kiln_stage stage;
+        int inflight;
+        double jobs;         /* jobs it answered, this incarnation */
+        double heartbeat_age; /* seconds since it was last heard */
+    } replica[KILN_METRICS_MAX_REPLICAS];
+    int n_replicas;
 } kiln_metrics_gauges;
 
 typedef struct kiln_metrics kiln_metrics;
@@ -112,7 +131,15 @@ void kiln_metrics_destroy(kiln_metrics *m);
 /* `route` must outlive m (the gateway passes string constants).  Counting
  * silently stops for new (route, status) pairs past an internal bound. */
 void kiln_metrics_request(kiln_metrics *m, const char *route, int status);
-void kiln_metrics_latency(kiln_metrics *m, kiln_phase phase, double seconds);
+/* An image request answered with `status` after `seconds`; route as for
+ * kiln_metrics_request.  Past an internal bound of (route, status) pairs
+ * new ones are not kept. */
+void kiln_metrics_duration(kiln_metrics *m, const char *route, int status, double seconds);
+void kiln_metrics_queue_wait(kiln_metrics *m, kiln_stage stage, kiln_queue q, double seconds);
+void kiln_metrics_stage(kiln_metrics *m, kiln_stage stage, double seconds);
+/* A failed job of a stage, by its status. */
+void kiln_metrics_failure(kiln_metrics *m, kiln_stage stage, kiln_status code);
+void kiln_metrics_prompt_cache(kiln_metrics *m, double hits, double misses, double evictions);
 void kiln_metrics_part(kiln_metrics *m, kiln_part part, double seconds);
 void kiln_metrics_batch(kiln_metrics *m, kiln_stage stage, int rows);
 void kiln_metrics_images(kiln_metrics *m, int n);

@@ -49,6 +49,8 @@ static void reply(kiln_gateway *gw, kiln_http_conn *c, const char *route, int st
                   const char *ctype, const char *extra, kiln_buf *body)
 {
     kiln_metrics_request(gw->metrics, route, status);
+    if (!strcmp(route, R_GENERATIONS) || !strcmp(route, R_EDITS))
+        kiln_metrics_duration(gw->metrics, route, status, kiln_http_conn_age_ms(c) / 1000.0);
     kiln_http_respond(c, status, ctype, extra, body);
     kiln_buf_free(body);
 }

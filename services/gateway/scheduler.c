@@ -114,6 +114,15 @@ void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g)
             continue;
         g->busy[r->stage] += r->n_inflight + r->n_cancelling > 0;
         g->cancelling[r->stage] += r->n_cancelling;
+        if (g->n_replicas < KILN_METRICS_MAX_REPLICAS) {
+            int k = g->n_replicas++;
+            g->replica[k].id = r->id;
+            g->replica[k].stage = r->stage;
+            g->replica[k].inflight = r->n_inflight;
+            g->replica[k].jobs = (double)r->jobs_done;
+            double age = (kiln_now_ms() - r->last_seen) / 1000.0;
+            g->replica[k].heartbeat_age = age > 0 ? age : 0;
+        }
     }
     g->jobs = s->n_jobs;
     g->handoff_failures = s->handoff_failures;
@@ -309,7 +318,7 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
         sched_fail(s, j, 500, "server_error", "internal error dispatching the request");
         return;
     }
-    kiln_metrics_latency(s->metrics, KILN_PHASE_QUEUE, (now - j->t_enqueue) / 1000.0);
+    kiln_metrics_queue_wait(s->metrics, j->stage, KILN_QUEUE_GATEWAY, (now - j->t_enqueue) / 1000.0);
     sched_detach(s, j);
     r->credits--;
     r->last_job = ++s->n_dispatched;

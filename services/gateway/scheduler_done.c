@@ -177,18 +177,28 @@ static void part(kiln_sched *s, kiln_part p, double ms)
 static void record(kiln_sched *s, const sched_job *j, const kiln_msg_done *d, double now)
 {
     double at_gateway = now - j->t_dispatch;
-    kiln_metrics_latency(s->metrics, (kiln_phase)(KILN_PHASE_ENCODE + j->stage),
-                         at_gateway / 1000.0);
+    kiln_metrics_stage(s->metrics, j->stage, at_gateway / 1000.0);
+    if (j->on)
+        j->on->jobs_done++;
+    if (!d->ok)
+        kiln_metrics_failure(s->metrics, j->stage, d->code);
     /* The replica reports the rows of the batch the job ran in as the
      * timing "batch_rows"; without it the job's own rows count. */
     double rows = timing(d, "batch_rows");
     kiln_metrics_batch(s->metrics, j->stage,
                        rows >= 1 ? (int)rows : j->stage == KILN_STAGE_ENCODE ? 1 : j->req.req.n);
     double queue = timing(d, "queue"), run = timing(d, "run");
+    if (queue >= 0)
+        kiln_metrics_queue_wait(s->metrics, j->stage, KILN_QUEUE_REPLICA, queue / 1000.0);
     if (queue >= 0 && run >= 0)
         part(s, KILN_PART_HANDOFF, at_gateway - queue - run);
     switch (j->stage) {
-    case KILN_STAGE_ENCODE: part(s, KILN_PART_ENCODE_RUN, run); break;
+    case KILN_STAGE_ENCODE:
+        part(s, KILN_PART_ENCODE_RUN, run);
+        /* the prompt cache's lookups of the batch, on its first job */
+        kiln_metrics_prompt_cache(s->metrics, timing(d, "cache_hits"), timing(d, "cache_misses"),
+                                  timing(d, "cache_evictions"));
+        break;
     case KILN_STAGE_DENOISE:
         part(s, KILN_PART_DENOISE_SETUP, timing(d, "setup"));
         part(s, KILN_PART_DENOISE_STEP, timing(d, "step"));
@@ -200,7 +210,7 @@ static void record(kiln_sched *s, const sched_job *j, const kiln_msg_done *d, do
     }
 }
 
-static void complete(kiln_sched *s, sched_job *j, kiln_msg *m, double now)
+static void complete(kiln_sched *s, sched_job *j, kiln_msg *m)
 {
     const kiln_msg_done *d = &m->done;
     const kiln_request *q = &j->req.req;
@@ -211,7 +221,6 @@ static void complete(kiln_sched *s, sched_job *j, kiln_msg *m, double now)
         kiln_msg_free(m);
         return;
     }
-    kiln_metrics_latency(s->metrics, KILN_PHASE_TOTAL, (now - j->t_submit) / 1000.0);
     kiln_metrics_images(s->metrics, q->n);
     if (j->client) {
         kiln_sched_result res = {.status = 200, .n_images = d->n_images, .images = d->images,
@@ -324,7 +333,7 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
     }
     if (stage == KILN_STAGE_DECODE) {
         sched_detach(s, j);
-        complete(s, j, m, now);
+        complete(s, j, m);
         return;
     }
     const char *need = stage == KILN_STAGE_ENCODE ? "embeds" : "latents";

@@ -23,12 +23,10 @@ static double num(const cJSON *o, const char *path)
     return cJSON_IsNumber(o) ? o->valuedouble : -1;
 }
 
-/* A field ("count" or "mean_ms") of the series metric{label="<name>"}. */
-static double series(const cJSON *phase, const char *metric, const char *label, const char *name,
-                     const char *field)
+/* A field ("count" or "mean_ms") of the series metric{labels}. */
+static double series_l(const cJSON *phase, const char *metric, const char *labels,
+                       const char *field)
 {
-    char labels[64];
-    snprintf(labels, sizeof labels, "%s=\"%s\"", label, name);
     const cJSON *s;
     cJSON_ArrayForEach(s, cJSON_GetObjectItem(phase, "stages"))
     {
@@ -40,9 +38,18 @@ static double series(const cJSON *phase, const char *metric, const char *label, 
     return 0;
 }
 
+/* A field of the series metric{label="<name>"}. */
+static double series(const cJSON *phase, const char *metric, const char *label, const char *name,
+                     const char *field)
+{
+    char labels[64];
+    snprintf(labels, sizeof labels, "%s=\"%s\"", label, name);
+    return series_l(phase, metric, labels, field);
+}
+
 static double stage_count(const cJSON *phase, const char *name)
 {
-    return series(phase, "kiln_latency_seconds", "phase", name, "count");
+    return series(phase, "kiln_stage_duration_seconds", "stage", name, "count");
 }
 
 static void check_report(const char *path)
@@ -61,9 +68,15 @@ static void check_report(const char *path)
     CHECK(num(lat, "requests") == 2 && num(lat, "errors") == 0);
     CHECK(num(lat, "latency_ms.n") == 2 && num(lat, "latency_ms.median") > 0);
     CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(lat, "latency_s_samples")) == 2);
-    for (const char *const *p = (const char *const[]){"encode", "denoise", "decode", "total", 0};
-         *p; p++)
-        CHECKF(stage_count(lat, *p) == 2, "latency phase %s", *p);
+    for (const char *const *p = (const char *const[]){"encode", "denoise", "decode", 0}; *p; p++)
+        CHECKF(stage_count(lat, *p) == 2, "latency stage %s", *p);
+    CHECK(series_l(lat, "kiln_request_duration_seconds",
+                   "route=\"/v1/images/generations\",status=\"200\"", "count") == 2);
+    /* each job waited once in each stage's gateway queue and its replica's */
+    CHECK(series_l(lat, "kiln_queue_wait_seconds", "stage=\"denoise\",queue=\"gateway\"",
+                   "count") == 2);
+    CHECK(series_l(lat, "kiln_queue_wait_seconds", "stage=\"denoise\",queue=\"replica\"",
+                   "count") == 2);
     /* The parts of the stages the replicas time: one observation per
      * request each (handoff once per stage); steps and image encoding take
      * time, and no part is longer than its stage. */
@@ -73,11 +86,11 @@ static void check_report(const char *path)
         CHECKF(series(lat, "kiln_stage_seconds", "part", *p, "count") == 2, "part %s", *p);
     CHECK(series(lat, "kiln_stage_seconds", "part", "handoff", "count") == 6);
     double step = series(lat, "kiln_stage_seconds", "part", "denoise_step", "mean_ms");
-    double denoise = series(lat, "kiln_latency_seconds", "phase", "denoise", "mean_ms");
+    double denoise = series(lat, "kiln_stage_duration_seconds", "stage", "denoise", "mean_ms");
     CHECKF(step > 0 && step <= denoise, "step %.3f ms, denoise %.3f ms", step, denoise);
     double vae = series(lat, "kiln_stage_seconds", "part", "decode_vae", "mean_ms");
     double png = series(lat, "kiln_stage_seconds", "part", "image_encode", "mean_ms");
-    double decode = series(lat, "kiln_latency_seconds", "phase", "decode", "mean_ms");
+    double decode = series(lat, "kiln_stage_duration_seconds", "stage", "decode", "mean_ms");
     CHECKF(vae > 0 && png > 0 && vae + png <= decode, "vae %.3f + image %.3f > decode %.3f", vae,
            png, decode);
     const cJSON *tp = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "throughput"), 0);
@@ -115,7 +128,8 @@ int main(void)
     snprintf(exe, sizeof exe, "%s", svc_exe("tools/bench/kiln-bench"));
     int rc = test_run_capture(exe, bench, out, sizeof out, err, sizeof err);
     CHECKF(rc == 0, "kiln-bench exited %d: %s%s", rc, out, err);
-    CHECK(strstr(out, "latency (B=1") && strstr(out, "kiln_latency_seconds{phase=\"denoise\"}"));
+    CHECK(strstr(out, "latency (B=1") &&
+          strstr(out, "kiln_stage_duration_seconds{stage=\"denoise\"}"));
     check_report(json);
 
     /* 72x64 is within the size range but not a multiple of 16: every request fails. */

@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "tests/service/prom_lint.h"
 #include "tests/service/svc_util.h"
 #include "tests/test.h"
 
@@ -97,11 +99,66 @@ static void test_ready_access_and_hub_name(void)
           !strstr(page, "url(http") && !strstr(page, "@import"));
     gwc_response_free(&r);
     CHECK(svc_get_status(port, "/index.html") == 404);
+    /* /metrics: in the exposition format promtool accepts, with the
+     * families an SRE needs, filled by the request above */
+    kiln_buf m = {0};
+    CHECK(svc_metrics(port, &m) == 0);
+    const char *t = m.data ? (const char *)m.data : "";
+    char why[256] = "";
+    CHECKF(prom_lint(t, why, sizeof why) == 0, "%s", why);
+    CHECK(svc_metric(t, "kiln_request_duration_seconds_count{route=\"/v1/images/generations\","
+                        "status=\"200\"}") == 1);
+    CHECK(svc_metric(t, "kiln_request_duration_seconds_count{route=\"/v1/images/generations\","
+                        "status=\"404\"}") + svc_metric(t, "kiln_request_duration_seconds_count{"
+                        "route=\"/v1/images/generations\",status=\"400\"}") == 1);
+    static const char *const stages[] = {"encode", "denoise", "decode"};
+    for (int st = 0; st < 3; st++) {
+        char k[160];
+        snprintf(k, sizeof k, "kiln_queue_wait_seconds_count{stage=\"%s\",queue=\"gateway\"}",
+                 stages[st]);
+        CHECKF(svc_metric(t, k) == 1, "%s", k);
+        snprintf(k, sizeof k, "kiln_queue_wait_seconds_count{stage=\"%s\",queue=\"replica\"}",
+                 stages[st]);
+        CHECKF(svc_metric(t, k) == 1, "%s", k);
+        snprintf(k, sizeof k, "kiln_stage_duration_seconds_count{stage=\"%s\"}", stages[st]);
+        CHECKF(svc_metric(t, k) == 1, "%s", k);
+        snprintf(k, sizeof k, "kiln_replica_jobs_total{stage=\"%s\",", stages[st]);
+        CHECKF(svc_metric(t, k) == 1, "%s", k);
+    }
+    CHECK(strstr(t, "le=\"0.3\"") && strstr(t, "le=\"0.4\""));
+    CHECK(svc_metric(t, "kiln_prompt_cache_misses_total") == 1);
+    const char *bi = strstr(t, "\nkiln_build_info{version=\"");
+    CHECK(bi && bi[strcspn(bi + 1, "\n")] == '1' && bi[strcspn(bi + 1, "\n") - 1] == ' ');
+    CHECK(svc_metric(t, "process_resident_memory_bytes") > 1e6);
+    CHECK(svc_metric(t, "process_open_fds") > 3);
+    CHECK(svc_metric(t, "process_cpu_seconds_total") > 0);
+    double started = svc_metric(t, "process_start_time_seconds");
+    CHECKF(started > (double)time(NULL) - 600 && started <= (double)time(NULL) + 1, "%f", started);
+    kiln_buf_free(&m);
     /* probes are not logged */
     CHECK(svc_get_status(port, "/healthz") == 200);
     CHECK(svc_log_count(svc_tmp("serve.log"), "access: - GET /healthz") == 0);
     CHECK(svc_stop(serve, 60000) == 0);
     snprintf(svc.model, sizeof svc.model, "%s", oracle);
+}
+
+/* The checker itself refuses what promtool refuses. */
+static void test_prom_lint(void)
+{
+    char why[256];
+    CHECK(prom_lint("# HELP a_total x\n# TYPE a_total counter\na_total 1\n", why, sizeof why) == 0);
+    CHECK(prom_lint("# TYPE a counter\na 1\n", why, sizeof why) == -1);   /* no _total */
+    CHECK(prom_lint("a 1\n", why, sizeof why) == -1);                      /* no TYPE */
+    CHECK(prom_lint("# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\n"
+                    "h_sum 1\nh_count 1\n", why, sizeof why) == -1);      /* not cumulative */
+    CHECK(prom_lint("# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 2\n"
+                    "h_sum 1\nh_count 3\n", why, sizeof why) == -1);      /* +Inf != count */
+    CHECK(prom_lint("# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 2\n"
+                    "h_sum 1\nh_count 2\n", why, sizeof why) == 0);
+    CHECK(prom_lint("# TYPE g gauge\ng{a=\"1\"} 1\ng{a=\"1\"} 2\n", why, sizeof why) == -1);
+    CHECK(prom_lint("# TYPE g gauge\n# TYPE f gauge\ng 1\nf 1\ng{x=\"y\"} 1\n", why,
+                    sizeof why) == -1); /* g's samples apart */
+    CHECK(prom_lint("# TYPE g gauge\ng{a=\"x\\q\"} 1\n", why, sizeof why) == -1);
 }
 
 static void test_served_name_and_timeouts(void)
@@ -136,6 +193,7 @@ int main(void)
 {
     if (svc_init("serve_ux"))
         return 1;
+    RUN(test_prom_lint);
     RUN(test_ready_access_and_hub_name);
     RUN(test_served_name_and_timeouts);
     svc_cleanup(test_failures);

@@ -6,14 +6,14 @@
  *   kiln_prom *after = kiln_prom_parse(text1, len1, &err);
  *   kiln_bench_stage *st; size_t n;
  *   kiln_bench_stage_deltas(before, after, &st, &n, &err);
- *   // st[i]: family "kiln_latency_seconds", labels "phase=\"denoise\"",
+ *   // st[i]: family "kiln_stage_duration_seconds", labels "stage=\"denoise\"",
  *   //        count 20 (observations in between), sum_s 3.1
  *   free(st); kiln_prom_free(before); kiln_prom_free(after);
  *
  * The stages are read generically: every histogram or summary whose family
  * name ends in "_seconds" (a `<family>_sum` and `<family>_count` pair with
  * the same labels) that grew between the scrapes.  So kiln-bench reports
- * whatever timings the gateway exports (the kiln_latency_seconds phases
+ * whatever timings the gateway exports (the kiln_stage_duration_seconds stages
  * today: queue, encode, denoise, decode, total) without a list of names to
  * keep in step.  Thread-safe on distinct objects.
  */
@@ -39,8 +39,8 @@ size_t kiln_prom_size(const kiln_prom *p);
 int kiln_prom_get(const kiln_prom *p, const char *name, const char *labels, double *value);
 
 typedef struct kiln_bench_stage {
-    char family[96];  /* e.g. kiln_latency_seconds */
-    char labels[160]; /* e.g. phase="encode" (may be empty) */
+    char family[96];  /* e.g. kiln_stage_duration_seconds */
+    char labels[160]; /* e.g. stage="encode" (may be empty) */
     double count;     /* observations between the scrapes */
     double sum_s;     /* seconds they add up to */
 } kiln_bench_stage;

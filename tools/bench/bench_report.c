@@ -26,15 +26,19 @@ static void ips_summary(const kiln_bench_phase *ph, kiln_bench_summary *s)
     kiln_bench_summarize(tmp, (size_t)ph->n_rep, s);
 }
 
-/* The server's mean request time (kiln_latency_seconds{phase="total"}); 0 when absent. */
+/* The server's mean time for the requests answered 200
+ * (kiln_request_duration_seconds{route,status="200"}, every route); 0 when
+ * absent. */
 static double server_total_mean(const kiln_bench_phase *ph)
 {
+    double sum = 0, count = 0;
     for (size_t i = 0; i < ph->n_stages; i++) {
         const kiln_bench_stage *g = &ph->stages[i];
-        if (!strcmp(g->family, "kiln_latency_seconds") && !strcmp(g->labels, "phase=\"total\""))
-            return g->sum_s / g->count;
+        if (!strcmp(g->family, "kiln_request_duration_seconds") &&
+            strstr(g->labels, "status=\"200\""))
+            sum += g->sum_s, count += g->count;
     }
-    return 0;
+    return count ? sum / count : 0;
 }
 
 static int add_num(cJSON *o, const char *k, double v)

@@ -9,7 +9,7 @@
  * median and range of the repeats' images/s, and the latency of the
  * requests within them.  Stages: every "_seconds" series of /metrics that
  * grew during the phase, as milliseconds per observation and per image;
- * when the gateway reports kiln_latency_seconds{phase="total"}, the client's
+ * when the gateway reports kiln_request_duration_seconds{status="200"}, the client's
  * mean latency minus that mean is shown as "http + transfer" (request and
  * response bytes, base64, JSON, the event loop).  Thread-safe.
  */
