@@ -169,6 +169,30 @@ static const char *other_format(const uint8_t *d, size_t len)
     return NULL;
 }
 
+/* The format from the magic bytes: KILN_IMAGE_PNG/JPEG/WEBP, or -1 with
+ * the client's error set (empty, another or no known format). */
+static int sniff(const uint8_t *d, size_t len, kiln_err *err)
+{
+    if (!d || len == 0) {
+        kiln_err_set(err, KILN_ERR_INVALID, "empty image data");
+        return -1;
+    }
+    static const uint8_t png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (len >= 8 && memcmp(d, png_magic, 8) == 0)
+        return KILN_IMAGE_PNG;
+    if (len >= 3 && d[0] == 0xff && d[1] == 0xd8 && d[2] == 0xff)
+        return KILN_IMAGE_JPEG;
+    if (len >= 12 && memcmp(d, "RIFF", 4) == 0 && memcmp(d + 8, "WEBP", 4) == 0)
+        return KILN_IMAGE_WEBP;
+    const char *other = other_format(d, len);
+    if (other)
+        kiln_err_set(err, KILN_ERR_INVALID, "unsupported image format %s (send PNG, JPEG or WebP)",
+                     other);
+    else
+        kiln_err_set(err, KILN_ERR_INVALID, "not a PNG, JPEG or WebP image");
+    return -1;
+}
+
 kiln_status kiln_image_decode(const void *data, size_t len, const kiln_image_limits *limits,
                               kiln_image *out, kiln_err *err)
 {
@@ -177,20 +201,28 @@ kiln_status kiln_image_decode(const void *data, size_t len, const kiln_image_lim
     if (lim.max_side < 1 || lim.max_pixels < 1)
         return kiln_err_set(err, KILN_ERR_INVALID, "bad image limits");
     const uint8_t *d = data;
-    if (!d || len == 0)
-        return kiln_err_set(err, KILN_ERR_INVALID, "empty image data");
-    static const uint8_t png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-    if (len >= 8 && memcmp(d, png_magic, 8) == 0)
-        return kiln_image_png_decode(d, len, &lim, out, err);
-    if (len >= 3 && d[0] == 0xff && d[1] == 0xd8 && d[2] == 0xff)
-        return kiln_image_jpeg_decode(d, len, &lim, out, err);
-    if (len >= 12 && memcmp(d, "RIFF", 4) == 0 && memcmp(d + 8, "WEBP", 4) == 0)
-        return kiln_image_webp_decode(d, len, &lim, out, err);
-    const char *other = other_format(d, len);
-    if (other)
-        return kiln_err_set(err, KILN_ERR_INVALID,
-                            "unsupported image format %s (send PNG, JPEG or WebP)", other);
-    return kiln_err_set(err, KILN_ERR_INVALID, "not a PNG, JPEG or WebP image");
+    switch (sniff(d, len, err)) {
+    case KILN_IMAGE_PNG: return kiln_image_png_decode(d, len, &lim, out, err);
+    case KILN_IMAGE_JPEG: return kiln_image_jpeg_decode(d, len, &lim, out, err);
+    case KILN_IMAGE_WEBP: return kiln_image_webp_decode(d, len, &lim, out, err);
+    default: return KILN_ERR_INVALID;
+    }
+}
+
+kiln_status kiln_image_probe(const void *data, size_t len, const kiln_image_limits *limits,
+                             int *width, int *height, kiln_err *err)
+{
+    kiln_image_limits lim = limits ? *limits : KILN_IMAGE_LIMITS_DEFAULT;
+    *width = *height = 0;
+    if (lim.max_side < 1 || lim.max_pixels < 1)
+        return kiln_err_set(err, KILN_ERR_INVALID, "bad image limits");
+    const uint8_t *d = data;
+    switch (sniff(d, len, err)) {
+    case KILN_IMAGE_PNG: return kiln_image_png_probe(d, len, &lim, width, height, err);
+    case KILN_IMAGE_JPEG: return kiln_image_jpeg_probe(d, len, &lim, width, height, err);
+    case KILN_IMAGE_WEBP: return kiln_image_webp_probe(d, len, &lim, width, height, err);
+    default: return KILN_ERR_INVALID;
+    }
 }
 
 kiln_status kiln_image_read_file(const char *path, const kiln_image_limits *limits,

@@ -163,6 +163,16 @@ typedef struct kiln_image_limits {
 kiln_status kiln_image_decode(const void *data, size_t len, const kiln_image_limits *limits,
                               kiln_image *out, kiln_err *err);
 
+/* The size of a PNG, JPEG or WebP held in memory from its header alone,
+ * without decoding or allocating pixels (a decompression bomb costs
+ * nothing here), checked against `limits` (NULL: the defaults) as
+ * kiln_image_decode checks it.  The rest of the data is not looked at:
+ * decoding may still refuse it.  Errors as kiln_image_decode's (the same
+ * messages for sizes and formats); *width and *height are 0 on failure.
+ * Thread-safe. */
+kiln_status kiln_image_probe(const void *data, size_t len, const kiln_image_limits *limits,
+                             int *width, int *height, kiln_err *err);
+
 /* Reads a whole file and decodes it; KILN_ERR_IO/_NOT_FOUND for the file
  * (naming its base name only), then as kiln_image_decode. */
 kiln_status kiln_image_read_file(const char *path, const kiln_image_limits *limits,

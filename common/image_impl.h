@@ -35,6 +35,17 @@ kiln_status kiln_image_webp_decode(const uint8_t *data, size_t len,
                                    const kiln_image_limits *limits, kiln_image *out,
                                    kiln_err *err);
 
+/* Header-only readers for kiln_image_probe: the size, checked against the
+ * limits, without decoding or allocating pixels. */
+kiln_status kiln_image_png_probe(const uint8_t *data, size_t len, const kiln_image_limits *limits,
+                                 int *width, int *height, kiln_err *err);
+kiln_status kiln_image_jpeg_probe(const uint8_t *data, size_t len,
+                                  const kiln_image_limits *limits, int *width, int *height,
+                                  kiln_err *err);
+kiln_status kiln_image_webp_probe(const uint8_t *data, size_t len,
+                                  const kiln_image_limits *limits, int *width, int *height,
+                                  kiln_err *err);
+
 /* KILN_ERR_INVALID ("<format> image of WxH ...") unless 1 <= width, height
  * <= limits->max_side and width * height <= limits->max_pixels. */
 kiln_status kiln_image_check_limits(const char *format, int64_t width, int64_t height,

@@ -104,3 +104,21 @@ done:
         *out = img;
     return st;
 }
+
+kiln_status kiln_image_jpeg_probe(const uint8_t *data, size_t len,
+                                  const kiln_image_limits *limits, int *width, int *height,
+                                  kiln_err *err)
+{
+    tjhandle tj = tjInitDecompress();
+    if (!tj)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "cannot create a JPEG decoder: %s",
+                            tjGetErrorStr2(NULL));
+    int w = 0, h = 0, subsamp = 0, colorspace = 0;
+    kiln_status st = KILN_OK;
+    if (tjDecompressHeader3(tj, data, (unsigned long)len, &w, &h, &subsamp, &colorspace) != 0)
+        st = kiln_err_set(err, KILN_ERR_INVALID, "invalid JPEG: %s", tjGetErrorStr2(tj));
+    else if ((st = kiln_image_check_limits("JPEG", w, h, limits, err)) == KILN_OK)
+        *width = w, *height = h;
+    tjDestroy(tj);
+    return st;
+}

@@ -275,3 +275,21 @@ kiln_status kiln_image_png_decode(const uint8_t *data, size_t len,
         *out = d.img;
     return st;
 }
+
+kiln_status kiln_image_png_probe(const uint8_t *data, size_t len, const kiln_image_limits *limits,
+                                 int *width, int *height, kiln_err *err)
+{
+    /* The signature (8 bytes), then the IHDR chunk, which PNG requires
+     * first: its length (13), its type, width and height (big-endian). */
+    if (len < 8 + 8 + 13 || memcmp(data + 12, "IHDR", 4) != 0 ||
+        (data[8] | data[9] | data[10]) != 0 || data[11] != 13)
+        return kiln_err_set(err, KILN_ERR_INVALID, "invalid PNG: no image header");
+    uint32_t w = (uint32_t)data[16] << 24 | (uint32_t)data[17] << 16 | (uint32_t)data[18] << 8 |
+                 data[19];
+    uint32_t h = (uint32_t)data[20] << 24 | (uint32_t)data[21] << 16 | (uint32_t)data[22] << 8 |
+                 data[23];
+    kiln_status st = kiln_image_check_limits("PNG", w, h, limits, err);
+    if (!st)
+        *width = (int)w, *height = (int)h;
+    return st;
+}

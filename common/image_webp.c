@@ -54,20 +54,38 @@ kiln_status kiln_image_webp_encode(const kiln_image *img, int quality, kiln_buf 
     return st;
 }
 
-kiln_status kiln_image_webp_decode(const uint8_t *data, size_t len,
-                                   const kiln_image_limits *limits, kiln_image *out,
-                                   kiln_err *err)
+/* The header's features, refused when not a still image within limits. */
+static kiln_status webp_features(const uint8_t *data, size_t len, const kiln_image_limits *limits,
+                                 WebPBitstreamFeatures *f, kiln_err *err)
 {
-    WebPBitstreamFeatures f;
-    VP8StatusCode vs = WebPGetFeatures(data, len, &f);
+    VP8StatusCode vs = WebPGetFeatures(data, len, f);
     if (vs != VP8_STATUS_OK)
         return kiln_err_set(err, KILN_ERR_INVALID, "invalid WebP: %s",
                             vs == VP8_STATUS_NOT_ENOUGH_DATA      ? "truncated data"
                             : vs == VP8_STATUS_UNSUPPORTED_FEATURE ? "unsupported feature"
                                                                    : "corrupt header");
-    if (f.has_animation)
+    if (f->has_animation)
         return kiln_err_set(err, KILN_ERR_INVALID, "animated WebP images are not supported");
-    kiln_status st = kiln_image_check_limits("WebP", f.width, f.height, limits, err);
+    return kiln_image_check_limits("WebP", f->width, f->height, limits, err);
+}
+
+kiln_status kiln_image_webp_probe(const uint8_t *data, size_t len,
+                                  const kiln_image_limits *limits, int *width, int *height,
+                                  kiln_err *err)
+{
+    WebPBitstreamFeatures f;
+    kiln_status st = webp_features(data, len, limits, &f, err);
+    if (!st)
+        *width = f.width, *height = f.height;
+    return st;
+}
+
+kiln_status kiln_image_webp_decode(const uint8_t *data, size_t len,
+                                   const kiln_image_limits *limits, kiln_image *out,
+                                   kiln_err *err)
+{
+    WebPBitstreamFeatures f;
+    kiln_status st = webp_features(data, len, limits, &f, err);
     if (st)
         return st;
     kiln_image img = {0};

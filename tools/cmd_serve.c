@@ -33,7 +33,7 @@ static void usage(FILE *f)
             "   --progress-timeout-s S --cancel-timeout-s S --header-timeout-ms MS\n"
             "   --read-timeout-ms MS --idle-timeout-ms MS --write-timeout-ms MS\n"
             "   --heartbeat-timeout-ms MS --drain-s S --api-key-file FILE --admin-port P\n"
-            "   --admin-host ADDR]\n"
+            "   --admin-host ADDR --max-ref-mp N]\n"
             "Starts kiln-gateway on ADDR:P (default 127.0.0.1:8000) and the stage replicas\n"
             "(one of each by default), connected over the bus (default\n"
             "tcp://127.0.0.1:<P+1>), secured with a CURVE keypair made for this run (only\n"
@@ -73,7 +73,7 @@ static const char *const gateway_options[] = {
     "client-queue-share", "progress-timeout-s",
     "cancel-timeout-s", "api-key-file", "admin-port", "admin-host", "max-header-kb",
     "header-timeout-ms", "read-timeout-ms", "idle-timeout-ms", "write-timeout-ms",
-    "heartbeat-timeout-ms", "drain-s", "served-model-name",
+    "heartbeat-timeout-ms", "drain-s", "served-model-name", "max-ref-mp",
 };
 #define N_GATEWAY_OPTIONS ((int)(sizeof gateway_options / sizeof gateway_options[0]))
 _Static_assert(N_GATEWAY_OPTIONS <= 32, "serve_opts.gw_opt holds 32");

@@ -113,14 +113,43 @@ static void param_of(const char *msg, char *param, size_t len)
         param[0] = '\0';
 }
 
+/* The field an error about reference i names, in param[KILN_API_PARAM_MAX]:
+ * "image", or the element of OpenAI's JSON form ("images[i].image_url"). */
+static const char *image_param(const api_draft *d, int i, char *param)
+{
+    if (d->images_field != F_IMAGES)
+        return "image";
+    snprintf(param, KILN_API_PARAM_MAX, "images[%d].image_url", i);
+    return param;
+}
+
 static kiln_status check_images(api_draft *d, const kiln_api_config *cfg, kiln_image *dims,
                                 kiln_api_error *e)
 {
+    /* Their sizes from the headers first: references that would take
+     * more than the limit to decode (decompression bombs: a flat 64 MP
+     * PNG is ~200 KiB) are refused before a pixel is decoded, here and in
+     * the encoder, which decodes each again. */
+    int64_t total = 0;
+    char buf[KILN_API_PARAM_MAX];
     for (int i = 0; i < d->n_images; i++) {
-        /* OpenAI names the element of its JSON form. */
-        char param[KILN_API_PARAM_MAX] = "image";
-        if (d->images_field == F_IMAGES)
-            snprintf(param, sizeof param, "images[%d].image_url", i);
+        kiln_err err = {0};
+        int w, h;
+        if (kiln_image_probe(d->images[i].data, d->images[i].len, &cfg->image_limits, &w, &h,
+                             &err))
+            return api_fail(e, err.code, image_param(d, i, buf), "invalid_image",
+                            "image %d: %s", i + 1, err.msg);
+        total += (int64_t)w * h;
+    }
+    if (cfg->max_ref_pixels > 0 && total > cfg->max_ref_pixels)
+        return api_fail(e, KILN_ERR_INVALID, d->images_field == F_IMAGES ? "images" : "image",
+                        "invalid_image",
+                        "the %d reference image(s) hold %.1f megapixels in all and this server's "
+                        "limit is %.1f; klein scales each reference to at most 1 megapixel, so "
+                        "send them smaller", d->n_images, (double)total / (1 << 20),
+                        (double)cfg->max_ref_pixels / (1 << 20));
+    for (int i = 0; i < d->n_images; i++) {
+        const char *param = image_param(d, i, buf);
         kiln_image img = {0};
         kiln_err err = {0};
         if (kiln_image_decode(d->images[i].data, d->images[i].len, &cfg->image_limits, &img,

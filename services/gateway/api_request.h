@@ -70,6 +70,9 @@ typedef struct kiln_api_config {
     /* Unknown fields are skipped instead of refused (kiln-gateway
      * --ignore-unknown-fields, for clients written for other servers). */
     int ignore_unknown;
+    /* The pixels an edit's references may hold in all (their headers'
+     * sizes, summed before any is decoded); 0: no limit. */
+    int64_t max_ref_pixels;
 } kiln_api_config;
 
 typedef struct kiln_api_error {

@@ -178,6 +178,7 @@ static void list_limits(kiln_gateway *gw)
     add_limit(gw, "body_wait_seconds", o->body_wait_ms / 1000.0);
     add_limit(gw, "bus_max_frame_bytes", (double)gw->max_frame);
     add_limit(gw, "max_request_cost_mtok", o->max_cost);
+    add_limit(gw, "max_reference_pixels", (double)o->max_ref_pixels);
     add_limit(gw, "queue_max", o->queue_max);
     add_limit(gw, "client_queue_share", o->client_queue_share);
     add_limit(gw, "request_timeout_seconds", o->request_timeout_s);
@@ -251,6 +252,7 @@ static int start(kiln_gateway *gw, kiln_err *err)
     gw->api.max_body_bytes = o->max_body_bytes;
     gw->api.max_cost = o->max_cost;
     gw->api.ignore_unknown = o->ignore_unknown_fields;
+    gw->api.max_ref_pixels = o->max_ref_pixels;
     gw->max_frame = max_frame_in(&gw->api.limits, &gw->api.traits);
     list_limits(gw);
     gw->started = (int64_t)time(NULL);

@@ -57,6 +57,7 @@ typedef struct kiln_gw_options {
     size_t body_budget_bytes, client_body_budget_bytes;
     int body_wait_ms;
     double max_cost; /* Mtok per request (kiln_request_cost), 0: no ceiling */
+    int64_t max_ref_pixels; /* kiln_api_config.max_ref_pixels */
     double client_queue_share; /* kiln_sched_opts.client_share */
     double cancel_timeout_s;   /* kiln_sched_opts.cancel_timeout_ms / 1000 */
     int ignore_unknown_fields; /* kiln_api_config.ignore_unknown */
@@ -73,7 +74,8 @@ typedef struct kiln_gw_options {
                        .drain_s = 30, .max_client_connections = 64,                            \
                        .body_budget_bytes = 1024u << 20,                                       \
                        .client_body_budget_bytes = 256u << 20, .body_wait_ms = 5000,           \
-                       .max_cost = 40, .client_queue_share = 0.25, .cancel_timeout_s = 30})
+                       .max_cost = 40, .max_ref_pixels = 128ll << 20,                        \
+                       .client_queue_share = 0.25, .cancel_timeout_s = 30})
 
 typedef struct kiln_gateway {
     uv_loop_t *loop;

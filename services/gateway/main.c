@@ -21,7 +21,7 @@ static void usage(FILE *f)
             "  [--drain-s S] [--max-client-connections N] [--body-budget-mb N]\n"
             "  [--client-body-budget-mb N] [--body-wait-ms MS] [--max-cost MTOK]\n"
             "  [--client-queue-share F] [--cancel-timeout-s S] [--ignore-unknown-fields]\n"
-            "  [--served-model-name NAME]\n"
+            "  [--served-model-name NAME] [--max-ref-mp N]\n"
             "Defaults: --host 0.0.0.0 --port 8000 --bus tcp://127.0.0.1:<port+1>\n"
             "--bus-key: the gateway's CURVE secret key; --bus-allow: the replicas' public\n"
             "keys (kiln keygen); a bus other hosts can reach needs them or --bus-insecure.\n"
@@ -34,7 +34,8 @@ static void usage(FILE *f)
             "--drain-s 30 --max-client-connections 64 (0: no limit) --body-budget-mb 1024\n"
             "--client-body-budget-mb 256 --body-wait-ms 5000 --max-cost 40 (0: no ceiling)\n"
             "--client-queue-share 0.25 (0: no per-client share)\n"
-            "--cancel-timeout-s 30 (0: never)\n"
+            "--cancel-timeout-s 30 (0: never) --max-ref-mp 128 (an edit's references in all,\n"
+            "in megapixels of 2^20; 0: no limit)\n"
             "--ignore-unknown-fields: skip request fields kiln does not know instead of\n"
             "answering 400 unknown_parameter (for clients written for other servers).\n"
             "--served-model-name: the model id clients see (default: the folder's name, or\n"
@@ -58,7 +59,7 @@ int main(int argc, char **argv)
            O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_WRITE_TIMEOUT, O_HB, O_PROGRESS, O_DRAIN,
            O_CLIENT_CONNS, O_BODY_BUDGET, O_CLIENT_BODY_BUDGET, O_BODY_WAIT, O_MAX_COST,
            O_CLIENT_SHARE, O_CANCEL_TIMEOUT, O_BUS_KEY, O_BUS_ALLOW, O_BUS_INSECURE, O_API_KEY,
-           O_ADMIN_PORT, O_ADMIN_HOST, O_IGNORE_UNKNOWN, O_SERVED_NAME };
+           O_ADMIN_PORT, O_ADMIN_HOST, O_IGNORE_UNKNOWN, O_SERVED_NAME, O_MAX_REF_MP };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"port", required_argument, 0, 'p'},
@@ -83,6 +84,7 @@ int main(int argc, char **argv)
         {"client-body-budget-mb", required_argument, 0, O_CLIENT_BODY_BUDGET},
         {"body-wait-ms", required_argument, 0, O_BODY_WAIT},
         {"max-cost", required_argument, 0, O_MAX_COST},
+        {"max-ref-mp", required_argument, 0, O_MAX_REF_MP},
         {"client-queue-share", required_argument, 0, O_CLIENT_SHARE},
         {"cancel-timeout-s", required_argument, 0, O_CANCEL_TIMEOUT},
         {"bus-key", required_argument, 0, O_BUS_KEY},
@@ -129,6 +131,9 @@ int main(int argc, char **argv)
             break;
         case O_BODY_WAIT: bad = num(optarg, 1, 1e9, &v), o.body_wait_ms = (int)v; break;
         case O_MAX_COST: bad = num(optarg, 0, 1e12, &v), o.max_cost = v; break;
+        case O_MAX_REF_MP:
+            bad = num(optarg, 0, 1 << 20, &v), o.max_ref_pixels = (int64_t)(v * (1 << 20));
+            break;
         case O_CLIENT_SHARE: bad = num(optarg, 0, 1, &v), o.client_queue_share = v; break;
         case O_CANCEL_TIMEOUT: bad = num(optarg, 0, 1e6, &v), o.cancel_timeout_s = v; break;
         case O_BUS_KEY: o.bus_key = optarg; break;

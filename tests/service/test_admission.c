@@ -32,8 +32,11 @@
  * - a replica that does not stop a cancelled job (played by this test on
  *   the bus) counts as busy until it is fenced, --cancel-timeout-s after
  *   the cancel, while the well-behaved client is served by the real one;
- * - decompression bombs: an edit with references of 64 MP each raises the
- *   encoder's peak memory by about one of them decoded, not all;
+ * - decompression bombs: an edit whose references hold more than
+ *   --max-ref-mp in all (eight of 64 MP) is 400 from their headers, the
+ *   gateway's memory flat, while the well-behaved client is served; one
+ *   within the limit (four of 64 MP) raises the encoder's peak memory by
+ *   about one of them decoded, not all;
  * - a request past --request-timeout-s gets 504 and its work stops at the
  *   next op, so the request behind it is served at its normal latency. */
 #include <dirent.h>
@@ -789,12 +792,53 @@ static void test_unanswered_cancel(void)
 
 #define BOMBS 4
 #define BOMB_SIDE 8192 /* 64 MP: the most a reference may have */
+#define MAX_REF_MP 256 /* the gateway's --max-ref-mp here: BOMBS of them */
 
-/* An edit with BOMBS references of 64 MP (a flat PNG of about 200 KiB
- * each, 192 MiB decoded): the encoder shrinks each to its prepared size
- * (~1 MP) as soon as it is decoded, so its peak memory rises by about one
- * reference as uploaded, not by BOMBS of them.  The client leaves once the
- * references are decoded (their VAE encoding would take minutes here). */
+/* An edit with eight references of 64 MP (512 MP in all, a flat PNG of
+ * about 200 KiB each: 1.5 GiB decoded) is refused from the references'
+ * headers, 400 naming the limit, before anything is decoded: the
+ * gateway's peak memory stays flat, the encoder never sees it, and a
+ * well-behaved client running meanwhile is served normally. */
+static void test_reference_bombs_refused(void)
+{
+    kiln_buf json = {0};
+    CHECK(edit_json(BOMB_SIDE, 8, &json) == 0);
+    CHECK(metric("kiln_limit{name=\"max_reference_pixels\"}") == (double)MAX_REF_MP * (1 << 20));
+    double base = baseline();
+    CHECK(base > 0);
+    good_client g;
+    good_start(&g);
+    int decoded = svc_log_count(svc_tmp("encoder.log"), "reference(s) of");
+    long before = gateway_peak_kb(1);
+    double t0 = kiln_now_ms();
+    gwc_response r;
+    CHECK(svc_post_json(port, "/v1/images/edits", (const char *)json.data, &r, SVC_T_REQ) == 0);
+    double ms = kiln_now_ms() - t0;
+    long peak = gateway_peak_kb(0);
+    KILN_LOG_INFO("admission: an edit with 8 references of %dx%d (%zu bytes of JSON): status %d "
+                  "after %.0f ms, gateway peak RSS %ld -> %ld kB", BOMB_SIDE, BOMB_SIDE, json.len,
+                  r.status, ms, before, peak);
+    CHECKF(r.status == 400 && r.body.data && strstr((const char *)r.body.data, "invalid_image") &&
+               strstr((const char *)r.body.data, "512.0 megapixels in all"),
+           "status %d: %.300s", r.status, r.body.data ? (char *)r.body.data : "");
+    gwc_response_free(&r);
+    /* One of them decoded would be 192 MiB; the body itself is ~2.3 MB
+     * (and its base64 decoded, ~1.7 MB). */
+    CHECKF(before > 0 && peak - before < 32 * 1024, "the gateway's peak RSS grew by %ld kB",
+           peak - before);
+    CHECK(svc_log_count(svc_tmp("encoder.log"), "reference(s) of") == decoded);
+    kiln_buf_free(&json);
+    good_check(&g, base, "reference bombs refused");
+}
+
+/* An edit with BOMBS references of 64 MP, within --max-ref-mp (a flat
+ * PNG of about 200 KiB each, 192 MiB decoded): the encoder shrinks each
+ * to its prepared size (~1 MP) as soon as it is decoded, so its peak
+ * memory rises by about one reference as uploaded, not by BOMBS of them.
+ * The client leaves once the references are decoded (their VAE encoding
+ * would take minutes here).  An accepted edit this large holds the one
+ * encoder while it runs, so no well-behaved client is timed here: the
+ * limit above is what keeps such edits out. */
 static void test_reference_bombs(void)
 {
     kiln_buf json = {0}, req = {0};
@@ -830,18 +874,19 @@ static void test_reference_bombs(void)
 /* kiln-gateway's options here, then `more` (NULL-terminated, or NULL). */
 static void gateway_args(const char **out, int cap, const char *const *more)
 {
-    static char body[16], conns[16], wait[16], queue[16], cancel_s[16];
+    static char body[16], conns[16], wait[16], queue[16], cancel_s[16], ref_mp[16];
     snprintf(body, sizeof body, "%d", MAX_BODY_MB);
     snprintf(conns, sizeof conns, "%d", CLIENT_CONNS);
     snprintf(wait, sizeof wait, "%d", BODY_WAIT_MS);
     snprintf(queue, sizeof queue, "%d", QUEUE_MAX);
     snprintf(cancel_s, sizeof cancel_s, "%d", CANCEL_TIMEOUT_S);
+    snprintf(ref_mp, sizeof ref_mp, "%d", MAX_REF_MP);
     const char *const gw[] = {"--max-size", "256", "--max-body-mb", body,
                               "--client-body-budget-mb", body, "--body-budget-mb", "64",
                               "--body-wait-ms", wait, "--max-client-connections", conns,
                               "--max-cost", "1", "--queue-max", queue,
                               "--client-queue-share", "0.25", "--cancel-timeout-s", cancel_s,
-                              NULL};
+                              "--max-ref-mp", ref_mp, NULL};
     int n = 0;
     for (int i = 0; gw[i] && n < cap - 1; i++)
         out[n++] = gw[i];
@@ -942,6 +987,7 @@ int main(void)
     RUN(test_cost_and_fairness);
     RUN(test_cancel_stops_work);
     RUN(test_unanswered_cancel);
+    RUN(test_reference_bombs_refused);
     RUN(test_reference_bombs);
     RUN(test_timeout_stops_work); /* restarts the gateway: last */
     for (int i = 3; i >= 0; i--) {

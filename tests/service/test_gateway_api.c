@@ -561,6 +561,49 @@ static void test_edit_json(void)
     free(json);
     kiln_buf_free(&b64);
     kiln_buf_free(&png);
+    /* The references' pixels in all, from their headers: two 96x80
+     * references are 15360 pixels; a limit one under refuses the request
+     * naming it, the exact limit (and none) takes it. */
+    png = make_png(96, 80);
+    CHECK(kiln_base64_encode(png.data, png.len, &b64, NULL) == KILN_OK);
+    cap = 2 * b64.len + 64;
+    json = malloc(cap);
+    snprintf(json, cap, "{\"prompt\":\"e\",\"image\":[\"%.*s\",\"%.*s\"]}",
+             (int)b64.len, (char *)b64.data, (int)b64.len, (char *)b64.data);
+    kiln_api_config c = config(&distilled);
+    for (int64_t lim = 2 * 96 * 80 - 1; lim <= 2 * 96 * 80; lim++) {
+        c.max_ref_pixels = lim;
+        kiln_status st = kiln_api_parse(KILN_API_EDIT, "application/json", json, strlen(json), &c,
+                                        &r, &e);
+        if (lim < 2 * 96 * 80)
+            CHECKF(st == KILN_ERR_INVALID && e.status == 400 && !strcmp(e.param, "image") &&
+                       !strcmp(e.code, "invalid_image") && strstr(e.err.msg, "megapixels in all"),
+                   "limit %lld: %s", (long long)lim, e.err.msg);
+        else
+            CHECKF(st == KILN_OK && r.n_images == 2, "limit %lld: %s", (long long)lim, e.err.msg);
+        if (st == KILN_OK)
+            kiln_api_request_free(&r);
+    }
+    free(json);
+    kiln_buf_free(&b64);
+    kiln_buf_free(&png);
+    /* A reference whose header claims 8192x8192 over a few bytes of data
+     * (a bomb, or a lie): with a 64 MP limit in all, two of them are
+     * refused from their headers. */
+    png = make_png(64, 64);
+    png.data[18] = 8192 >> 8, png.data[19] = 0, png.data[22] = 8192 >> 8, png.data[23] = 0;
+    CHECK(kiln_base64_encode(png.data, png.len, &b64, NULL) == KILN_OK);
+    cap = 2 * b64.len + 64;
+    json = malloc(cap);
+    snprintf(json, cap, "{\"prompt\":\"e\",\"image\":[\"%.*s\",\"%.*s\"]}",
+             (int)b64.len, (char *)b64.data, (int)b64.len, (char *)b64.data);
+    c.max_ref_pixels = 64ll << 20;
+    CHECK(kiln_api_parse(KILN_API_EDIT, "application/json", json, strlen(json), &c, &r, &e) ==
+              KILN_ERR_INVALID &&
+          strstr(e.err.msg, "128.0 megapixels in all") && strstr(e.err.msg, "limit is 64.0"));
+    free(json);
+    kiln_buf_free(&b64);
+    kiln_buf_free(&png);
     /* A reference under 64 px a side is refused up front, as the encoder
      * would. */
     png = make_png(32, 64);

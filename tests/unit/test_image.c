@@ -520,6 +520,82 @@ static void test_malformed_jpeg_webp(void)
     expect_invalid((const uint8_t *)"\x89PNG\r\n\x1a\n", 8, NULL, "PNG magic only", "PNG");
 }
 
+/* kiln_image_probe reads the size from the header alone: the same size
+ * and the same refusals (limits, formats) as decoding, for every format;
+ * a forged 8192x8192 PNG header is sized without its pixels, and every
+ * prefix of a file is either sized right or refused cleanly. */
+static void test_probe(void)
+{
+    kiln_image src = make_image(200, 136, 0);
+    for (int f = 0; f < KILN_IMAGE_FORMAT_COUNT; f++) {
+        kiln_buf b = encode(&src, (kiln_image_format)f);
+        int w = 0, h = 0;
+        kiln_err err = {0}, derr = {0};
+        CHECKF(kiln_image_probe(b.data, b.len, NULL, &w, &h, &err) == KILN_OK && w == 200 &&
+                   h == 136, "format %d: %s, %dx%d", f, err.msg, w, h);
+        kiln_image_limits side = {.max_side = 199, .max_pixels = 1 << 20};
+        kiln_image_limits area = {.max_side = 1000, .max_pixels = 200 * 136 - 1};
+        const kiln_image_limits *lims[2] = {&side, &area};
+        for (int l = 0; l < 2; l++) {
+            kiln_image img = {0};
+            err = derr = (kiln_err){0};
+            CHECK(kiln_image_probe(b.data, b.len, lims[l], &w, &h, &err) == KILN_ERR_INVALID &&
+                  w == 0 && h == 0);
+            CHECK(kiln_image_decode(b.data, b.len, lims[l], &img, &derr) == KILN_ERR_INVALID);
+            CHECKF(strcmp(err.msg, derr.msg) == 0, "probe '%s', decode '%s'", err.msg, derr.msg);
+        }
+        for (size_t n = 0; n < b.len; n++) {
+            err = (kiln_err){0};
+            kiln_status st = kiln_image_probe(b.data, n, NULL, &w, &h, &err);
+            CHECKF((st == KILN_OK && w == 200 && h == 136) ||
+                       (st == KILN_ERR_INVALID && err.msg[0] && w == 0),
+                   "format %d, %zu bytes: %s %dx%d", f, n, kiln_status_name(st), w, h);
+        }
+        kiln_buf_free(&b);
+    }
+    kiln_image_free(&src);
+
+    /* A PNG header claiming 8192x8192 over 16x16 pixels of data: sized at
+     * once (decoding it would allocate 192 MiB, then fail). */
+    kiln_image small = make_image(16, 16, 1);
+    kiln_buf c = encode(&small, KILN_IMAGE_PNG);
+    int w, h;
+    kiln_err err = {0};
+    png_set_size(&c, 8192, 8192);
+    CHECK(kiln_image_probe(c.data, c.len, NULL, &w, &h, &err) == KILN_OK && w == 8192 &&
+          h == 8192);
+    png_set_size(&c, 16384, 16384);
+    CHECK(kiln_image_probe(c.data, c.len, NULL, &w, &h, &err) == KILN_ERR_INVALID &&
+          strstr(err.msg, "pixels"));
+    png_set_size(&c, 100000, 16);
+    CHECK(kiln_image_probe(c.data, c.len, NULL, &w, &h, &err) == KILN_ERR_INVALID &&
+          strstr(err.msg, "too large"));
+    png_set_size(&c, 0, 16);
+    CHECK(kiln_image_probe(c.data, c.len, NULL, &w, &h, &err) == KILN_ERR_INVALID);
+    memcpy(c.data + 12, "IDAT", 4); /* IHDR must come first */
+    CHECK(kiln_image_probe(c.data, c.len, NULL, &w, &h, &err) == KILN_ERR_INVALID &&
+          strstr(err.msg, "PNG"));
+    kiln_buf_free(&c);
+    kiln_buf j = encode(&small, KILN_IMAGE_JPEG);
+    uint8_t *sof = memmem(j.data, j.len, "\xff\xc0", 2);
+    CHECK(sof != NULL);
+    if (sof) {
+        sof[5] = sof[7] = 60000 >> 8;
+        sof[6] = sof[8] = 60000 & 255;
+        CHECK(kiln_image_probe(j.data, j.len, NULL, &w, &h, &err) == KILN_ERR_INVALID &&
+              strstr(err.msg, "too large"));
+    }
+    kiln_buf_free(&j);
+    kiln_image_free(&small);
+    static const char text[] = "this is not an image, just a text file\n";
+    CHECK(kiln_image_probe(text, sizeof text - 1, NULL, &w, &h, &err) == KILN_ERR_INVALID &&
+          strstr(err.msg, "not a PNG"));
+    CHECK(kiln_image_probe("GIF89a\1\0\1\0\0\0\0", 13, NULL, &w, &h, &err) == KILN_ERR_INVALID &&
+          strstr(err.msg, "GIF"));
+    CHECK(kiln_image_probe(NULL, 0, NULL, &w, &h, &err) == KILN_ERR_INVALID &&
+          strstr(err.msg, "empty"));
+}
+
 int main(void)
 {
     const char *shared = getenv("KILN_SHARED"), *src = getenv("KILN_SOURCE_ROOT");
@@ -540,5 +616,6 @@ int main(void)
     RUN(test_limits);
     RUN(test_malformed_png);
     RUN(test_malformed_jpeg_webp);
+    RUN(test_probe);
     return test_finish();
 }
