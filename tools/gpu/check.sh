@@ -24,6 +24,12 @@
 #          through requests of changing sizes (to 2048x2048), rows and
 #          references, each bit-identical to the same request in a fresh
 #          process
+#   devices  one service whose stages run on different backends: kiln-gateway
+#          with a CUDA encoder and decoder around a CPU denoiser, then a CPU
+#          encoder and decoder around a CUDA denoiser (tiny checkpoint): each
+#          request is a 200 with an image of its size and no hand-off fails
+#          (a cuda_ipc reference handed to a CPU stage would); PSNR against
+#          the CPU CLI's image is printed, not judged
 # Not run by default (slow; name them):
 #   devicefault  a real device fault healed: kiln serve --device cuda on the
 #              tiny checkpoint with 2 denoisers, one of which runs a backend
@@ -66,7 +72,7 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline replay ipc serve img2img mixed)
+SECTIONS=(env build ops pipeline replay ipc serve img2img mixed devices)
 OPTIONAL=(devicefault mixedsan mixedfull memcheck racecheck fullsize fullcpu vaefull servemem)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
           tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed tests/cuda/test_cuda_vae_band
@@ -407,6 +413,52 @@ sec_devicefault() {
     tail -30 "$dir/serve.log"
   fi
   return $rc
+}
+
+# One service on the tiny checkpoint with the encoder, denoiser and decoder
+# on devices $2 $3 $4 (cpu or cuda), started as separate processes on a
+# loopback bus; one request; its image against the CPU CLI's (PSNR only:
+# bf16 on CUDA, fp32 on the CPU), and no hand-off failure in /metrics.
+devices_run() {
+  local dir=$1 enc=$2 den=$3 dec=$4 port=${KILN_SERVE_PORT:-18400} rc=0
+  local ckpt bus pids=()
+  ckpt=$(oracle_root)/oracle/ckpt/klein-tiny
+  bus=tcp://127.0.0.1:$((port + 1))
+  mkdir -p "$dir"
+  "$build/services/gateway/kiln-gateway" --model "$ckpt" --host 127.0.0.1 --port "$port" \
+    --bus "$bus" >"$dir/gateway.log" 2>&1 &
+  pids+=($!)
+  "$build/services/kiln-encoder" --model "$ckpt" --bus "$bus" --device "$enc" \
+    --text-encoder-out-layers 1,2,3 >"$dir/encoder.log" 2>&1 &
+  pids+=($!)
+  "$build/services/kiln-denoiser" --model "$ckpt" --bus "$bus" --device "$den" \
+    >"$dir/denoiser.log" 2>&1 &
+  pids+=($!)
+  "$build/services/kiln-decoder" --model "$ckpt" --bus "$bus" --device "$dec" \
+    >"$dir/decoder.log" 2>&1 &
+  pids+=($!)
+  serve_request "$port" "$dir/served.png" 256x256 4 64 || rc=1
+  python3 - "$port" <<'PY' || rc=1
+import sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read()
+lines = dict(l.rsplit(" ", 1) for l in text.decode().splitlines() if l and l[0] != "#")
+failed = float(lines.get('kiln_events_total{event="handoff_failure"}', "nan"))
+print("hand-off failures: %g" % failed)
+sys.exit(0 if failed == 0 else 1)
+PY
+  kill -TERM "${pids[@]}"
+  wait "${pids[@]}"
+  grep -h -E "device outputs as|by value:|\[error\]" "$dir"/*.log
+  [ $rc -eq 0 ] || { tail -5 "$dir"/*.log; return 1; }
+  "$build/tools/kiln" generate --model "$ckpt" --device cpu --text-encoder-out-layers 1,2,3 \
+    --prompt "a red fox sitting in fresh snow" --width 256 --height 256 --seed 42 --steps 4 \
+    --max-sequence-length 64 --out "$dir/cli-cpu.png" >"$dir/cli.log" 2>&1 ||
+    { tail -5 "$dir/cli.log"; return 1; }
+  "$build/tests/cuda/compare_outputs" --image "$dir/served.png" "$dir/cli-cpu.png" --min-psnr 0
+}
+sec_devices() {
+  devices_run "$logs/devices/cuda-cpu-cuda" cuda cpu cuda || return 1
+  devices_run "$logs/devices/cpu-cuda-cpu" cpu cuda cpu
 }
 
 want=("$@")
