@@ -12,6 +12,8 @@
 #include "common/log.h"
 
 #define TICK_MS 250
+/* Traces kept for GET /v1/traces/<id>: about 4 KiB each. */
+#define KILN_GW_TRACES_KEPT 1024
 
 enum { H_TICK = 1, H_SIGINT = 2, H_SIGTERM = 4 };
 
@@ -259,7 +261,8 @@ static int start(kiln_gateway *gw, kiln_err *err)
     if (getrandom(&gw->request_base, sizeof gw->request_base, 0) != (ssize_t)sizeof gw->request_base)
         gw->request_base = (uint64_t)gw->started << 20; /* still unique enough for logs */
 
-    if (!(gw->metrics = kiln_metrics_create(err)))
+    if (!(gw->metrics = kiln_metrics_create(err)) ||
+        !(gw->traces = kiln_traces_create(KILN_GW_TRACES_KEPT, err)))
         return -1;
     kiln_sched_opts so = {.model_id = gw->model_id, .queue_max = o->queue_max,
                           .client_share = o->client_queue_share,
@@ -356,6 +359,7 @@ int kiln_gateway_run(const kiln_gw_options *o)
     uv_run(loop, UV_RUN_DEFAULT);
     kiln_sched_destroy(gw->sched);
     kiln_metrics_destroy(gw->metrics);
+    kiln_traces_destroy(gw->traces);
     kiln_gw_clients_destroy(gw->clients);
     kiln_api_keys_free(gw->api_keys);
     if (uv_loop_close(loop))

@@ -23,6 +23,7 @@
 #include "http_server.h"
 #include "metrics.h"
 #include "scheduler.h"
+#include "traces.h"
 
 typedef struct kiln_gw_options {
     const char *host;
@@ -94,6 +95,7 @@ typedef struct kiln_gateway {
     kiln_gw_bus *bus;
     kiln_sched *sched;
     kiln_metrics *metrics;
+    kiln_traces *traces; /* the last requests' stage traces (GET /v1/traces/<id>) */
     uv_timer_t tick;
     uv_signal_t sigint, sigterm;
     unsigned handles; /* which of tick, sigint, sigterm are initialised */

@@ -20,6 +20,7 @@
 #define R_METRICS "/metrics"
 #define R_OTHER "other"
 #define R_PLAYGROUND "/"
+#define R_TRACES "/v1/traces"
 
 /* playground.html, embedded at build time (embed.py). */
 extern const char kiln_gw_playground_html[];
@@ -43,6 +44,7 @@ typedef struct gw_pending {
     kiln_status st;
     uint64_t job;
     uint64_t client; /* the HTTP request's (clients.h) */
+    double t_first, t_parse0, t_parse1; /* its first byte, parse queued, parsed (trace) */
 } gw_pending;
 
 static void reply(kiln_gateway *gw, kiln_http_conn *c, const char *route, int status,
@@ -204,6 +206,7 @@ static void parse_done(uv_work_t *w, int status)
     gw_pending *p = w->data;
     kiln_gateway *gw = p->gw;
     kiln_http_conn *c = p->conn;
+    p->t_parse1 = kiln_now_ms();
     if (!c || status) { /* the client left while we parsed */
         if (c) {
             KILN_LOG_ERROR("gateway: request %s: the worker pool failed (%d)", p->id, status);
@@ -274,6 +277,8 @@ static void route_images(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request 
     p->body = req->body;
     req->body = (kiln_buf){0};
     p->work.data = p;
+    p->t_parse0 = kiln_now_ms();
+    p->t_first = p->t_parse0 - kiln_http_conn_age_ms(c);
     int rc = uv_queue_work(gw->loop, &p->work, parse_work, parse_done);
     if (rc) {
         KILN_LOG_ERROR("gateway: request %s: uv_queue_work: %s", p->id, uv_strerror(rc));
@@ -300,8 +305,27 @@ static void route_playground(kiln_gateway *gw, kiln_http_conn *c)
           &body);
 }
 
+/* GET /v1/traces/<request id>: the request's stage trace (traces.h). */
+static void route_trace(kiln_gateway *gw, kiln_http_conn *c, const char *path)
+{
+    const char *id = path + sizeof R_TRACES; /* past "/v1/traces/" */
+    kiln_buf body = {0};
+    int rc = strlen(path) > sizeof R_TRACES ? kiln_traces_json(gw->traces, id, &body, NULL) : 1;
+    if (rc == 1) {
+        reply_error(gw, c, R_TRACES, 404, "No trace is kept for that request id (the last 1024 "
+                    "requests the scheduler answered are)", NULL, "not_found", NULL);
+        return;
+    }
+    if (rc) {
+        kiln_buf_free(&body);
+        reply_error(gw, c, R_TRACES, 500, "out of memory", NULL, "server_error", NULL);
+        return;
+    }
+    reply(gw, c, R_TRACES, 200, "application/json", NULL, &body);
+}
+
 typedef enum route_id {
-    RT_GENERATIONS, RT_EDITS, RT_MODELS, RT_HEALTH, RT_READY, RT_METRICS, RT_PLAYGROUND
+    RT_GENERATIONS, RT_EDITS, RT_MODELS, RT_HEALTH, RT_READY, RT_METRICS, RT_PLAYGROUND, RT_TRACES
 } route_id;
 
 static const struct {
@@ -311,7 +335,7 @@ static const struct {
 } routes[] = {
     {R_GENERATIONS, RT_GENERATIONS, 1}, {R_EDITS, RT_EDITS, 1}, {R_MODELS, RT_MODELS, 0},
     {R_HEALTH, RT_HEALTH, 0},           {R_READY, RT_READY, 0}, {R_METRICS, RT_METRICS, 0},
-    {R_PLAYGROUND, RT_PLAYGROUND, 0},
+    {R_PLAYGROUND, RT_PLAYGROUND, 0}, {R_TRACES, RT_TRACES, 0},
 };
 #define N_ROUTES ((int)(sizeof routes / sizeof routes[0]))
 
@@ -321,7 +345,8 @@ static int find_route(const char *path)
     for (int k = 0; k < N_ROUTES; k++)
         /* /v1/models/<id> is the models route too. */
         if (!strcmp(path, routes[k].path) ||
-            (routes[k].id == RT_MODELS && !strncmp(path, R_MODELS "/", sizeof R_MODELS)))
+            (routes[k].id == RT_MODELS && !strncmp(path, R_MODELS "/", sizeof R_MODELS)) ||
+            (routes[k].id == RT_TRACES && !strncmp(path, R_TRACES "/", sizeof R_TRACES)))
             return k;
     return -1;
 }
@@ -397,6 +422,7 @@ static void serve(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request *req, i
     case RT_READY: route_ready(gw, c); break;
     case RT_METRICS: route_metrics(gw, c); break;
     case RT_PLAYGROUND: route_playground(gw, c); break;
+    case RT_TRACES: route_trace(gw, c, path); break;
     }
 }
 
@@ -471,16 +497,39 @@ kiln_status kiln_gw_send(void *ud, const char *peer, const kiln_msg *m, kiln_err
     return kiln_gw_bus_send(gw->bus, peer, m, err);
 }
 
+/* Keeps the request's trace: the gateway's own spans around the
+ * scheduler's (traces.h). */
+static void keep_trace(kiln_gateway *gw, const gw_pending *p, int status, const kiln_trace *sched,
+                       double t_respond)
+{
+    kiln_trace *t = calloc(1, sizeof *t);
+    if (!t)
+        return; /* a trace is worth no failure */
+    double end = kiln_now_ms();
+    kiln_trace_span_add(t, "gateway", "request", p->t_first, end);
+    kiln_trace_span_add(t, "gateway", "receive", p->t_first, p->t_parse0);
+    kiln_trace_span_add(t, "gateway", "parse", p->t_parse0, p->t_parse1);
+    for (int i = 0; sched && i < sched->n && t->n < KILN_TRACE_MAX_SPANS - 1; i++)
+        t->span[t->n++] = sched->span[i];
+    kiln_trace_span_add(t, "gateway", "respond", t_respond, end);
+    kiln_traces_put(gw->traces, p->id, status, t);
+    free(t);
+}
+
 void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
 {
     kiln_gateway *gw = ud;
     gw_pending *p = client;
     kiln_http_conn *c = p->conn;
+    /* The trace is kept before this returns: the client's next request
+     * (GET /v1/traces/<id>) comes after it. */
+    double t_respond = kiln_now_ms();
     if (res->status != 200) {
         /* The scheduler's messages are safe to show (its 500s already say
          * "internal error" and the id). */
         reply_error(gw, c, p->route, res->status, res->message, NULL, res->code,
                     res->status == 429 || res->status == 503 ? "Retry-After: 1\r\n" : NULL);
+        keep_trace(gw, p, res->status, res->trace, t_respond);
         pending_free(p);
         return;
     }
@@ -500,5 +549,6 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
     } else {
         reply(gw, c, p->route, 200, "application/json", NULL, &body);
     }
+    keep_trace(gw, p, 200, res->trace, t_respond);
     pending_free(p);
 }

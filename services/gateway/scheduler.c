@@ -195,7 +195,8 @@ void sched_fail(kiln_sched *s, sched_job *j, int status, const char *code, const
         snprintf(msg, sizeof msg, status >= 500 ? "%s (request %s)" : "%s", detail, rid);
     }
     if (j->client) {
-        kiln_sched_result res = {.status = status, .message = msg, .code = code};
+        kiln_sched_result res = {.status = status, .message = msg, .code = code,
+                                 .trace = &j->trace};
         s->ops.finish(s->ud, j->client, &res);
     }
     sched_destroy_job(s, j);
@@ -319,6 +320,9 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
         return;
     }
     kiln_metrics_queue_wait(s->metrics, j->stage, KILN_QUEUE_GATEWAY, (now - j->t_enqueue) / 1000.0);
+    static const char *const queue_span[KILN_STAGE_COUNT] = {
+        "encode: gateway queue", "denoise: gateway queue", "decode: gateway queue"};
+    kiln_trace_span_add(&j->trace, "gateway", queue_span[j->stage], j->t_enqueue, now);
     sched_detach(s, j);
     r->credits--;
     r->last_job = ++s->n_dispatched;

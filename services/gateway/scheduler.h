@@ -49,6 +49,7 @@
 #include "api_request.h"
 #include "common/proto.h"
 #include "metrics.h"
+#include "traces.h"
 
 typedef struct kiln_sched kiln_sched;
 
@@ -80,6 +81,9 @@ typedef struct kiln_sched_result {
     const kiln_bytes *images;
     const uint64_t *seeds;
     const kiln_api_request *req;
+    /* The scheduler's spans of the request (its queues and stages), errors
+     * too; NULL when none. */
+    const kiln_trace *trace;
 } kiln_sched_result;
 
 typedef struct kiln_sched_ops {

@@ -174,8 +174,53 @@ static void part(kiln_sched *s, kiln_part p, double ms)
         kiln_metrics_part(s->metrics, p, ms / 1000.0);
 }
 
-static void record(kiln_sched *s, const sched_job *j, const kiln_msg_done *d, double now)
+/* The stage's spans: the whole stage on the gateway's track, and on the
+ * replica's its queue, its run and the run's parts, laid out from the
+ * durations it reports with the unaccounted time (bus, tensor hand-offs)
+ * split before and after (traces.h). */
+static void trace_stage(sched_job *j, const kiln_msg_done *d, double now)
 {
+    static const char *const names[KILN_STAGE_COUNT][4] = {
+        {"encode", "encode: handoff", "encode: replica queue", "encode: run"},
+        {"denoise", "denoise: handoff", "denoise: replica queue", "denoise: run"},
+        {"decode", "decode: handoff", "decode: replica queue", "decode: run"},
+    };
+    const char *const *nm = names[j->stage];
+    kiln_trace *t = &j->trace;
+    const char *rid = j->on ? j->on->id : "replica";
+    kiln_trace_span_add(t, "gateway", nm[0], j->t_dispatch, now);
+    double queue = timing(d, "queue"), run = timing(d, "run");
+    if (queue < 0 || run < 0)
+        return;
+    double gap = now - j->t_dispatch - queue - run;
+    double h = gap > 0 ? gap / 2 : 0;
+    double a = j->t_dispatch + h, b = a + queue, c = b + run;
+    kiln_trace_span_add(t, rid, nm[1], j->t_dispatch, a);
+    kiln_trace_span_add(t, rid, nm[2], a, b);
+    kiln_trace_span_add(t, rid, nm[3], b, c);
+    if (j->stage == KILN_STAGE_DENOISE) {
+        double setup = timing(d, "setup"), step = timing(d, "step");
+        if (setup >= 0)
+            kiln_trace_span_add(t, rid, "denoise: setup", b, b + setup);
+        if (setup >= 0 && step >= 0) {
+            /* one span per step: the replica reports their mean */
+            for (int k = 0; k < j->req.req.steps && t->n < KILN_TRACE_MAX_SPANS - 16; k++)
+                kiln_trace_span_add(t, rid, "denoise: step", b + setup + k * step,
+                                    b + setup + (k + 1) * step);
+        }
+    } else if (j->stage == KILN_STAGE_DECODE) {
+        double vae = timing(d, "vae"), img = timing(d, "image_encode");
+        if (vae >= 0)
+            kiln_trace_span_add(t, rid, "decode: vae", b, b + vae);
+        if (vae >= 0 && img >= 0)
+            kiln_trace_span_add(t, rid, "decode: image encode", b + vae, b + vae + img);
+    }
+    kiln_trace_span_add(t, rid, nm[1], c, now);
+}
+
+static void record(kiln_sched *s, sched_job *j, const kiln_msg_done *d, double now)
+{
+    trace_stage(j, d, now);
     double at_gateway = now - j->t_dispatch;
     kiln_metrics_stage(s->metrics, j->stage, at_gateway / 1000.0);
     if (j->on)
@@ -224,7 +269,7 @@ static void complete(kiln_sched *s, sched_job *j, kiln_msg *m)
     kiln_metrics_images(s->metrics, q->n);
     if (j->client) {
         kiln_sched_result res = {.status = 200, .n_images = d->n_images, .images = d->images,
-                                 .seeds = j->seeds, .req = &j->req};
+                                 .seeds = j->seeds, .req = &j->req, .trace = &j->trace};
         s->ops.finish(s->ud, j->client, &res);
     }
     kiln_msg_free(m);

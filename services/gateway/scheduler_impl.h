@@ -101,6 +101,7 @@ typedef struct sched_job {
      * dispatch they move to a sched_handoff of the consumer. */
     kiln_msg *held;
     double t_submit, t_enqueue, t_dispatch;
+    kiln_trace trace; /* its spans so far (traces.h), handed to finish */
 } sched_job;
 
 #define SCHED_TOMBSTONES 256

@@ -7,12 +7,15 @@
  * timeouts set through kiln serve, and a bad served name refused at
  * start. */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "tests/service/prom_lint.h"
 #include "tests/service/svc_util.h"
@@ -39,6 +42,100 @@ static int make_hub_snapshot(const char *oracle, char *out, size_t cap)
             return -1;
     }
     return 0;
+}
+
+/* The X event of `name` on track pid (any when 0), the k-th of its name. */
+static const cJSON *span(const cJSON *ev, const char *name, int pid, int k)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ev)
+    {
+        const cJSON *ph = cJSON_GetObjectItem(e, "ph"), *nm = cJSON_GetObjectItem(e, "name");
+        if (cJSON_IsString(ph) && !strcmp(ph->valuestring, "X") && cJSON_IsString(nm) &&
+            !strcmp(nm->valuestring, name) &&
+            (!pid || cJSON_GetObjectItem(e, "pid")->valueint == pid) && k-- == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static double ts(const cJSON *e) { return e ? cJSON_GetObjectItem(e, "ts")->valuedouble : -1; }
+static double te(const cJSON *e)
+{
+    return e ? ts(e) + cJSON_GetObjectItem(e, "dur")->valuedouble : -1;
+}
+static int pid_of(const cJSON *e) { return e ? cJSON_GetObjectItem(e, "pid")->valueint : -1; }
+
+/* One request's trace: Chrome trace events with a process per track (the
+ * gateway and each replica that ran it), every span inside the request,
+ * each stage's replica spans (hand-offs, queue, run) inside the stage's
+ * dispatch-to-done span at the gateway and adding up to it, the denoise
+ * steps and the stages in order. */
+static void check_trace(int port, const char *id, int steps)
+{
+    char path[160];
+    snprintf(path, sizeof path, "/v1/traces/%s", id);
+    gwc_response r = {0};
+    CHECK(gwc_request(port, "GET", path, NULL, NULL, 0, &r, 10000) == 0 && r.status == 200);
+    cJSON *j = r.body.data ? cJSON_ParseWithLength((const char *)r.body.data, r.body.len) : NULL;
+    CHECKF(j != NULL, "trace is not JSON: %.*s", (int)r.body.len, r.body.data ? (char *)r.body.data : "");
+    gwc_response_free(&r);
+    if (!j)
+        return;
+    const cJSON *other = cJSON_GetObjectItem(j, "otherData");
+    CHECK(!strcmp(cJSON_GetObjectItem(other, "request_id")->valuestring, id) &&
+          cJSON_GetObjectItem(other, "status")->valueint == 200);
+    const cJSON *ev = cJSON_GetObjectItem(j, "traceEvents");
+    const cJSON *req = span(ev, "request", 1, 0);
+    CHECK(req && ts(req) == 0 && te(req) > 0);
+    int processes = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ev)
+    {
+        const char *ph = cJSON_GetObjectItem(e, "ph")->valuestring;
+        if (!strcmp(ph, "M") && !strcmp(cJSON_GetObjectItem(e, "name")->valuestring,
+                                        "process_name"))
+            processes++;
+        else if (!strcmp(ph, "X"))
+            CHECKF(ts(e) >= 0 && te(e) <= te(req) + 1, "%s outside the request",
+                   cJSON_GetObjectItem(e, "name")->valuestring);
+    }
+    CHECKF(processes == 4, "%d processes", processes); /* the gateway and 3 replicas */
+    CHECK(span(ev, "receive", 1, 0) && span(ev, "parse", 1, 0) && span(ev, "respond", 1, 0));
+    static const char *const stages[] = {"encode", "denoise", "decode"};
+    double prev_end = 0;
+    for (int st = 0; st < 3; st++) {
+        char n[4][48];
+        snprintf(n[0], sizeof n[0], "%s: handoff", stages[st]);
+        snprintf(n[1], sizeof n[1], "%s: replica queue", stages[st]);
+        snprintf(n[2], sizeof n[2], "%s: run", stages[st]);
+        snprintf(n[3], sizeof n[3], "%s: gateway queue", stages[st]);
+        const cJSON *whole = span(ev, stages[st], 1, 0), *q = span(ev, n[3], 1, 0);
+        const cJSON *run = span(ev, n[2], 0, 0);
+        int rp = pid_of(run);
+        const cJSON *parts[] = {span(ev, n[0], rp, 0), span(ev, n[1], rp, 0), run,
+                                span(ev, n[0], rp, 1)};
+        CHECKF(whole && q && run && rp > 1 && parts[0] && parts[1] && parts[3],
+               "stage %s spans", stages[st]);
+        if (!whole || !q || !parts[0] || !parts[1] || !run || !parts[3])
+            continue;
+        CHECK(ts(q) >= prev_end - 1 && te(q) <= ts(whole) + 1); /* queued, then dispatched */
+        double sum = 0;
+        for (int k = 0; k < 4; k++) {
+            CHECKF(ts(parts[k]) >= ts(whole) - 1 && te(parts[k]) <= te(whole) + 1,
+                   "%s part %d outside its stage", stages[st], k);
+            sum += te(parts[k]) - ts(parts[k]);
+        }
+        CHECKF(fabs(sum - (te(whole) - ts(whole))) <= 4, "%s: parts %.0f us, stage %.0f us",
+               stages[st], sum, te(whole) - ts(whole));
+        prev_end = te(whole);
+    }
+    CHECK(span(ev, "denoise: step", 0, steps - 1) && !span(ev, "denoise: step", 0, steps));
+    CHECK(span(ev, "denoise: setup", 0, 0) && span(ev, "decode: vae", 0, 0) &&
+          span(ev, "decode: image encode", 0, 0));
+    cJSON_Delete(j);
+    CHECK(svc_get_status(port, "/v1/traces/req_0000000000000000") == 404);
+    CHECK(svc_get_status(port, "/v1/traces/") == 404);
 }
 
 static void test_ready_access_and_hub_name(void)
@@ -78,6 +175,7 @@ static void test_ready_access_and_hub_name(void)
     gwc_response_free(&r);
     snprintf(line, sizeof line, "access: %s POST /v1/images/generations 200 %zu bytes ", id, bytes);
     CHECKF(svc_wait_log(svc_tmp("serve.log"), line, 1, 10000) == 0, "no '%s'", line);
+    check_trace(port, id, 1);
     const char *other = "{\"prompt\":\"a cat\",\"model\":\"klein-tiny\",\"size\":\"64x64\"}";
     CHECK(svc_post_json(port, "/v1/images/generations", other, &r, SVC_T_REQ) == 0 &&
           r.status >= 400 && r.status < 500);
