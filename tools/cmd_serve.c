@@ -8,10 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "commands.h"
 #include "common/bus_keys.h"
+#include "common/checkpoint.h"
 #include "common/log.h"
 #include "supervisor.h"
 #include "common/args.h"
@@ -269,6 +272,46 @@ static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const c
     return KILN_OK;
 }
 
+/* Whether host:port can be bound now (the gateway binds it a moment
+ * later): a port in use is said at once, by kiln serve, rather than by a
+ * gateway restarted in a loop. */
+static kiln_status check_port(const char *host, int port, const char *what, kiln_err *err)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    int rc = getaddrinfo(host, service, &hints, &ai);
+    if (rc)
+        return kiln_err_set(err, KILN_ERR_INVALID, "--host %s: not an IPv4 or IPv6 address (%s)",
+                            host, gai_strerror(rc));
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol), e = 0;
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen))
+        e = errno;
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(ai);
+    if (e)
+        return kiln_err_set(err, KILN_ERR_INVALID, "cannot listen on %s:%d for the %s: %s%s", host,
+                            port, what, strerror(e),
+                            e == EADDRINUSE ? " (another server runs there: choose --port)" : "");
+    return KILN_OK;
+}
+
+/* The checkpoint opens (every stage would refuse it otherwise, one by
+ * one). */
+static kiln_status check_model(const char *dir, kiln_err *err)
+{
+    kiln_checkpoint *ck = kiln_checkpoint_open(dir, err);
+    if (!ck)
+        return kiln_err_wrap(err, "--model %s", dir);
+    kiln_checkpoint_close(ck);
+    return KILN_OK;
+}
+
 int kiln_cmd_serve(int argc, char **argv)
 {
     serve_opts o;
@@ -283,6 +326,11 @@ int kiln_cmd_serve(int argc, char **argv)
     kiln_err err = {0};
     run_keys keys = {0};
     kiln_supervisor *s = NULL;
+    if (check_model(o.model, &err) || check_port(o.host, o.port, "HTTP API", &err) ||
+        (!o.bus && check_port("127.0.0.1", o.port + 1, "bus (--port + 1)", &err))) {
+        fprintf(stderr, "kiln serve: %s\n", err.msg);
+        return 1;
+    }
     if (make_keys(&keys, &err) || !(s = kiln_supervisor_create(&err)) ||
         add_gateway(s, &o, bus, &keys, &err) || add_replicas(s, &o, bus, &keys, &err)) {
         fprintf(stderr, "kiln serve: %s\n", err.msg);

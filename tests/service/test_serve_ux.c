@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -285,6 +288,29 @@ static void test_served_name_and_timeouts(void)
     pid_t p = svc_spawn(bad, NULL, svc_tmp("bad.log"));
     CHECK(p > 0 && svc_wait_exit(p, 60000) == 1);
     CHECK(svc_log_count(svc_tmp("bad.log"), "--served-model-name takes") == 1);
+
+    /* start-up failures kiln serve says itself, at once, before any child:
+     * a port in use, a checkpoint that does not open */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0 &&
+          getsockname(fd, (struct sockaddr *)&a, &al) == 0);
+    snprintf(port_s, sizeof port_s, "%d", ntohs(a.sin_port));
+    const char *taken[] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port", port_s,
+                           NULL};
+    p = svc_spawn(taken, NULL, svc_tmp("taken.log"));
+    CHECK(p > 0 && svc_wait_exit(p, 10000) == 1);
+    CHECK(svc_log_count(svc_tmp("taken.log"), "cannot listen on 127.0.0.1:") == 1 &&
+          svc_log_count(svc_tmp("taken.log"), "choose --port") == 1 &&
+          svc_log_count(svc_tmp("taken.log"), "started kiln-gateway") == 0);
+    close(fd);
+    const char *nomodel[] = {svc_exe("tools/kiln"), "serve", "--model", svc_tmp("no-model"),
+                             "--port", port_s, NULL};
+    p = svc_spawn(nomodel, NULL, svc_tmp("nomodel.log"));
+    CHECK(p > 0 && svc_wait_exit(p, 10000) == 1);
+    CHECK(svc_log_count(svc_tmp("nomodel.log"), "checkpoint folder not found") == 1 &&
+          svc_log_count(svc_tmp("nomodel.log"), "started kiln-") == 0);
 }
 
 int main(void)
