@@ -6,9 +6,14 @@ probes on ports it declares; containers of one pod (which share its network)
 use distinct ports; stages reach the gateway through the bus Service that
 readiness does not gate; every process's grace period outlasts its drain; the
 compose stages share a /dev/shm volume and have health checks and a restart
-policy.  Prints each broken rule and exits 1 when there is one."""
+policy; the Grafana dashboard (deploy/grafana/kiln.json) reads only series the
+gateway exports (names found in services/gateway/metrics.c and
+proc_metrics.c) and each panel has a query.  Prints each broken rule and exits
+1 when there is one."""
 import glob
+import json
 import os
+import re
 import sys
 
 import yaml
@@ -117,8 +122,28 @@ def check_compose():
             bad(where, "joins the host's IPC or PID namespace (only compose.cuda.yaml may)")
 
 
+def check_dashboard():
+    gw = os.path.join(root, "..", "services", "gateway")
+    source = ""
+    for name in ("metrics.c", "proc_metrics.c"):
+        with open(os.path.join(gw, name)) as f:
+            source += f.read()
+    with open(os.path.join(root, "grafana", "kiln.json")) as f:
+        d = json.load(f)
+    for p in d["panels"]:
+        where = f"grafana/kiln.json panel '{p['title']}'"
+        if not p.get("targets"):
+            bad(where, "no query")
+        for t in p.get("targets", []):
+            for name in re.findall(r"\b((?:kiln|process)_[a-z_]+)\b", t["expr"]):
+                base = re.sub(r"_(bucket|sum|count)$", "", name)
+                if f'"{base}' not in source and f"{base} " not in source:
+                    bad(where, f"reads {name}, which the gateway does not export")
+
+
 check_k8s()
 check_compose()
+check_dashboard()
 for p in problems:
     print(p)
 print(f"{len(problems)} problem(s)")
