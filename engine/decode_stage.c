@@ -5,10 +5,12 @@
 
 #include "models/latents.h"
 #include "models/vae.h"
+#include "models/zimage_dit.h"
 
 struct kiln_decode_stage {
     kiln_backend *be;
     kiln_vae *vae;
+    int64_t patch; /* Z-Image: the DiT's patch size (tokens -> latents) */
 };
 
 kiln_decode_stage *kiln_decode_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
@@ -29,9 +31,26 @@ kiln_decode_stage *kiln_decode_stage_create(kiln_backend *be, const kiln_checkpo
     if (!s->vae)
         goto fail;
     const kiln_vae_info *info = kiln_vae_get_info(s->vae);
-    if (info->kind != KILN_VAE_FLUX2) {
-        kiln_err_set(err, KILN_ERR_UNSUPPORTED, "vae: the klein pipeline needs AutoencoderKLFlux2");
+    int zimage = kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE;
+    if (info->kind != (zimage ? KILN_VAE_KL : KILN_VAE_FLUX2)) {
+        kiln_err_set(err, KILN_ERR_UNSUPPORTED, "vae: the %s pipeline needs %s",
+                     zimage ? "Z-Image" : "klein", zimage ? "AutoencoderKL" : "AutoencoderKLFlux2");
         goto fail;
+    }
+    if (zimage) {
+        const cJSON *tcfg = kiln_checkpoint_config(ck, "transformer", err);
+        kiln_zimage_dit_config zc;
+        if (!tcfg || kiln_zimage_dit_config_parse(tcfg, &zc, err))
+            goto fail;
+        if (zc.in_channels != info->latent_channels || zc.patch * 8 != 16 ||
+            info->downscale != 8) {
+            kiln_err_set(err, KILN_ERR_FORMAT,
+                         "the transformer's %lld channels in %lld-patches do not match the "
+                         "VAE's %d latent channels at 1/%d scale", (long long)zc.in_channels,
+                         (long long)zc.patch, info->latent_channels, info->downscale);
+            goto fail;
+        }
+        s->patch = zc.patch;
     }
     return s;
 fail:
@@ -67,7 +86,7 @@ kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, in
     kiln_backend *be = s->be;
     const kiln_vae_info *info = kiln_vae_get_info(s->vae);
     int64_t h = height / 16, w = width / 16, z = info->latent_channels;
-    int64_t C = (int64_t)info->bn_channels;
+    int64_t C = s->patch ? z * s->patch * s->patch : (int64_t)info->bn_channels;
     if (latents->ndim != 3 || latents->shape[1] != h * w || latents->shape[2] != C ||
         width % 16 || height % 16 || width < 16 || height < 16)
         return kiln_err_set(err, KILN_ERR_INVALID, "decode: latents do not match %dx%d", width,
@@ -84,12 +103,21 @@ kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, in
         goto done;
     }
     kiln_be_download(be, latents, packed);
-    /* pipeline.md section 10: unpack, x * std + mean with the BN statistics,
-     * unpatchify to (B, z, 2h, 2w). */
-    kiln_latents_unpack(packed, grid, B, C, h, w);
-    kiln_latents_bn_denormalize(grid, B, C, h * w, info->bn_mean, info->bn_var, info->bn_eps,
+    if (s->patch) {
+        /* Z-Image (z-image-turbo.md §4 item 6): the DiT's tokens back to
+         * (B, z, 2h, 2w), then latents.to(vae dtype) / scaling + shift. */
+        kiln_latents_zimage_unpatchify(packed, grid, B, z, s->patch, h, w);
+        kiln_latents_kl_unscale(grid, (int64_t)n_lat, info->scaling_factor, info->shift_factor,
                                 be->act_dtype);
-    kiln_latents_unpatchify(grid, packed, B, z, h, w);
+        memcpy(packed, grid, n_lat * sizeof(float));
+    } else {
+        /* pipeline.md section 10: unpack, x * std + mean with the BN
+         * statistics, unpatchify to (B, z, 2h, 2w). */
+        kiln_latents_unpack(packed, grid, B, C, h, w);
+        kiln_latents_bn_denormalize(grid, B, C, h * w, info->bn_mean, info->bn_var, info->bn_eps,
+                                    be->act_dtype);
+        kiln_latents_unpatchify(grid, packed, B, z, h, w);
+    }
     if (kiln_be_from_host(be, &zt, 4, (int64_t[]){B, z, 2 * h, 2 * w}, packed, KILN_F32) ||
         kiln_be_alloc(be, &img, be->act_dtype, 4, (int64_t[]){B, 3, H, W})) {
         st = kiln_be_check(be, err);

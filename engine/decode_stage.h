@@ -1,6 +1,7 @@
-/* The decode stage: packed FLUX.2 latents to 8-bit RGB images (latent
- * de-normalisation, unpatchify, VAE decoder, clamp and rounding as
- * diffusers' image processor does).
+/* The decode stage: the denoise stage's latents to 8-bit RGB images: packed
+ * FLUX.2 latents (BatchNorm de-normalisation, unpatchify) or Z-Image patch
+ * tokens (unpatchify, / scaling_factor + shift_factor), then the VAE
+ * decoder, clamp and rounding as diffusers' image processor does.
  *
  *   kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
  *   kiln_image imgs[B];
@@ -31,7 +32,8 @@ void kiln_decode_stage_destroy(kiln_decode_stage *s);
 kiln_status kiln_decode_stage_set_banding(kiln_decode_stage *s, int64_t above_pixels,
                                           int64_t rows, kiln_err *err);
 
-/* Decodes latents (B, N, C) with N = (height/16) * (width/16) into B new
+/* Decodes latents (B, N, C) with N = (height/16) * (width/16) (any
+ * activation dtype) into B new
  * images (each freed by the caller with kiln_image_free).  raw_out, when not
  * NULL, receives the decoder output (B, 3, H, W) as host f32 (tests).  On
  * failure no image is left allocated. */

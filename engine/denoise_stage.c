@@ -1,22 +1,14 @@
-#include "denoise_stage.h"
+/* The denoise stage's family dispatch and the FLUX.2 klein loop; the
+ * Z-Image loop is in denoise_zimage.c. */
+#include "denoise_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/flux2_dit.h"
 #include "models/latents.h"
 #include "models/rng.h"
 #include "models/scheduler.h"
-
-struct kiln_denoise_stage {
-    kiln_backend *be;
-    kiln_flux2_dit *dit;
-    kiln_flux2_kv_cache *kv;
-    kiln_sched_config sched;
-    kiln_model_traits traits;
-    int64_t channels;
-};
 
 kiln_denoise_stage *kiln_denoise_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
                                               kiln_err *err)
@@ -30,11 +22,18 @@ kiln_denoise_stage *kiln_denoise_stage_create(kiln_backend *be, const kiln_check
     const cJSON *sched_json = kiln_checkpoint_config(ck, "scheduler", err);
     if (!sched_json || kiln_sched_config_parse(sched_json, &s->sched, err))
         goto fail;
+    s->traits = kiln_model_traits_of(ck);
+    if (s->traits.family == KILN_FAMILY_ZIMAGE) {
+        s->zdit = kiln_zimage_dit_load(be, ck, err);
+        if (!s->zdit)
+            goto fail;
+        s->channels = kiln_zimage_dit_get_config(s->zdit)->patch_features;
+        return s;
+    }
     s->dit = kiln_flux2_dit_load(be, ck, err);
     if (!s->dit)
         goto fail;
     s->channels = kiln_flux2_dit_get_config(s->dit)->in_channels;
-    s->traits = kiln_model_traits_of(ck);
     if (s->traits.kv_cache) {
         s->kv = kiln_flux2_kv_cache_create(s->dit, err);
         if (!s->kv)
@@ -52,6 +51,7 @@ void kiln_denoise_stage_destroy(kiln_denoise_stage *s)
         return;
     kiln_flux2_kv_cache_destroy(s->kv);
     kiln_flux2_dit_destroy(s->dit);
+    kiln_zimage_dit_destroy(s->zdit);
     free(s);
 }
 
@@ -63,9 +63,12 @@ kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_j
                                float *out, kiln_err *err)
 {
     int64_t h = job->height / 16, w = job->width / 16, c = s->channels;
+    int zimage = s->traits.family == KILN_FAMILY_ZIMAGE;
     size_t per_row = (size_t)(c * h * w);
-    /* klein draws in the pipeline dtype (spec/pipeline.md section 3). */
-    kiln_dtype dt = s->be->act_dtype == KILN_BF16 && !job->fp32_noise ? KILN_BF16 : KILN_F32;
+    /* klein draws in the pipeline dtype, Z-Image always in fp32
+     * (spec/pipeline.md section 3, z-image-turbo.md §4 item 2). */
+    kiln_dtype dt = s->be->act_dtype == KILN_BF16 && !job->fp32_noise && !zimage ? KILN_BF16
+                                                                                  : KILN_F32;
     float *grid = malloc(per_row * (size_t)job->B * sizeof *grid);
     if (!grid)
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory for the initial noise");
@@ -84,8 +87,13 @@ kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_j
         }
     }
     kiln_rng_destroy(g);
-    if (!st)
+    if (!st && zimage) {
+        /* drawn as latents (B, C, 2h, 2w), handed on as the DiT's tokens */
+        const kiln_zimage_dit_config *zc = kiln_zimage_dit_get_config(s->zdit);
+        kiln_latents_zimage_patchify(grid, out, job->B, zc->in_channels, zc->patch, h, w);
+    } else if (!st) {
         kiln_latents_pack(grid, out, job->B, c, h, w);
+    }
     free(grid);
     return st;
 }
@@ -115,20 +123,22 @@ static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job
         return kiln_err_set(err, KILN_ERR_INVALID,
                             "denoise: strength %g leaves none of the %d steps to run",
                             job->strength, job->steps);
-    if (s->traits.cfg && job->guidance > 1.0f &&
+    if (kiln_model_cfg_runs(&s->traits, job->guidance) &&
         (!job->neg_embeds || job->neg_embeds->ndim != 3 ||
          memcmp(job->neg_embeds->shape, job->embeds->shape, sizeof job->embeds->shape)))
         return kiln_err_set(err, KILN_ERR_INVALID, "denoise: CFG needs negative embeddings");
+    if (s->zdit && (job->R || job->strength != 0))
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "denoise: Z-Image takes no reference or img2img image");
     return KILN_OK;
 }
 
-/* Tokens per DiT forward.  The DiT's activations grow with rows x tokens
- * (about 140 KB a token for klein-4B, 640 MB for a 1024x1024 row), and a
+/* Tokens per DiT forward (DENOISE_PASS_TOKENS, denoise_internal.h).  The
+ * DiT's activations grow with rows x tokens (about 140 KB a token for klein-4B, 640 MB for a 1024x1024 row), and a
  * 1024x1024 row (4608 tokens) already fills the GPU, so a batch of large
  * images runs a row at a time (small ones still together): the service's
  * peak memory stays that of one row while its batches keep their queueing
  * benefit.  Rows never interact in the DiT. */
-#define DENOISE_PASS_TOKENS 8192
 
 /* Per-forward state shared by the steps of one run. */
 typedef struct loop_ctx {
@@ -217,7 +227,7 @@ static kiln_status prepare(loop_ctx *c, kiln_err *err)
     }
     int64_t vshape[] = {B, N, C};
     kiln_be_alloc(be, &c->v, be->act_dtype, 3, vshape);
-    if (s->traits.cfg && job->guidance > 1.0f)
+    if (kiln_model_cfg_runs(&s->traits, job->guidance))
         kiln_be_alloc(be, &c->v_neg, be->act_dtype, 3, vshape);
     return kiln_be_check(be, err);
 }
@@ -267,6 +277,8 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
     memset(out, 0, sizeof *out);
     if (check_job(s, job, err))
         return err ? err->code : KILN_ERR_INVALID;
+    if (s->zdit)
+        return denoise_zimage_run(s, job, out, err);
     kiln_backend *be = s->be;
     int64_t B = job->B, C = s->channels;
     int64_t N = (int64_t)(job->height / 16) * (job->width / 16);
@@ -301,7 +313,7 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
     if (!st && kiln_be_from_host(be, out, 3, (int64_t[]){B, N, C}, x0, KILN_F32))
         st = kiln_be_check(be, err);
     free(x0);
-    int use_cfg = s->traits.cfg && job->guidance > 1.0f;
+    int use_cfg = kiln_model_cfg_runs(&s->traits, job->guidance);
     for (int i = first; i < job->steps && !st; i++) {
         if (job->cancelled && job->cancelled(job->user)) {
             st = kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");

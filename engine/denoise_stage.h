@@ -1,6 +1,8 @@
-/* The denoise stage: initial noise, the flow-matching schedule and the
- * FLUX.2 DiT loop (text-to-image, edits, the 9B-kv reference cache and
- * classifier-free guidance for base checkpoints).
+/* The denoise stage: initial noise, the flow-matching schedule and the DiT
+ * loop of the checkpoint's family: FLUX.2 klein (text-to-image, edits, the
+ * 9B-kv reference cache and classifier-free guidance for base checkpoints)
+ * or Z-Image (text-to-image, CFG when guidance > 0; fp32 latents on every
+ * backend, as ZImagePipeline keeps them).
  *
  *   kiln_denoise_stage *dn = kiln_denoise_stage_create(be, ck, &err);
  *   kiln_denoise_job job = {.B = 1, .embeds = &emb, .width = 512, .height = 512,
@@ -32,9 +34,13 @@ typedef struct kiln_denoise_job {
     int64_t B;                     /* rows */
     const kiln_tensor *embeds;     /* (B, T, J) prompt embeddings */
     const kiln_tensor *neg_embeds; /* (B, T, J) negative embeddings, used when CFG runs */
+    /* Z-Image: real tokens of each row of embeds / neg_embeds (1..T; the
+     * encode stage's lens_out); the DiT reads those rows only.  Unused by
+     * klein, whose DiT reads every row. */
+    const int *txt_len, *neg_len;
     int width, height;             /* output pixels, multiples of 16 */
     int steps;
-    float guidance;                /* CFG runs when > 1 on a base checkpoint */
+    float guidance;                /* CFG runs when kiln_model_cfg_runs says so */
     const uint64_t *seeds;         /* [B] per-row seeds */
     int batch_noise;               /* one draw for all rows from seeds[0] */
     int fp32_noise;                /* draw fp32 noise even on a bf16 backend (oracle runs) */
@@ -69,13 +75,15 @@ void kiln_denoise_stage_destroy(kiln_denoise_stage *s);
 
 /* The request defaults this checkpoint implies (CFG, KV cache, steps). */
 kiln_model_traits kiln_denoise_stage_traits(const kiln_denoise_stage *s);
-/* Packed latent channels C (the DiT's in_channels). */
+/* Features per latent token C: the DiT's in_channels for klein (packed
+ * latents), in_channels x patch^2 for Z-Image (its patch tokens). */
 int64_t kiln_denoise_stage_channels(const kiln_denoise_stage *s);
 
-/* Draws the initial noise as diffusers does for the packed shape: (B, C,
- * H/16, W/16) per row (or for the whole batch with batch_noise), in the
- * backend's dtype (bf16 draw on bf16 backends unless fp32_noise), packed to
- * host (B, N, C) f32 in `out`. */
+/* Draws the initial noise as diffusers does: klein (B, C, H/16, W/16) per
+ * row (or for the whole batch with batch_noise) in the backend's dtype
+ * (bf16 draw on bf16 backends unless fp32_noise), packed; Z-Image (B, 16,
+ * H/8, W/8) in fp32, patchified (models/latents.h).  Host (B, N, C) f32 in
+ * `out`. */
 kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_job *job,
                                float *out, kiln_err *err);
 
@@ -86,7 +94,8 @@ kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_j
 int kiln_denoise_first_step(int steps, double strength);
 
 /* Runs the whole loop.  `out` is allocated here as (B, N, C) of
- * be->act_dtype (caller frees with kiln_be_free).  Errors: KILN_ERR_INVALID
+ * be->act_dtype (caller frees with kiln_be_free); Z-Image's latents stay
+ * fp32 through the loop and are cast at the end.  Errors: KILN_ERR_INVALID
  * for inconsistent job fields, KILN_ERR_CANCELLED, backend failures. */
 kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_tensor *out,
                              kiln_err *err);

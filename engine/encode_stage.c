@@ -17,6 +17,7 @@ struct kiln_encode_stage {
     kiln_qwen3 *qwen;
     kiln_vae *vae; /* encoder half, edits only */
     kiln_prompt_cache *cache;
+    kiln_chat_template tmpl; /* the pipeline's chat template */
 };
 
 kiln_status kiln_encode_layers_of(const kiln_checkpoint *ck, int *out, int *n, kiln_err *err)
@@ -63,6 +64,9 @@ kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpo
         kiln_err_wrap(err, "tokenizer");
         goto fail;
     }
+    /* Flux2KleinPipeline: enable_thinking=False; ZImagePipeline: True. */
+    s->tmpl = kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE ? KILN_CHAT_ZIMAGE
+                                                                : KILN_CHAT_KLEIN;
     int layers[KILN_MAX_OUT_LAYERS], n_layers = opts->n_out_layers;
     memcpy(layers, opts->out_layers, sizeof layers);
     if (!n_layers && kiln_encode_layers_of(ck, layers, &n_layers, err))
@@ -210,30 +214,39 @@ static void place_rows(kiln_backend *be, const row_plan *plan, int B, kiln_tenso
 }
 
 /* Token ids: only the computed rows need them for Qwen3.  Cached rows are
- * tokenized again only when the caller asks for ids: that costs far less
- * than keeping max_seq ids beside every cached row would save, and it
- * cannot fail where it once succeeded. */
+ * tokenized again only when the caller asks for ids or lengths: that costs
+ * far less than keeping max_seq ids beside every cached row would save, and
+ * it cannot fail where it once succeeded.  Repeated rows take their first
+ * row's (after the loop). */
 static kiln_status tokenize_rows(kiln_encode_stage *s, const char *const *prompts, int B,
                                  int max_seq, const row_plan *plan, int32_t *ids, int *lens,
-                                 int32_t *ids_out, kiln_err *err)
+                                 int32_t *ids_out, int *lens_out, int32_t *scratch,
+                                 kiln_err *err)
 {
     kiln_status st = KILN_OK;
     for (int b = 0; b < B && !st; b++) {
         int32_t *dst = plan[b].slot >= 0 ? ids + (size_t)plan[b].slot * max_seq
                        : ids_out && plan[b].hit ? ids_out + (size_t)b * max_seq
-                                                : NULL;
-        int unused;
+                       : lens_out && plan[b].hit ? scratch
+                                                 : NULL;
+        int n_real = 0;
         if (dst)
-            st = kiln_tokenizer_encode_chat(s->tok, prompts[b], plan[b].len, KILN_CHAT_KLEIN,
-                                            max_seq, dst,
-                                            plan[b].slot >= 0 ? &lens[plan[b].slot] : &unused,
-                                            NULL, err);
+            st = kiln_tokenizer_encode_chat(s->tok, prompts[b], plan[b].len, s->tmpl, max_seq,
+                                            dst, &n_real, NULL, err);
+        if (plan[b].slot >= 0)
+            lens[plan[b].slot] = n_real;
+        if (lens_out && dst)
+            lens_out[b] = n_real;
     }
+    for (int b = 0; b < B && lens_out; b++)
+        if (plan[b].same_as >= 0)
+            lens_out[b] = lens_out[plan[b].same_as];
     return st;
 }
 
 kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts, int B,
-                                int max_seq, kiln_tensor *out, int32_t *ids_out, kiln_err *err)
+                                int max_seq, kiln_tensor *out, int32_t *ids_out, int *lens_out,
+                                kiln_err *err)
 {
     memset(out, 0, sizeof *out);
     if (B < 1 || max_seq < 1)
@@ -242,7 +255,7 @@ kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts
     int64_t shape[] = {B, max_seq, kiln_qwen3_out_width(s->qwen)};
     size_t T = (size_t)max_seq;
     row_plan *plan = malloc((size_t)B * sizeof *plan);
-    int32_t *ids = malloc((size_t)B * T * sizeof *ids);
+    int32_t *ids = malloc((size_t)(B + 1) * T * sizeof *ids);
     int *lens = malloc((size_t)B * sizeof *lens);
     kiln_status st = KILN_OK;
     if (!plan || !ids || !lens) {
@@ -250,7 +263,8 @@ kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts
         goto done;
     }
     int M = plan_rows(s, prompts, B, max_seq, plan);
-    if ((st = tokenize_rows(s, prompts, B, max_seq, plan, ids, lens, ids_out, err)))
+    if ((st = tokenize_rows(s, prompts, B, max_seq, plan, ids, lens, ids_out, lens_out,
+                            ids + (size_t)B * T, err)))
         goto done;
     if (kiln_be_alloc(be, out, be->act_dtype, 3, shape)) {
         st = kiln_be_check(be, err);

@@ -1,10 +1,11 @@
-/* The encode stage: prompts to FLUX.2 klein text embeddings (tokenizer +
- * Qwen3), and edit reference images to packed latent tokens (VAE encoder).
+/* The encode stage: prompts to FLUX.2 klein or Z-Image text embeddings
+ * (tokenizer + Qwen3 with the pipeline's chat template and hidden states),
+ * and edit reference images to packed latent tokens (VAE encoder).
  *
  *   kiln_encode_opts o = KILN_ENCODE_DEFAULTS;      // the checkpoint's layers
  *   kiln_encode_stage *enc = kiln_encode_stage_create(be, ck, &o, &err);
  *   kiln_tensor emb;                                 // (B, T, J) in backend memory
- *   if (kiln_encode_prompts(enc, prompts, B, 512, &emb, &err)) ...
+ *   if (kiln_encode_prompts(enc, prompts, B, 512, &emb, NULL, NULL, &err)) ...
  *   ... kiln_be_free(be, &emb); kiln_encode_stage_destroy(enc);
  *
  * Thread-safety: a stage uses its backend and scratch memory, so it belongs
@@ -66,16 +67,20 @@ kiln_status kiln_encode_stage_set_banding(kiln_encode_stage *s, int64_t above_pi
 /* Text embedding width J (= n_out_layers * hidden size). */
 int64_t kiln_encode_stage_width(const kiln_encode_stage *s);
 
-/* Encodes B prompts with the klein chat template, truncated / padded to
+/* Encodes B prompts with the pipeline's chat template, truncated / padded to
  * max_seq tokens, into `out`, allocated here as (B, max_seq, J) of
  * be->act_dtype (caller frees with kiln_be_free).  ids_out, when not NULL,
- * receives the B * max_seq token ids.  Invalid UTF-8 is KILN_ERR_INVALID.
+ * receives the B * max_seq token ids, lens_out the B real-token counts
+ * (Z-Image's DiT takes only the real rows, which come first in each row of
+ * out; the rows after them are Qwen3's outputs at the padding).  Invalid
+ * UTF-8 is KILN_ERR_INVALID.
  * Rows found in the prompt cache are uploaded, a prompt repeated within the
  * batch is computed once, the others run through Qwen3 in one batch and
  * enter the cache when it admits them (from a prompt's second miss on);
  * each row has the bytes it gets encoded alone. */
 kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts, int B,
-                                int max_seq, kiln_tensor *out, int32_t *ids_out, kiln_err *err);
+                                int max_seq, kiln_tensor *out, int32_t *ids_out, int *lens_out,
+                                kiln_err *err);
 
 /* The prompt cache's counters (engine/prompt_cache.h). */
 void kiln_encode_stage_cache_stats(const kiln_encode_stage *s, kiln_prompt_cache_stats *out);

@@ -42,12 +42,27 @@ static void widths(const kiln_checkpoint *ck, kiln_model_traits *t)
 kiln_model_traits kiln_model_traits_of(const kiln_checkpoint *ck)
 {
     kiln_model_traits t = {0};
-    t.kv_cache = kiln_checkpoint_pipeline(ck) == KILN_PIPE_FLUX2_KLEIN_KV;
-    t.cfg = !t.kv_cache && !kiln_checkpoint_is_distilled(ck);
-    t.default_steps = t.cfg ? 50 : 4;
-    t.default_guidance = t.cfg ? 4.0f : 1.0f;
+    if (kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE) {
+        t.family = KILN_FAMILY_ZIMAGE;
+        t.cfg = 1;
+        t.cfg_above_zero = 1;
+        t.no_edits = 1;
+        t.default_steps = 9;
+        t.default_guidance = 0.0f;
+    } else {
+        t.family = KILN_FAMILY_FLUX2;
+        t.kv_cache = kiln_checkpoint_pipeline(ck) == KILN_PIPE_FLUX2_KLEIN_KV;
+        t.cfg = !t.kv_cache && !kiln_checkpoint_is_distilled(ck);
+        t.default_steps = t.cfg ? 50 : 4;
+        t.default_guidance = t.cfg ? 4.0f : 1.0f;
+    }
     widths(ck, &t);
     return t;
+}
+
+int kiln_model_cfg_runs(const kiln_model_traits *model, float guidance)
+{
+    return model->cfg && guidance > (model->cfg_above_zero ? 0.0f : 1.0f);
 }
 
 void kiln_request_init(kiln_request *req)
@@ -176,6 +191,8 @@ kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *mod
         req->n = 1;
     if (req->n < 1 || req->n > lim->max_n)
         return kiln_err_set(err, KILN_ERR_INVALID, "n must be between 1 and %d", lim->max_n);
+    if (req->n_refs && model->no_edits)
+        return kiln_err_set(err, KILN_ERR_INVALID, "this model does not take reference images");
     if (req->n_refs < 0 || req->n_refs > lim->max_refs)
         return kiln_err_set(err, KILN_ERR_INVALID, "at most %d reference images are allowed",
                             lim->max_refs);

@@ -60,7 +60,8 @@ typedef struct kiln_backend_ops {
      * free: accepts a zeroed tensor.  upload: host buffer of `host_dtype`
      * (F32, BF16, F16 or F64) converted into dst's dtype; numel must match.
      * download: src converted to f32 into a host buffer of numel floats.
-     * copy: same dtype and numel. */
+     * copy: same numel; where the dtypes differ (F32 and BF16 activations)
+     * each value is converted, rounding to nearest even. */
     kiln_status (*alloc)(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim,
                          const int64_t *shape);
     void (*free)(kiln_backend *be, kiln_tensor *t);

@@ -10,6 +10,8 @@
 #define QWEN3_TINY(lm) {16, 4, 4, 2, 8, 48, 151936, lm, 1}
 #define QWEN3_4B {2560, 36, 32, 8, 128, 9728, 151936, 1, 1}
 #define QWEN3_8B {4096, 36, 32, 8, 128, 12288, 151936, 1, 0}
+/* Z-Image's Qwen3-4B is a Qwen3Model: no LM head, no `model.` prefix. */
+#define QWEN3_4B_BARE {2560, 36, 32, 8, 128, 9728, 151936, 0, 1}
 /* flux2-klein.md §1 */
 #define FLUX2_4B {5, 20, 24, 128, 7680, 128, 256, 3.0, {32, 32, 32, 32}}
 #define FLUX2_9B {8, 24, 32, 128, 12288, 128, 256, 3.0, {32, 32, 32, 32}}
@@ -18,6 +20,7 @@
 #define VAE_FLUX2 {{128, 256, 512, 512}, 32, 32, 2, 1024, 1, 0, 0}
 #define VAE_FLUX2_TINY {{8, 16, 32, 32}, 8, 4, 2, 256, 1, 0, 0}
 #define VAE_KL_TINY {{8, 16, 32, 32}, 4, 4, 2, 256, 0, 0.3611, 0.1159}
+#define VAE_KL {{128, 256, 512, 512}, 16, 32, 2, 1024, 0, 0.3611, 0.1159}
 
 static const kiln_ckpt_preset presets[] = {
     {"tiny", "Flux2KleinPipeline", 1, 0, 28, QWEN3_TINY(1), FLUX2_TINY, {0}, VAE_FLUX2_TINY},
@@ -27,6 +30,9 @@ static const kiln_ckpt_preset presets[] = {
     {"klein-base-4b", "Flux2KleinPipeline", 0, 0, 36, QWEN3_4B, FLUX2_4B, {0}, VAE_FLUX2},
     {"zimage-tiny", "ZImagePipeline", -1, 1, 28, QWEN3_TINY(0), {0},
      {128, 2, 2, 2, 4, 16, 2, 1, {16, 24, 24}, {1536, 512, 512}}, VAE_KL_TINY},
+    /* z-image-turbo.md §1: 6.15 B DiT, D 3840, 30 layers of 30 heads */
+    {"zimage-turbo", "ZImagePipeline", -1, 1, 36, QWEN3_4B_BARE, {0},
+     {3840, 30, 30, 2, 16, 2560, 2, 1, {32, 48, 48}, {1536, 512, 512}}, VAE_KL},
 };
 
 const kiln_ckpt_preset *kiln_ckpt_preset_find(const char *name)
@@ -39,7 +45,7 @@ const kiln_ckpt_preset *kiln_ckpt_preset_find(const char *name)
 
 const char *kiln_ckpt_preset_names(void)
 {
-    return "tiny|klein-4b|klein-9b|klein-9b-kv|klein-base-4b|zimage-tiny";
+    return "tiny|klein-4b|klein-9b|klein-9b-kv|klein-base-4b|zimage-tiny|zimage-turbo";
 }
 
 /* Builders that remember an allocation failure so each document is checked

@@ -275,6 +275,7 @@ typedef struct cli_run {
     kiln_image *out_images;
     kiln_tensor emb_p, emb, neg_p, neg, ref_tokens, latents;
     int32_t *ref_ids;
+    int *lens;     /* [2B]: each row's and its negative's real tokens (Z-Image) */
     uint64_t *seeds;
     float *latents_in;
     int64_t B;
@@ -292,7 +293,7 @@ static void cli_run_free(cli_run *r, const cli_gen_opts *o)
     if (r->out_images)
         for (int64_t i = 0; i < r->B; i++)
             kiln_image_free(&r->out_images[i]);
-    free(r->out_images), free(r->ref_ids), free(r->seeds), free(r->latents_in);
+    free(r->out_images), free(r->ref_ids), free(r->seeds), free(r->latents_in), free(r->lens);
     kiln_encode_stage_destroy(r->enc);
     kiln_denoise_stage_destroy(r->den);
     kiln_decode_stage_destroy(r->dec);
@@ -305,13 +306,13 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     r->ck = kiln_checkpoint_open(o->model, err);
     if (!r->ck)
         return err->code;
-    kiln_pipeline_kind kind = kiln_checkpoint_pipeline(r->ck);
-    if (kind != KILN_PIPE_FLUX2_KLEIN && kind != KILN_PIPE_FLUX2_KLEIN_KV)
-        return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "this command runs FLUX.2 klein checkpoints");
     for (int i = 0; i < o->n_images; i++)
         if (kiln_image_read_file(o->images[i], NULL, &r->refs[i], err))
             return kiln_err_wrap(err, "--image %s", o->images[i]);
     kiln_model_traits traits = kiln_model_traits_of(r->ck);
+    if (o->n_images && traits.no_edits)
+        return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "this checkpoint takes no reference images "
+                            "(Z-Image: text-to-image only)");
     kiln_limits lim = KILN_LIMITS_CLI;
     o->req.refs = r->refs, o->req.n_refs = o->n_images;
     for (int p = 0; p < o->n_prompts; p++) {
@@ -339,20 +340,26 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     double load_enc = kiln_now_ms() - t0;
     cli_progress_stage(&prog, o->n_images ? "encode: prompts and references" : "encode: prompts", 0);
     int T = q->max_sequence_length;
-    if (kiln_encode_prompts(r->enc, o->prompts, P, T, &r->emb_p, NULL, err))
+    int lens_p[CLI_MAX_PROMPTS], neg_len = 0;
+    r->lens = malloc((size_t)(2 * r->B) * sizeof *r->lens);
+    if (!r->lens)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    if (kiln_encode_prompts(r->enc, o->prompts, P, T, &r->emb_p, NULL, lens_p, err))
         return err->code;
     int64_t shape[] = {r->B, T, kiln_encode_stage_width(r->enc)};
     if (kiln_be_alloc(be, &r->emb, be->act_dtype, 3, shape))
         return kiln_be_check(be, err);
     repeat_rows(be, &r->emb, &r->emb_p, q->n);
-    int use_cfg = traits.cfg && q->guidance > 1.0f;
+    int use_cfg = kiln_model_cfg_runs(&traits, q->guidance);
     if (use_cfg) {
         const char *neg = q->negative_prompt ? q->negative_prompt : "";
-        if (kiln_encode_prompts(r->enc, &neg, 1, T, &r->neg_p, NULL, err) ||
+        if (kiln_encode_prompts(r->enc, &neg, 1, T, &r->neg_p, NULL, &neg_len, err) ||
             kiln_be_alloc(be, &r->neg, be->act_dtype, 3, shape))
             return err->code ? err->code : kiln_be_check(be, err);
         repeat_rows(be, &r->neg, &r->neg_p, (int)r->B);
     }
+    for (int64_t b = 0; b < r->B; b++)
+        r->lens[b] = lens_p[b / q->n], r->lens[r->B + b] = neg_len;
     int64_t R = 0;
     if (o->n_images &&
         kiln_encode_references(r->enc, r->refs, o->n_images, &r->ref_tokens, &r->ref_ids, &R, err))
@@ -377,6 +384,7 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         return err->code;
     kiln_denoise_job job = {
         .B = r->B, .embeds = &r->emb, .neg_embeds = use_cfg ? &r->neg : NULL,
+        .txt_len = r->lens, .neg_len = r->lens + r->B,
         .width = q->width, .height = q->height, .steps = q->steps, .guidance = q->guidance,
         .seeds = r->seeds, .batch_noise = q->batch_noise, .fp32_noise = o->fp32_noise,
         .latents_in = r->latents_in, .ref_tokens = R ? &r->ref_tokens : NULL,

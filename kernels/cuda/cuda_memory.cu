@@ -108,11 +108,29 @@ void cuda_download(kiln_backend *be, const kiln_tensor *src, float *host)
         free(raw);
 }
 
+/* An activation converted (F32 <-> BF16, round to nearest even as torch's
+ * .to()): Z-Image keeps fp32 latents and feeds the DiT their bf16 cast. */
+__global__ void convert_kernel(void *dst, int dbf, const void *src, int sbf, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        st_act(dst, i, ld_act(src, i, sbf), dbf);
+}
+
 void cuda_copy(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src)
 {
-    if (CUDA_REQUIRE(be, dst->dtype == src->dtype &&
-                             kiln_tensor_numel(dst) == kiln_tensor_numel(src)) ||
-        !kiln_tensor_nbytes(src) || !cuda_enter(be))
+    int64_t n = kiln_tensor_numel(src);
+    if (dst->dtype != src->dtype) {
+        if (CUDA_REQUIRE(be, is_act(dst) && is_act(src) && kiln_tensor_numel(dst) == n) || !n ||
+            !cuda_enter(be))
+            return;
+        convert_kernel<<<cuda_blocks(be, n), 256, 0, cuda_stream(be)>>>(dst->data, is_bf16(dst),
+                                                                        src->data, is_bf16(src), n);
+        cuda_launched(be, "copy (convert)");
+        return;
+    }
+    if (CUDA_REQUIRE(be, kiln_tensor_numel(dst) == n) || !kiln_tensor_nbytes(src) ||
+        !cuda_enter(be))
         return;
     cuda_ok(be, cudaMemcpyAsync(dst->data, src->data, kiln_tensor_nbytes(src),
                                 cudaMemcpyDeviceToDevice, cuda_stream(be)),

@@ -1,5 +1,6 @@
-/* kiln-denoiser: the FLUX.2 DiT loop (engine/denoise_stage.h) over
- * embeddings from kiln-encoder, producing packed latents for kiln-decoder.
+/* kiln-denoiser: the DiT loop of the checkpoint's family
+ * (engine/denoise_stage.h) over embeddings from kiln-encoder (with each
+ * prompt's token count for Z-Image), producing latents for kiln-decoder.
  *
  * Rows are laid out as `kiln generate` lays them out: prompt-major, row b
  * of a job is prompt b / n and uses seeds[b]; a base checkpoint's CFG
@@ -69,7 +70,22 @@ typedef struct prep {
     kiln_tensor emb, neg, ref_tokens;
     const int32_t *ref_ids;
     int64_t R;
+    const int32_t *txt_len, *neg_len; /* Z-Image: real tokens per prompt row */
 } prep;
+
+/* An I32 vector input of n entries (Z-Image's txt_len and neg_len). */
+static kiln_status lens_input(kiln_worker *w, prep *p, const char *name, int64_t n,
+                              const int32_t **out, kiln_err *err)
+{
+    const kiln_tensor_ref *ref;
+    const void *data;
+    if (kiln_worker_input_host(w, p->job, name, 1, &ref, &data, err))
+        return kiln_err_wrap(err, "Z-Image needs each prompt's token count");
+    if (ref->dtype != KILN_I32 || ref->ndim != 1 || ref->shape[0] != n)
+        return kiln_err_set(err, KILN_ERR_INVALID, "%s must be (%lld) I32", name, (long long)n);
+    *out = data;
+    return KILN_OK;
+}
 
 static kiln_status prepare(den_state *s, kiln_worker *w, prep *p, kiln_err *err)
 {
@@ -79,13 +95,17 @@ static kiln_status prepare(den_state *s, kiln_worker *w, prep *p, kiln_err *err)
     if (p->emb.ndim != 3 || p->emb.shape[0] * d->n != d->n_seeds)
         return kiln_err_set(err, KILN_ERR_INVALID, "embeds must be (P, T, J) with P * n = %d rows",
                             d->n_seeds);
-    if (s->traits.cfg && d->guidance > 1.0f) {
+    if (kiln_model_cfg_runs(&s->traits, d->guidance)) {
         if (kiln_worker_input(w, p->job, "neg", 1, &p->neg, err))
             return kiln_err_wrap(err, "CFG needs the negative prompt's embedding");
         if (p->neg.ndim != 3 || p->neg.shape[0] != 1 || p->neg.shape[1] != p->emb.shape[1] ||
             p->neg.shape[2] != p->emb.shape[2])
             return kiln_err_set(err, KILN_ERR_INVALID, "neg must be (1, T, J) like embeds");
     }
+    if (s->traits.family == KILN_FAMILY_ZIMAGE &&
+        (lens_input(w, p, "txt_len", p->emb.shape[0], &p->txt_len, err) ||
+         (p->neg.data && lens_input(w, p, "neg_len", 1, &p->neg_len, err))))
+        return err->code;
     if (kiln_worker_input(w, p->job, "ref_tokens", 0, &p->ref_tokens, err))
         return err->code;
     if (!p->ref_tokens.data)
@@ -200,8 +220,20 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         st = gather(be, ps, live, 0, B, &emb, &err);
     if (!st && cfg && B > 1)
         st = gather(be, ps, live, 1, B, &neg, &err);
+    /* Z-Image: row b of a job is prompt b / n; one negative for all rows. */
+    int *lens = calloc((size_t)(2 * B), sizeof *lens);
+    if (!lens && !st)
+        st = kiln_err_set(&err, KILN_ERR_NOMEM, "out of memory");
+    for (int i = 0, b = 0; lens && i < live; i++) {
+        const kiln_job_denoise *di = &kiln_worker_job_msg(ps[i].job)->denoise;
+        for (int r = 0; r < di->n_seeds; r++, b++) {
+            lens[b] = ps[i].txt_len ? ps[i].txt_len[r / di->n] : 0;
+            lens[B + b] = ps[i].neg_len ? ps[i].neg_len[0] : 0;
+        }
+    }
     batch_ctx ctx = {w, ps, live, 0};
     kiln_denoise_job job = {
+        .txt_len = lens, .neg_len = lens ? lens + B : NULL,
         .B = B, .embeds = own_emb ? &emb : &ps[0].emb,
         .neg_embeds = cfg ? (B > 1 ? &neg : &ps[0].neg) : NULL,
         .width = d->width, .height = d->height, .steps = d->steps, .guidance = d->guidance,
@@ -243,7 +275,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         kiln_worker_done(w, ps[i].job, jst, &jerr);
     }
     kiln_be_free(be, &lat);
-    free(ps), free(seeds);
+    free(ps), free(seeds), free(lens);
 }
 
 static const kiln_stage_ops denoiser_ops = {

@@ -1,6 +1,7 @@
-/* kiln-encoder: prompts to text embeddings (tokenizer + Qwen3) and edit
- * references to latent tokens (VAE encoder), as engine/encode_stage.h
- * computes them for `kiln generate` / `kiln edit`.
+/* kiln-encoder: prompts to text embeddings (tokenizer + Qwen3) with each
+ * row's real-token count (txt_len, neg_len), and edit references to latent
+ * tokens (VAE encoder), as engine/encode_stage.h computes them for
+ * `kiln generate` / `kiln edit`.
  *
  * A batch joins the prompts (and negative prompts) of every job with the
  * same max_seq into one kiln_encode_prompts call; Qwen3 rows never
@@ -136,16 +137,19 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
 }
 
 /* One kiln_encode_prompts call over the batch's rows: each job's prompts,
- * then its negative prompt. */
+ * then its negative prompt; lens[row] gets each row's real tokens. */
 static kiln_status encode_batch(enc_state *s, kiln_worker *w, kiln_worker_job **jobs, int n,
-                                kiln_tensor *emb, kiln_err *err)
+                                kiln_tensor *emb, int **lens, kiln_err *err)
 {
     int total = 0;
     for (int i = 0; i < n; i++)
         total += enc_rows(kiln_worker_job_msg(jobs[i]));
     const char **rows = malloc((size_t)total * sizeof *rows);
-    if (!rows)
+    *lens = malloc((size_t)total * sizeof **lens);
+    if (!rows || !*lens) {
+        free(rows);
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    }
     int r = 0;
     for (int i = 0; i < n; i++) {
         const kiln_job_encode *e = &kiln_worker_job_msg(jobs[i])->encode;
@@ -156,10 +160,19 @@ static kiln_status encode_batch(enc_state *s, kiln_worker *w, kiln_worker_job **
     }
     int max_seq = kiln_worker_job_msg(jobs[0])->encode.max_seq;
     kiln_worker_watch(w, jobs, n);
-    kiln_status st = kiln_encode_prompts(s->enc, rows, total, max_seq, emb, NULL, err);
+    kiln_status st = kiln_encode_prompts(s->enc, rows, total, max_seq, emb, NULL, *lens, err);
     kiln_worker_watch(w, NULL, 0);
     free(rows);
     return st;
+}
+
+static kiln_status emit_lens(kiln_worker *w, kiln_worker_job *job, const char *name,
+                             const int *lens, int n, kiln_err *err)
+{
+    int32_t v[KILN_PROTO_MAX_ROWS];
+    for (int i = 0; i < n && i < KILN_PROTO_MAX_ROWS; i++)
+        v[i] = lens[i];
+    return kiln_worker_output_host(w, job, name, KILN_I32, 1, (int64_t[]){n}, v, err);
 }
 
 static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
@@ -168,13 +181,15 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     kiln_err err = {0};
     kiln_tensor emb = {0};
     kiln_prompt_cache_stats c0, c1;
+    int *lens = NULL;
     kiln_encode_stage_cache_stats(s->enc, &c0);
-    kiln_status st = encode_batch(s, w, jobs, n, &emb, &err);
+    kiln_status st = encode_batch(s, w, jobs, n, &emb, &lens, &err);
     kiln_encode_stage_cache_stats(s->enc, &c1);
     if (st && st != KILN_ERR_CANCELLED && n > 1) {
         /* One bad prompt (say invalid UTF-8) must not fail its neighbours:
          * run the jobs one by one to find it. */
         KILN_LOG_INFO("kiln-encoder: batch of %d failed (%s); retrying one by one", n, err.msg);
+        free(lens);
         for (int i = 0; i < n; i++)
             enc_run(state, w, &jobs[i], 1);
         return;
@@ -195,6 +210,12 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
             jst = kiln_worker_output(w, jobs[i], "embeds", &emb, row, e->n_prompts, 0, &jerr);
         if (!jst && e->negative)
             jst = kiln_worker_output(w, jobs[i], "neg", &emb, row + e->n_prompts, 1, 0, &jerr);
+        /* Each row's real tokens: Z-Image's DiT reads those rows only
+         * (engine/denoise_stage.h txt_len, neg_len). */
+        if (!jst)
+            jst = emit_lens(w, jobs[i], "txt_len", lens + row, e->n_prompts, &jerr);
+        if (!jst && e->negative)
+            jst = emit_lens(w, jobs[i], "neg_len", lens + row + e->n_prompts, 1, &jerr);
         if (!jst && e->n_refs) {
             /* References are encoded per job: watched alone. */
             kiln_worker_watch(w, &jobs[i], 1);
@@ -205,6 +226,7 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         kiln_worker_done(w, jobs[i], jst, &jerr);
     }
     kiln_be_free(s->be, &emb);
+    free(lens);
     log_cache(s, 0);
 }
 

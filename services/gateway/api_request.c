@@ -242,8 +242,8 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
         param_of(err.msg, param, sizeof param);
         return api_fail(e, err.code, param, "invalid_value", "%s", err.msg);
     }
-    /* As the CLI: CFG runs on base checkpoints when guidance > 1. */
-    int cfg_runs = cfg->traits.cfg && q->guidance > 1.0f;
+    /* As the CLI (engine/request.h says when CFG runs). */
+    int cfg_runs = kiln_model_cfg_runs(&cfg->traits, q->guidance);
     double cost = kiln_request_cost(q, &cfg->traits, cfg_runs);
     out->usage = usage_of(q, cfg_runs);
     q->refs = NULL;

@@ -167,7 +167,7 @@ static kiln_status run_request(stages *s, const opts *o, int k, result *res, kil
     for (int i = 0; !st && i < q->n_refs; i++)
         st = make_ref(&refs[i], q->ref_w[i], q->ref_h[i], i, err);
     if (!st)
-        st = kiln_encode_prompts(s->enc, prompts, q->P, o->max_seq, &emb_p, NULL, err);
+        st = kiln_encode_prompts(s->enc, prompts, q->P, o->max_seq, &emb_p, NULL, NULL, err);
     if (!st && !kiln_be_alloc(be, &emb, be->act_dtype, 3,
                               (int64_t[]){B, emb_p.shape[1], emb_p.shape[2]}))
         repeat_rows(be, &emb, &emb_p, q->n);

@@ -221,16 +221,17 @@ static int setup(case_ctx *c, const kiln_checkpoint *ck)
     CHECKF(c->dec != NULL, "%s", err.msg);
     if (!c->dec)
         return -1;
-    c->cfg = kiln_denoise_stage_traits(c->den).cfg && c->guidance > 1.0f;
+    kiln_model_traits traits = kiln_denoise_stage_traits(c->den);
+    c->cfg = kiln_model_cfg_runs(&traits, c->guidance);
     int max_seq = meta_int(m, "max_seq");
-    if (kiln_encode_prompts(c->enc, texts, c->P, max_seq, &c->emb, NULL, &err)) {
+    if (kiln_encode_prompts(c->enc, texts, c->P, max_seq, &c->emb, NULL, NULL, &err)) {
         CHECKF(0, "%s", err.msg);
         return -1;
     }
     fprintf(stderr, "  prompt_embeds rel err vs fp32 %.3g\n", rel_err(&c->emb, c->fp32, "prompt_embeds"));
     if (c->cfg) {
         const char *empty = "";
-        if (kiln_encode_prompts(c->enc, &empty, 1, max_seq, &c->neg, NULL, &err)) {
+        if (kiln_encode_prompts(c->enc, &empty, 1, max_seq, &c->neg, NULL, NULL, &err)) {
             CHECKF(0, "%s", err.msg);
             return -1;
         }

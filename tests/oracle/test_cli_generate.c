@@ -1,8 +1,8 @@
 /* End to end: the real `kiln generate` / `kiln edit` binaries against the
  * diffusers oracle images, determinism (same command, same bytes; image i
  * of seed S equals image 0 of seed S + i), --latents-in/--latents-out,
- * refusal of bad input with a clear message, and what the user sees (paths,
- * seeds, progress, PNG text). */
+ * the Z-Image cases, refusal of bad input with a clear message, and what
+ * the user sees (paths, seeds, progress, PNG text). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,6 +244,39 @@ static void expect_failure(const char **argv, const char *needle)
     CHECKF(strstr(log_text, needle) != NULL, "expected '%s' in: %s", needle, log_text);
 }
 
+/* Z-Image checkpoints through the same command: the pipeline's template and
+ * hidden state without flags, both oracle cases (the batch with captions of
+ * 10 and 75 tokens), and edits refused. */
+static void test_zimage_cases(void)
+{
+    char model[512];
+    snprintf(model, sizeof model, "%s", oracle_path("ckpt/zimage-tiny"));
+    cJSON *meta = oracle_meta("zimage_t2i_256");
+    const char *one[] = {NULL, "generate", "--model", model, "--prompt",
+                         cJSON_GetObjectItem(meta, "prompt")->valuestring, "--seed", "42",
+                         "--width", "256", "--height", "256", "--steps", "8", "--out",
+                         io_path("zi.png"), NULL};
+    CHECK(run(one) == 0);
+    CHECK(psnr_vs_oracle(io_path("zi.png"), "zimage_t2i_256", 0) >= 50.0);
+    cJSON_Delete(meta);
+    meta = oracle_meta("zimage_batch2_160x96");
+    cJSON *prompts = cJSON_GetObjectItem(meta, "prompts");
+    const char *two[] = {NULL, "generate", "--model", model, "--prompt",
+                         cJSON_GetArrayItem(prompts, 0)->valuestring, "--prompt",
+                         cJSON_GetArrayItem(prompts, 1)->valuestring, "--seed", "77", "--width",
+                         "96", "--height", "160", "--steps", "8", "--batch-noise", "--out",
+                         io_path("zb.png"), NULL};
+    CHECK(run(two) == 0);
+    CHECK(psnr_vs_oracle(io_path("zb-0.png"), "zimage_batch2_160x96", 0) >= 50.0);
+    CHECK(psnr_vs_oracle(io_path("zb-1.png"), "zimage_batch2_160x96", 1) >= 50.0);
+    cJSON_Delete(meta);
+    char ref_png[512];
+    snprintf(ref_png, sizeof ref_png, "%s", oracle_path("cases/klein_edit_1ref/input_ref0.png"));
+    const char *edit[] = {NULL, "edit", "--model", model, "--image", ref_png, "--prompt", "x",
+                          "--out", io_path("bad.png"), NULL};
+    expect_failure(edit, "reference images");
+}
+
 static void test_bad_input(void)
 {
     char model[512];
@@ -290,5 +323,6 @@ int main(void)
     RUN(test_edit_and_cfg_cases);
     RUN(test_bad_input);
     RUN(test_cli_outputs);
+    RUN(test_zimage_cases);
     return test_finish();
 }

@@ -55,7 +55,7 @@ static void setup(void)
     den = kiln_denoise_stage_create(be, ck, &err);
     CHECKF(den != NULL, "%s", err.msg);
     const char *prompt = "a red house";
-    CHECK(kiln_encode_prompts(enc, &prompt, 1, 32, &emb, NULL, &err) == KILN_OK);
+    CHECK(kiln_encode_prompts(enc, &prompt, 1, 32, &emb, NULL, NULL, &err) == KILN_OK);
     kiln_image im = {0};
     CHECK(kiln_image_alloc(&im, W, H, NULL) == KILN_OK);
     for (int y = 0; y < H; y++)

@@ -1,8 +1,8 @@
-/* The whole klein pipeline (engine stages on the CPU backend) against every
- * klein case of the diffusers fp32 oracle: prompt embeddings, reference
- * tokens, initial noise (bit for bit), final latents (relative error < 1e-4)
- * and the 8-bit image (PSNR >= 50 dB against the reference PNG).
- * Usage: test_pipeline CASE */
+/* The whole pipeline (engine stages on the CPU backend) against every klein
+ * and Z-Image case of the diffusers fp32 oracle: prompt embeddings,
+ * reference tokens, initial noise (bit for bit), final latents (relative
+ * error < 1e-4) and the 8-bit image (PSNR >= 50 dB against the reference
+ * PNG).  Usage: test_pipeline CASE */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +14,7 @@
 #include "engine/decode_stage.h"
 #include "engine/denoise_stage.h"
 #include "engine/encode_stage.h"
+#include "models/latents.h"
 #include "oracle_check.h"
 #include "oracle_util.h"
 #include "tests/test.h"
@@ -68,14 +69,14 @@ static void run_case(const char *name)
     CHECK(traits.kv_cache == kv);
 
     kiln_tensor emb = {0}, neg = {0}, ref_tokens = {0}, lat = {0};
-    CHECKF(kiln_encode_prompts(enc, texts, P, max_seq, &emb, NULL, &err) == KILN_OK, "%s", err.msg);
+    CHECKF(kiln_encode_prompts(enc, texts, P, max_seq, &emb, NULL, NULL, &err) == KILN_OK, "%s", err.msg);
     float *want = oracle_f32(ref, "prompt_embeds", NULL);
     check_dev(&emb, want, "prompt_embeds");
     free(want);
-    int cfg = traits.cfg && guidance > 1.0f;
+    int cfg = kiln_model_cfg_runs(&traits, guidance);
     if (cfg) {
         const char *empty = "";
-        CHECK(kiln_encode_prompts(enc, &empty, 1, max_seq, &neg, NULL, &err) == KILN_OK);
+        CHECK(kiln_encode_prompts(enc, &empty, 1, max_seq, &neg, NULL, NULL, &err) == KILN_OK);
         want = oracle_f32(ref, "neg_prompt_embeds", NULL);
         check_dev(&neg, want, "neg_prompt_embeds");
         free(want);
@@ -157,6 +158,114 @@ static void run_case(const char *name)
         oracle_kv_checkpoint_remove(kv_dir);
 }
 
+/* Z-Image (ZImagePipeline): the stages as kiln generate runs them, with the
+ * pipeline's own defaults for the template and hidden state. */
+static void run_zimage_case(const char *name, cJSON *meta)
+{
+    kiln_err err = {0};
+    kiln_checkpoint *ck =
+        kiln_checkpoint_open(oracle_path(cJSON_GetObjectItem(meta, "checkpoint")->valuestring), &err);
+    CHECKF(ck != NULL, "%s", err.msg);
+    kiln_st *ref = oracle_open(name, "ref_fp32.safetensors");
+    cJSON *prompts = cJSON_GetObjectItem(meta, "prompts");
+    int P = cJSON_GetArraySize(prompts);
+    const char *texts[8];
+    for (int i = 0; i < P && i < 8; i++)
+        texts[i] = cJSON_GetArrayItem(prompts, i)->valuestring;
+    int height = cJSON_GetObjectItem(meta, "output_hw")->child->valueint;
+    int width = cJSON_GetObjectItem(meta, "output_hw")->child->next->valueint;
+    int steps = cJSON_GetObjectItem(meta, "steps")->valueint;
+    float guidance = (float)cJSON_GetObjectItem(meta, "guidance")->valuedouble;
+    int max_seq = cJSON_GetObjectItem(meta, "max_seq")->valueint;
+    kiln_model_traits traits = kiln_model_traits_of(ck);
+    CHECK(traits.family == KILN_FAMILY_ZIMAGE && traits.default_steps == 9 &&
+          traits.default_guidance == 0.0f && !kiln_model_cfg_runs(&traits, guidance));
+
+    kiln_encode_opts eo = KILN_ENCODE_DEFAULTS;
+    eo.with_references = 0;
+    kiln_encode_stage *enc = kiln_encode_stage_create(be, ck, &eo, &err);
+    CHECKF(enc != NULL, "%s", err.msg);
+    kiln_tensor emb = {0}, lat = {0};
+    int lens[8] = {0};
+    CHECKF(kiln_encode_prompts(enc, texts, P, max_seq, &emb, NULL, lens, &err) == KILN_OK, "%s",
+           err.msg);
+    /* cap_feats.b: the real rows of row b (hidden_states[-2]) */
+    int64_t J = kiln_encode_stage_width(enc);
+    float *host = malloc((size_t)(P * max_seq * J) * sizeof *host);
+    kiln_be_download(be, &emb, host);
+    for (int b = 0; b < P; b++) {
+        char key[32];
+        int64_t n = 0;
+        snprintf(key, sizeof key, "cap_feats.%d", b);
+        float *want = oracle_f32(ref, key, &n);
+        CHECKF(n == lens[b] * J, "%s: %lld values, kiln has %d tokens", key, (long long)n, lens[b]);
+        if (n == lens[b] * J)
+            oracle_check_close(key, host + (size_t)b * max_seq * J, want, (size_t)n, 1e-4);
+        free(want);
+    }
+    free(host);
+
+    kiln_denoise_stage *den = kiln_denoise_stage_create(be, ck, &err);
+    CHECKF(den != NULL, "%s", err.msg);
+    uint64_t seeds[8];
+    for (int b = 0; b < P; b++)
+        seeds[b] = (uint64_t)cJSON_GetObjectItem(meta, "seed")->valuedouble;
+    /* The oracle draws the batch from one generator. */
+    kiln_denoise_job job = {.B = P, .embeds = &emb, .txt_len = lens, .width = width,
+                            .height = height, .steps = steps, .guidance = guidance,
+                            .seeds = seeds, .batch_noise = 1};
+    const int64_t h = height / 16, w = width / 16, N = h * w;
+    const int64_t C = kiln_denoise_stage_channels(den), z = C / 4;
+    const size_t n_lat = (size_t)(P * N * C);
+    float *noise = malloc(n_lat * sizeof *noise), *want_tok = malloc(n_lat * sizeof *want_tok);
+    CHECK(kiln_denoise_noise(den, &job, noise, &err) == KILN_OK);
+    float *want = oracle_f32(ref, "noise", NULL);
+    kiln_latents_zimage_patchify(want, want_tok, P, z, 2, h, w);
+    CHECKF(memcmp(noise, want_tok, n_lat * sizeof *noise) == 0, "initial noise is not bit-identical");
+    free(want), free(noise);
+
+    CHECKF(kiln_denoise_run(den, &job, &lat, &err) == KILN_OK, "%s", err.msg);
+    char key[64];
+    snprintf(key, sizeof key, "latents_step.%d", steps - 1);
+    want = oracle_f32(ref, key, NULL);
+    kiln_latents_zimage_patchify(want, want_tok, P, z, 2, h, w);
+    check_dev(&lat, want_tok, "final latents");
+    /* The last DiT call cannot be skipped: its Euler step moves the
+     * latents (dt = -sigma_{N-1} is not 0), as the oracle shows. */
+    snprintf(key, sizeof key, "latents_step.%d", steps - 2);
+    float *before = oracle_f32(ref, key, NULL);
+    double moved = 0, size = 0;
+    for (size_t i = 0; i < n_lat; i++) {
+        moved += ((double)want[i] - before[i]) * ((double)want[i] - before[i]);
+        size += (double)want[i] * want[i];
+    }
+    fprintf(stderr, "  last step moves the latents by %.3g (relative)\n", sqrt(moved / size));
+    CHECK(moved > 1e-6 * size);
+    free(before), free(want), free(want_tok);
+
+    kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
+    CHECKF(dec != NULL, "%s", err.msg);
+    kiln_image out[8] = {{0}};
+    CHECKF(kiln_decode_run(dec, &lat, width, height, out, NULL, &err) == KILN_OK, "%s", err.msg);
+    for (int b = 0; b < P; b++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "cases/%s/image_fp32_%d.png", name, b);
+        kiln_image png = {0};
+        CHECK(kiln_image_read_file(oracle_path(rel), NULL, &png, &err) == KILN_OK);
+        double psnr = oracle_psnr_u8(out[b].pixels, png.pixels, (size_t)width * height * 3);
+        fprintf(stderr, "  image %d PSNR %.2f dB\n", b, psnr);
+        CHECK(psnr >= 50.0);
+        kiln_image_free(&png);
+        kiln_image_free(&out[b]);
+    }
+    kiln_be_free(be, &emb), kiln_be_free(be, &lat);
+    kiln_decode_stage_destroy(dec);
+    kiln_denoise_stage_destroy(den);
+    kiln_encode_stage_destroy(enc);
+    kiln_st_close(ref);
+    kiln_checkpoint_close(ck);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -164,7 +273,12 @@ int main(int argc, char **argv)
         return 2;
     }
     be = oracle_cpu_backend();
-    run_case(argv[1]);
+    cJSON *meta = oracle_meta(argv[1]);
+    if (!strcmp(cJSON_GetObjectItem(meta, "family")->valuestring, "zimage"))
+        run_zimage_case(argv[1], meta);
+    else
+        run_case(argv[1]);
+    cJSON_Delete(meta);
     kiln_backend_destroy(be);
     return test_finish();
 }

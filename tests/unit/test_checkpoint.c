@@ -10,6 +10,7 @@
 #include "tests/oracle/oracle_util.h"
 #include "tests/test.h"
 #include "tests/unit/io_helpers.h"
+#include "tools/ckpt_presets.h"
 #include "tools/ckpt_write.h"
 
 static const char *components[] = {"transformer", "text_encoder", "vae", "scheduler",
@@ -379,6 +380,22 @@ static void test_sharded_writer(void)
     kiln_arch_list_free(&l);
 }
 
+/* The full-size Z-Image preset has the published transformer: 521
+ * tensors, 6,154,908,736 parameters (z-image-turbo.md §1, §5). */
+static void test_zimage_turbo_preset(void)
+{
+    const kiln_ckpt_preset *p = kiln_ckpt_preset_find("zimage-turbo");
+    CHECK(p && p->zimage && !strcmp(p->pipeline, "ZImagePipeline") && !p->text.causal_lm);
+    if (!p)
+        return;
+    kiln_arch_list l = {0};
+    kiln_arch_zimage(&l, &p->zdit);
+    CHECK(!l.oom && l.n == 521);
+    CHECKF(kiln_arch_list_bytes(&l) == 2ull * 6154908736ull, "%llu bytes",
+           (unsigned long long)kiln_arch_list_bytes(&l));
+    kiln_arch_list_free(&l);
+}
+
 int main(void)
 {
     RUN(test_open_oracle);
@@ -386,5 +403,6 @@ int main(void)
     RUN(test_make_checkpoint);
     RUN(test_model_name);
     RUN(test_sharded_writer);
+    RUN(test_zimage_turbo_preset);
     return test_finish();
 }

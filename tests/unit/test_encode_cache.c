@@ -55,11 +55,11 @@ static void check_batch(kiln_encode_stage *s, const char *const *prompts, int B,
         fprintf(stderr, "out of memory\n");
         exit(1);
     }
-    CHECKF(kiln_encode_prompts(s, prompts, B, max_seq, &out, ids, &err) == KILN_OK, "%s", err.msg);
+    CHECKF(kiln_encode_prompts(s, prompts, B, max_seq, &out, ids, NULL, &err) == KILN_OK, "%s", err.msg);
     CHECK(out.ndim == 3 && out.shape[0] == B && out.shape[1] == max_seq && out.shape[2] == J);
     kiln_be_download(be, &out, got);
     for (int b = 0; b < B; b++) {
-        CHECKF(kiln_encode_prompts(plain, &prompts[b], 1, max_seq, &one, want_ids, &err) ==
+        CHECKF(kiln_encode_prompts(plain, &prompts[b], 1, max_seq, &one, want_ids, NULL, &err) ==
                    KILN_OK, "%s", err.msg);
         kiln_be_download(be, &one, want);
         kiln_be_free(be, &one);
@@ -140,7 +140,7 @@ static void test_bad_prompt(void)
     kiln_err err = {0};
     kiln_tensor out = {0};
     const char *bad[] = {P[0], "bad \xff utf-8"};
-    CHECK(kiln_encode_prompts(s, bad, 2, 32, &out, NULL, &err) == KILN_ERR_INVALID);
+    CHECK(kiln_encode_prompts(s, bad, 2, 32, &out, NULL, NULL, &err) == KILN_ERR_INVALID);
     CHECK(out.data == NULL);
     CHECK(stats(s).entries == 1);
     kiln_encode_stage_destroy(s);

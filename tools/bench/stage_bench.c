@@ -159,10 +159,12 @@ static kiln_status one_image(stages *s, const opts *o, const char *prompt, uint6
     kiln_image img = {0};
     kiln_buf png = {0};
     kiln_image_encode_opts eo = KILN_IMAGE_ENCODE_DEFAULTS;
-    kiln_denoise_job job = {.B = 1, .embeds = &emb, .width = o->width, .height = o->height,
-                            .steps = o->steps, .guidance = -1, .seeds = &seed};
+    int len = 0; /* real tokens: Z-Image's DiT reads those rows */
+    kiln_denoise_job job = {.B = 1, .embeds = &emb, .txt_len = &len, .width = o->width,
+                            .height = o->height, .steps = o->steps, .guidance = -1,
+                            .seeds = &seed};
     double t0 = kiln_now_ms();
-    kiln_status st = kiln_encode_prompts(s->enc, &prompt, 1, 512, &emb, NULL, err);
+    kiln_status st = kiln_encode_prompts(s->enc, &prompt, 1, 512, &emb, NULL, &len, err);
     if (!st) {
         kiln_be_sync(be);
         st = kiln_be_check(be, err);

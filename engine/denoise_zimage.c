@@ -1,0 +1,169 @@
+/* The Z-Image denoising loop, as diffusers' ZImagePipeline.__call__ runs it
+ * (spec/z-image-turbo.md §4): fp32 latents drawn as (B, 16, H/8, W/8) and
+ * handed to the DiT as patch tokens cast to the model dtype; the shifted
+ * schedule with the DiT time (1000 - tau) / 1000; the model output negated;
+ * with CFG (guidance > 0) pos + g * (pos - neg) on the fp32 outputs; the
+ * Euler step in fp32.
+ *
+ * Every DiT call is kept: the last one (at sigma_{N-1} = 3/11 for N = 9)
+ * feeds the final Euler step x + (0 - sigma_{N-1}) v, whose dt is not 0, so
+ * skipping it cannot give the same latents (tests/oracle/test_pipeline.c
+ * shows the last step moving the oracle's latents). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "denoise_internal.h"
+#include "models/latents.h"
+
+typedef struct zi_loop {
+    kiln_denoise_stage *s;
+    const kiln_denoise_job *job;
+    int64_t h, w, N;
+    kiln_tensor x_in;   /* the latents in be->act_dtype (aliases out on fp32 backends) */
+    kiln_tensor v, v_neg, v_cfg;
+    int64_t *len, *nlen;
+    float *t;
+} zi_loop;
+
+static kiln_status check_lens(const int *len, const kiln_tensor *emb, int64_t B, const char *what,
+                              int64_t *out, kiln_err *err)
+{
+    if (!len)
+        return kiln_err_set(err, KILN_ERR_INVALID, "denoise: Z-Image needs the %s lengths", what);
+    for (int64_t b = 0; b < B; b++) {
+        if (len[b] < 1 || len[b] > emb->shape[1])
+            return kiln_err_set(err, KILN_ERR_INVALID, "denoise: %s row %lld has length %d of %lld",
+                                what, (long long)b, len[b], (long long)emb->shape[1]);
+        out[b] = len[b];
+    }
+    return KILN_OK;
+}
+
+/* One forward over rows in passes of at most DENOISE_PASS_TOKENS tokens
+ * (rows never interact in the DiT). */
+static kiln_status forward(zi_loop *c, const kiln_tensor *txt, const int64_t *len,
+                           kiln_tensor *v, kiln_err *err)
+{
+    const int64_t B = c->job->B, tokens = c->N + txt->shape[1];
+    int64_t per = DENOISE_PASS_TOKENS / tokens > 1 ? DENOISE_PASS_TOKENS / tokens : 1;
+    for (int64_t b0 = 0; b0 < B; b0 += per) {
+        int64_t n = B - b0 < per ? B - b0 : per;
+        kiln_tensor xv = kiln_tensor_batch_view(&c->x_in, b0, n);
+        kiln_tensor tv = kiln_tensor_batch_view(txt, b0, n);
+        kiln_tensor vv = kiln_tensor_batch_view(v, b0, n);
+        kiln_zimage_dit_input in = {.x = &xv, .h = c->h, .w = c->w, .cap = &tv,
+                                    .cap_len = len + b0, .t = c->t + b0};
+        if (kiln_zimage_dit_forward(c->s->zdit, &in, &vv, err))
+            return err->code;
+    }
+    return KILN_OK;
+}
+
+static kiln_status prepare(zi_loop *c, int use_cfg, kiln_tensor *out, kiln_err *err)
+{
+    kiln_denoise_stage *s = c->s;
+    kiln_backend *be = s->be;
+    const kiln_denoise_job *job = c->job;
+    const int64_t B = job->B, C = s->channels;
+    c->len = malloc((size_t)(2 * B) * sizeof *c->len);
+    c->t = malloc((size_t)B * sizeof *c->t);
+    float *x0 = malloc((size_t)(B * c->N * C) * sizeof *x0);
+    kiln_status st = KILN_OK;
+    if (!c->len || !c->t || !x0) {
+        free(x0);
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    }
+    c->nlen = c->len + B;
+    if (check_lens(job->txt_len, job->embeds, B, "prompt", c->len, err) ||
+        (use_cfg && check_lens(job->neg_len, job->neg_embeds, B, "negative prompt", c->nlen, err))) {
+        free(x0);
+        return err->code;
+    }
+    if (job->latents_in)
+        memcpy(x0, job->latents_in, (size_t)(B * c->N * C) * sizeof *x0);
+    else
+        st = kiln_denoise_noise(s, job, x0, err);
+    const int64_t shape[3] = {B, c->N, C};
+    if (!st && !kiln_be_alloc(be, out, KILN_F32, 3, shape))
+        kiln_be_upload(be, out, x0, KILN_F32);
+    free(x0);
+    if (st)
+        return st;
+    if (be->act_dtype == KILN_F32)
+        c->x_in = *out;
+    else
+        kiln_be_alloc(be, &c->x_in, be->act_dtype, 3, shape);
+    kiln_be_alloc(be, &c->v, be->act_dtype, 3, shape);
+    if (use_cfg) {
+        kiln_be_alloc(be, &c->v_neg, be->act_dtype, 3, shape);
+        kiln_be_alloc(be, &c->v_cfg, KILN_F32, 3, shape);
+    }
+    return kiln_be_check(be, err);
+}
+
+static void release(zi_loop *c, const kiln_tensor *out)
+{
+    kiln_backend *be = c->s->be;
+    if (c->x_in.data != out->data)
+        kiln_be_free(be, &c->x_in);
+    kiln_be_free(be, &c->v), kiln_be_free(be, &c->v_neg), kiln_be_free(be, &c->v_cfg);
+    free(c->len), free(c->t);
+}
+
+kiln_status denoise_zimage_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
+                               kiln_tensor *out, kiln_err *err)
+{
+    kiln_backend *be = s->be;
+    float sigmas[KILN_SCHED_MAX_STEPS + 1], timesteps[KILN_SCHED_MAX_STEPS];
+    if (kiln_sched_zimage(&s->sched, job->steps, sigmas, timesteps, err))
+        return err->code;
+    const int use_cfg = kiln_model_cfg_runs(&s->traits, job->guidance);
+    zi_loop c = {.s = s, .job = job, .h = job->height / 16, .w = job->width / 16};
+    c.N = c.h * c.w;
+    kiln_status st = prepare(&c, use_cfg, out, err);
+    for (int i = 0; i < job->steps && !st; i++) {
+        if (job->cancelled && job->cancelled(job->user)) {
+            st = kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
+            break;
+        }
+        if (job->on_step)
+            job->on_step(job->user, i);
+        float t = kiln_sched_zimage_dit_input(timesteps[i]);
+        for (int64_t b = 0; b < job->B; b++)
+            c.t[b] = t;
+        if (c.x_in.data != out->data)
+            kiln_be_copy(be, &c.x_in, out); /* latents.to(transformer dtype) */
+        st = forward(&c, job->embeds, c.len, &c.v, err);
+        const kiln_tensor *v = &c.v;
+        if (!st && use_cfg) {
+            /* diffusers runs [cond ; uncond] as one batch; rows never
+             * interact, so two forwards give the same rows.  The backend's
+             * cfg is neg + g (pos - neg): with the roles swapped and -g it
+             * is pos + g (pos - neg), bit for bit (negation is exact). */
+            st = forward(&c, job->neg_embeds, c.nlen, &c.v_neg, err);
+            kiln_be_cfg(be, &c.v_cfg, &c.v_neg, &c.v, -job->guidance);
+            v = &c.v_cfg;
+        }
+        if (!st) {
+            /* x + (sigma_next - sigma) * (-out) == x + (sigma - sigma_next) * out
+             * exactly: both products are the negation of one rounding. */
+            kiln_be_euler_step(be, out, v, sigmas[i] - sigmas[i + 1]);
+            st = kiln_be_check(be, err);
+        }
+    }
+    release(&c, out);
+    if (!st && out->dtype != be->act_dtype) {
+        /* Handed on in the backend's dtype like klein's latents: the decode
+         * starts with latents.to(vae dtype), the same rounding. */
+        kiln_tensor act;
+        if (!kiln_be_alloc(be, &act, be->act_dtype, 3, out->shape))
+            kiln_be_copy(be, &act, out);
+        st = kiln_be_check(be, err);
+        kiln_be_free(be, out);
+        if (!st)
+            *out = act;
+    }
+    if (st)
+        kiln_be_free(be, out);
+    return st;
+}
