@@ -767,6 +767,21 @@ static void test_cfg(void)
 static void test_copies(void)
 {
     dual dst, src;
+    /* Converting copies (Z-Image's fp32 latents cast for its DiT, and
+     * back): bf16-representable values, so both directions are exact. */
+    dual_in(&src, KILN_F32, 2, (int64_t[]){3, 1001}, 4.0f);
+    dual_out(&dst, KILN_BF16, 2, (int64_t[]){3, 1001});
+    kiln_be_copy(cpu, &dst.c, &src.c);
+    kiln_be_copy(gpu, &dst.g, &src.g);
+    finish("copy (convert)", "3x1001 F32 -> BF16", &dst, TOL_EXACT);
+    dual_free(&src);
+    dual_out(&src, KILN_F32, 2, (int64_t[]){3, 1001});
+    kiln_be_copy(cpu, &src.c, &dst.c);
+    kiln_be_copy(gpu, &src.g, &dst.g);
+    finish("copy (convert)", "3x1001 BF16 -> F32", &src, TOL_EXACT);
+    dual_free(&dst);
+    dual_free(&src);
+
     dual_in(&dst, KILN_BF16, 3, (int64_t[]){2, 10, 24}, 1.0f);
     dual_in(&src, KILN_BF16, 3, (int64_t[]){2, 7, 24}, 1.0f);
     kiln_be_copy_rows(cpu, &dst.c, 3, &src.c, 2, 5);

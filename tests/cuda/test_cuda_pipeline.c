@@ -1,5 +1,5 @@
-/* The whole klein pipeline (engine stages) on the CUDA backend against
- * every klein case of the diffusers oracle, run twice per case:
+/* The whole pipeline (engine stages) on the CUDA backend against every
+ * klein and Z-Image case of the diffusers oracle, run twice per case:
  *   fp32 noise: the case's fp32 draw (bit for bit its latents_init_packed),
  *     final image PSNR >= 40 dB against the fp32 reference PNG; diffusers'
  *     own bf16 pipeline fed the same noise lands at meta.json
@@ -8,6 +8,10 @@
  *   bf16 noise: the GPU pipeline's own draw, which must equal ref_bf16's
  *     packed noise bit for bit, and an image PSNR >= 40 dB against
  *     ref_bf16's image_uint8 (diffusers' bf16 run with the same draw).
+ *   Z-Image draws fp32 noise in both pipelines (z-image-turbo.md §4 item 2),
+ *     so both runs draw the same noise, bit for bit the oracle's `noise`,
+ *     and ref_bf16 is diffusers' bf16 pipeline on it (its PSNR against the
+ *     fp32 image: meta.json bf16.psnr_vs_fp32_image_db, about 52 dB).
  * Prints a table (stdout) and the details (stderr).
  *
  * Usage: test_cuda_pipeline [CASE...]   (default: every klein case)
@@ -24,14 +28,17 @@
 #include "engine/decode_stage.h"
 #include "engine/denoise_stage.h"
 #include "engine/encode_stage.h"
+#include "models/latents.h"
 #include "tests/oracle/oracle_util.h"
 #include "tests/cuda/gpu_skip.h"
 #include "tests/test.h"
 
 #define MIN_PSNR 40.0
 
-static const char *const all_cases[] = {"klein_t2i_256", "klein_t2i_batch2", "klein_edit_1ref",
-                                        "klein_kv_edit_1ref", "klein_base_cfg_256"};
+static const char *const all_cases[] = {"klein_t2i_256",      "klein_t2i_batch2",
+                                        "klein_edit_1ref",    "klein_kv_edit_1ref",
+                                        "klein_base_cfg_256", "zimage_t2i_256",
+                                        "zimage_batch2_160x96"};
 
 static kiln_backend *be;
 
@@ -49,6 +56,8 @@ typedef struct case_ctx {
     int P, width, height, steps, cfg;
     float guidance;
     uint64_t seeds[8];
+    int zimage;   /* ZImagePipeline case: latents are patch tokens */
+    int lens[16]; /* real tokens per prompt row, then the negative's */
 } case_ctx;
 
 static int meta_int(const cJSON *m, const char *key) { return cJSON_GetObjectItem(m, key)->valueint; }
@@ -70,6 +79,26 @@ static double rel_err(const kiln_tensor *t, const kiln_st *st, const char *key)
         e = test_rel_err(got, want, (size_t)n);
     }
     free(want), free(got);
+    return e;
+}
+
+/* The same for the final latents: Z-Image's stage holds them as patch
+ * tokens (B, N, 64), the oracle as (B, 16, 2h, 2w). */
+static double lat_err(const case_ctx *c, const kiln_tensor *t, const kiln_st *st, const char *key)
+{
+    if (!c->zimage)
+        return rel_err(t, st, key);
+    int64_t n = kiln_tensor_numel(t), m = 0;
+    float *want = oracle_f32(st, key, &m), *tok = malloc((size_t)n * sizeof *tok);
+    float *got = malloc((size_t)n * sizeof *got);
+    double e = INFINITY;
+    if (want && tok && got && m == n) {
+        kiln_latents_zimage_patchify(want, tok, c->P, t->shape[2] / 4, 2, c->height / 16,
+                                     c->width / 16);
+        kiln_be_download(be, t, got);
+        e = test_rel_err(got, tok, (size_t)n);
+    }
+    free(want), free(tok), free(got);
     return e;
 }
 
@@ -101,6 +130,7 @@ static int run_once(case_ctx *c, int fp32_noise, const kiln_st *noise_ref, kiln_
 {
     kiln_err err = {0};
     kiln_denoise_job job = {.B = c->P, .embeds = &c->emb, .neg_embeds = c->cfg ? &c->neg : NULL,
+                            .txt_len = c->lens, .neg_len = c->lens + 8,
                             .width = c->width, .height = c->height, .steps = c->steps,
                             .guidance = c->guidance, .seeds = c->seeds, .batch_noise = 1,
                             .fp32_noise = fp32_noise, .ref_tokens = c->R ? &c->ref_tokens : NULL,
@@ -108,8 +138,16 @@ static int run_once(case_ctx *c, int fp32_noise, const kiln_st *noise_ref, kiln_
     int64_t N = (int64_t)(c->height / 16) * (c->width / 16);
     int64_t n = c->P * N * kiln_denoise_stage_channels(c->den), m = 0;
     float *noise = malloc((size_t)n * sizeof *noise);
-    float *want = oracle_f32(noise_ref, "latents_init_packed", &m);
+    float *want = oracle_f32(noise_ref, c->zimage ? "noise" : "latents_init_packed", &m);
     CHECK(noise && want && m == n);
+    if (c->zimage && want && m == n) {
+        float *grid = want;
+        want = malloc((size_t)n * sizeof *want);
+        if (want)
+            kiln_latents_zimage_patchify(grid, want, c->P, n / c->P / N / 4, 2, c->height / 16,
+                                         c->width / 16);
+        free(grid);
+    }
     if (!noise || !want || m != n)
         return -1;
     CHECKF(kiln_denoise_noise(c->den, &job, noise, &err) == KILN_OK, "%s", err.msg);
@@ -135,7 +173,9 @@ static void run_fp32(case_ctx *c)
         kiln_image png[8] = {{0}};
         const uint8_t *want[8], *dbf16[8];
         size_t plane = (size_t)c->width * c->height * 3;
-        const uint8_t *all = st_u8(c->bf16_fp32noise, "image_uint8", plane * (size_t)c->P);
+        /* Z-Image's bf16 reference already ran on the fp32 draw. */
+        const uint8_t *all = st_u8(c->zimage ? c->bf16 : c->bf16_fp32noise, "image_uint8",
+                                   plane * (size_t)c->P);
         for (int b = 0; b < c->P; b++) {
             char rel[256];
             kiln_err err = {0};
@@ -147,14 +187,15 @@ static void run_fp32(case_ctx *c)
         }
         char key[64];
         snprintf(key, sizeof key, "latents_step.%d", c->steps - 1);
-        const cJSON *own = cJSON_GetObjectItem(c->meta, "bf16_fp32noise");
+        const cJSON *own = cJSON_GetObjectItem(c->meta, c->zimage ? "bf16" : "bf16_fp32noise");
         double psnr = min_psnr(imgs, c->P, want);
         int ok = exact && psnr >= MIN_PSNR;
         CHECKF(psnr >= MIN_PSNR, "%s fp32 noise: PSNR %.2f dB < %.0f", c->name, psnr, MIN_PSNR);
         row(c->name, "fp32", "fp32 reference", exact ? "exact" : "DIFFERENT",
-            rel_err(&lat, c->fp32, key), psnr,
+            lat_err(c, &lat, c->fp32, key), psnr,
             cJSON_GetObjectItem(own, "psnr_vs_fp32_image_db")->valuedouble, ok ? "ok" : "FAIL");
-        row(c->name, "fp32", "diffusers bf16, same", "-", rel_err(&lat, c->bf16_fp32noise, key),
+        row(c->name, "fp32", "diffusers bf16, same", "-",
+            lat_err(c, &lat, c->zimage ? c->bf16 : c->bf16_fp32noise, key),
             min_psnr(imgs, c->P, dbf16), -1, "(info)");
         for (int b = 0; b < c->P; b++)
             kiln_image_free(&png[b]);
@@ -181,7 +222,7 @@ static void run_bf16(case_ctx *c)
         int ok = exact && psnr >= MIN_PSNR;
         CHECKF(psnr >= MIN_PSNR, "%s bf16 noise: PSNR %.2f dB < %.0f", c->name, psnr, MIN_PSNR);
         row(c->name, "bf16", "diffusers bf16, same", exact ? "exact" : "DIFFERENT",
-            rel_err(&lat, c->bf16, key), psnr, -1, ok ? "ok" : "FAIL");
+            lat_err(c, &lat, c->bf16, key), psnr, -1, ok ? "ok" : "FAIL");
     }
     for (int b = 0; b < c->P; b++)
         kiln_image_free(&imgs[b]);
@@ -224,14 +265,16 @@ static int setup(case_ctx *c, const kiln_checkpoint *ck)
     kiln_model_traits traits = kiln_denoise_stage_traits(c->den);
     c->cfg = kiln_model_cfg_runs(&traits, c->guidance);
     int max_seq = meta_int(m, "max_seq");
-    if (kiln_encode_prompts(c->enc, texts, c->P, max_seq, &c->emb, NULL, NULL, &err)) {
+    if (kiln_encode_prompts(c->enc, texts, c->P, max_seq, &c->emb, NULL, c->lens, &err)) {
         CHECKF(0, "%s", err.msg);
         return -1;
     }
-    fprintf(stderr, "  prompt_embeds rel err vs fp32 %.3g\n", rel_err(&c->emb, c->fp32, "prompt_embeds"));
+    if (!c->zimage)
+        fprintf(stderr, "  prompt_embeds rel err vs fp32 %.3g\n",
+                rel_err(&c->emb, c->fp32, "prompt_embeds"));
     if (c->cfg) {
         const char *empty = "";
-        if (kiln_encode_prompts(c->enc, &empty, 1, max_seq, &c->neg, NULL, NULL, &err)) {
+        if (kiln_encode_prompts(c->enc, &empty, 1, max_seq, &c->neg, NULL, c->lens + 8, &err)) {
             CHECKF(0, "%s", err.msg);
             return -1;
         }
@@ -263,7 +306,9 @@ static void run_case(const char *name)
     fprintf(stderr, "%s\n", name);
     c.fp32 = oracle_open(name, "ref_fp32.safetensors");
     c.bf16 = oracle_open(name, "ref_bf16.safetensors");
-    c.bf16_fp32noise = oracle_open(name, "ref_bf16_fp32noise.safetensors");
+    c.zimage = !strcmp(cJSON_GetObjectItem(c.meta, "family")->valuestring, "zimage");
+    if (!c.zimage)
+        c.bf16_fp32noise = oracle_open(name, "ref_bf16_fp32noise.safetensors");
     char src[PATH_MAX], kv_dir[PATH_MAX];
     snprintf(src, sizeof src, "%s", oracle_path(cJSON_GetObjectItem(c.meta, "checkpoint")->valuestring));
     int kv = !strcmp(cJSON_GetObjectItem(c.meta, "pipeline")->valuestring, "klein_kv");

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The diffusers side of the side-by-side in docs/PERFORMANCE.md: times
-diffusers' Flux2KleinPipeline on the same checkpoint folder kiln serves, the
+diffusers' Flux2KleinPipeline or ZImagePipeline (model_index.json's
+_class_name; Z-Image with guidance_scale 0, the Turbo recipe kiln uses,
+not the pipeline's call default of 5) on the same checkpoint folder kiln serves, the
 way kiln-bench times kiln (B=1, one request at a time, the same prompts with
 seed = prompt index, PNG bytes at the end).
 
@@ -54,10 +56,14 @@ def main():
 
     import torch
     import diffusers
-    from diffusers import Flux2KleinPipeline
+    with open(os.path.join(a.model, "model_index.json")) as f:
+        cls = json.load(f)["_class_name"]
+    zimage = cls == "ZImagePipeline"
+    pipe_cls = getattr(diffusers, cls)
+    extra = {"guidance_scale": 0.0} if zimage else {}
 
     t0 = time.time()
-    pipe = Flux2KleinPipeline.from_pretrained(a.model, torch_dtype=torch.bfloat16).to("cuda")
+    pipe = pipe_cls.from_pretrained(a.model, torch_dtype=torch.bfloat16).to("cuda")
     pipe.set_progress_bar_config(disable=True)
     load_s = time.time() - t0
     if a.compile:
@@ -83,7 +89,7 @@ def main():
         idx = k % len(prompts)
         t = time.perf_counter()
         img = pipe(prompt=prompts[idx], height=height, width=width, num_inference_steps=a.steps,
-                   generator=torch.Generator("cpu").manual_seed(idx)).images[0]
+                   generator=torch.Generator("cpu").manual_seed(idx), **extra).images[0]
         t_pipe = time.perf_counter() - t
         buf = io.BytesIO()
         img.save(buf, format="PNG")
@@ -102,7 +108,7 @@ def main():
     free, total = torch.cuda.mem_get_info()
     res = {
         "diffusers": diffusers.__version__, "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(), "size": a.size, "steps": a.steps,
+        "pipeline": cls, "gpu": torch.cuda.get_device_name(), "size": a.size, "steps": a.steps,
         "compiled": a.compile, "load_s": load_s,
         "latency_ms": {k: v * 1e3 for k, v in summary(total_s).items() if k != "n"},
         "pipeline_to_pil_ms": {k: v * 1e3 for k, v in summary(pipe_s).items() if k != "n"},

@@ -8,7 +8,7 @@
 #   env        GPU, driver, the cuDNN kiln will dlopen, torch
 #   ops        tests/cuda/test_cuda_ops (every CUDA op against the CPU
 #              reference): the speed work must keep it passing
-#   parity     tests/cuda/test_cuda_pipeline: the klein oracle cases on the
+#   parity     tests/cuda/test_cuda_pipeline: the klein and Z-Image oracle cases on the
 #              GPU (oracle from .devdata/ when carried, else ../shared)
 #   opbench    kiln-opbench: attention at the pipeline's shapes (cuDNN and
 #              the in-house kernel), one GEMM for calibration
@@ -19,7 +19,7 @@
 #   serve      kiln serve --device cuda, then kiln-bench through HTTP
 #              (latency, and throughput unless KILN_BENCH_MODE=latency);
 #              peak GPU memory of the whole service and of each process
-#   diffusers  diffusers' Flux2KleinPipeline on the same checkpoint folder,
+#   diffusers  diffusers' Flux2KleinPipeline (ZImagePipeline for Z-Image) on the same checkpoint folder,
 #              bf16, B=1 latency the same way (tools/bench/diffusers_bench.py);
 #              the diffusers wheel comes from .whl/ (carry it: see below)
 #
@@ -31,9 +31,11 @@
 # diffusers wheel: `pip download --no-deps diffusers==0.42.1 -d .whl` here,
 # carried with the run (torch and transformers are on the GPU machine).
 #
-# Env: KILN_BENCH_MODELS ("klein-4b"; e.g. "klein-4b klein-9b"),
+# Env: KILN_BENCH_MODELS ("klein-4b"; e.g. "klein-4b klein-9b zimage-turbo":
+#      each a kiln make-checkpoint preset),
 #      KILN_BENCH_DATA (/tmp/kiln-bench: checkpoints), KILN_BENCH_SIZE
-#      (1024x1024), KILN_BENCH_STEPS (4), KILN_BENCH_N (20), KILN_BENCH_WARMUP
+#      (1024x1024), KILN_BENCH_STEPS (4 for klein), KILN_BENCH_ZIMAGE_STEPS
+#      (9, Z-Image-Turbo's recipe), KILN_BENCH_N (20), KILN_BENCH_WARMUP
 #      (3), KILN_BENCH_MODE (both|latency|throughput), KILN_BENCH_CONC
 #      (4,8,16), KILN_BENCH_IMAGES (32), KILN_BENCH_REPEATS (3),
 #      KILN_BENCH_ITERS (5: kiln-stagebench), KILN_BENCH_DIFFUSERS_N (= N),
@@ -92,6 +94,14 @@ mem_peak() {
   sort -n "$1" | tail -1 | awk -v idle="$2" '{printf "%.2f GiB (peak %d MiB used, %d idle)", ($1 - idle) / 1024, $1, idle}'
 }
 mem_idle() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+
+# The steps a model is benchmarked with: its published recipe.
+steps_of() {
+  case $1 in
+    zimage*) echo "${KILN_BENCH_ZIMAGE_STEPS:-9}" ;;
+    *) echo "$steps" ;;
+  esac
+}
 
 step_env() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -156,7 +166,7 @@ step_stages() {
     mem_sampler "$mem/stages.txt" &
     local sampler=$!
     timeout "$limit" "$build/tools/bench/kiln-stagebench" --model "$data/$m" --device cuda \
-      --size "$size" --steps "$steps" --iters "${KILN_BENCH_ITERS:-5}" --warmup 1 \
+      --size "$size" --steps "$(steps_of "$m")" --iters "${KILN_BENCH_ITERS:-5}" --warmup 1 \
       --prompts tools/bench/prompts.txt 2>>"$log" || rc=1
     kill "$sampler"
     wait "$sampler" 2>/dev/null
@@ -178,7 +188,7 @@ step_serve() {
     local apps=$!
     timeout "$limit" "$build/tools/bench/kiln-bench" --url "http://127.0.0.1:$port" --wait-ready 300 \
       --prompts tools/bench/prompts.txt \
-      --mode "$mode" --size "$size" --steps "$steps" --requests "$n" --warmup "$warmup" \
+      --mode "$mode" --size "$size" --steps "$(steps_of "$m")" --requests "$n" --warmup "$warmup" \
       --concurrency "${KILN_BENCH_CONC:-4,8,16}" --images "${KILN_BENCH_IMAGES:-32}" \
       --repeats "${KILN_BENCH_REPEATS:-3}" --label "$m" --json "$out/kiln-bench-$m.json" || rc=1
     kill "$sampler" "$apps"
@@ -201,7 +211,7 @@ step_diffusers() {
     --target /tmp/kiln-bench-site "$whl"/*.whl >>"$log" 2>&1 || return 1
   for m in "${models[@]}"; do
     PYTHONPATH=/tmp/kiln-bench-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout "$limit" \
-      python3 tools/bench/diffusers_bench.py --model "$data/$m" --size "$size" --steps "$steps" \
+      python3 tools/bench/diffusers_bench.py --model "$data/$m" --size "$size" --steps "$(steps_of "$m")" \
       --n "${KILN_BENCH_DIFFUSERS_N:-$n}" --warmup "$warmup" --json "$out/diffusers-$m.json" \
       2>>"$log" || rc=1
   done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on the development machine (not the GPU one): builds what the GPU checks
 # need into .devbuild/ (release, CUDA required), copies the non-system
-# shared libraries those programs need into .devlibs/ and the klein oracle
+# shared libraries those programs need into .devlibs/ and the klein and Z-Image oracle
 # cases and checkpoints (about 30 MB, folder layout of ../shared kept so the
 # checkpoints' link stubs resolve) into .devdata/, so that a device `run`
 # can carry all three (carry: [".devbuild", ".devlibs", ".devdata"]) and
@@ -44,13 +44,15 @@ mkdir -p .devlibs
 bins=()
 for t in "${targets[@]}"; do bins+=("$build/$t"); done
 "$bundle" .devlibs "${bins[@]}" >/dev/null
-# The klein oracle without the debug tensors (the GPU test does not read them).
+# The klein and Z-Image oracle without the debug tensors (the GPU test does
+# not read them).
 shared=${KILN_SHARED:-$root/../shared}
 rm -rf .devdata
 mkdir -p .devdata/oracle/ckpt .devdata/data/qwen3-tokenizer
-cp -r "$shared"/oracle/ckpt/klein-tiny "$shared"/oracle/ckpt/klein-base-tiny .devdata/oracle/ckpt/
+cp -r "$shared"/oracle/ckpt/klein-tiny "$shared"/oracle/ckpt/klein-base-tiny \
+  "$shared"/oracle/ckpt/zimage-tiny .devdata/oracle/ckpt/
 cp "$shared"/data/qwen3-tokenizer/{vocab.json,merges.txt} .devdata/data/qwen3-tokenizer/
-for c in "$shared"/oracle/cases/klein_*; do
+for c in "$shared"/oracle/cases/klein_* "$shared"/oracle/cases/zimage_*; do
   mkdir -p ".devdata/oracle/cases/${c##*/}"
   cp "$c"/meta.json "$c"/ref_*.safetensors "$c"/*.png ".devdata/oracle/cases/${c##*/}/"
 done

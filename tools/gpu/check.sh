@@ -9,8 +9,8 @@
 #          the dev machine, libraries in .devlibs/), else builds there with
 #          meson/ninja/nvcc
 #   ops    tests/cuda/test_cuda_ops: every backend op against the CPU reference
-#   pipeline  tests/cuda/test_cuda_pipeline: every klein oracle case on the GPU,
-#          fp32 and bf16 noise draws (oracle from .devdata/, else ../shared)
+#   pipeline  tests/cuda/test_cuda_pipeline: every klein and Z-Image oracle case on
+#          the GPU, fp32 and bf16 noise draws (oracle from .devdata/, else ../shared)
 #   replay tests/cuda/test_cuda_replay: recorded DiT steps (CUDA graphs)
 #          bit-identical to the same steps run op by op
 #   ipc    tests/cuda/test_cuda_ipc: the cuda_ipc transport between two processes
@@ -20,6 +20,9 @@
 #   img2img  kiln edit --strength on the tiny checkpoint: strength 1 on CUDA
 #          identical to kiln generate --device cuda (same seed); strength 0.5
 #          on CUDA against the CPU (both fp32 noise): image PSNR >= 40 dB
+#   zserve kiln serve --device cuda on the tiny Z-Image checkpoint, one HTTP
+#          request (256x256, 8 steps), its image compared with kiln generate
+#          --device cuda (must be identical)
 #   mixed  tests/cuda/test_cuda_mixed on the tiny checkpoint: one process
 #          through requests of changing sizes (to 2048x2048), rows and
 #          references, each bit-identical to the same request in a fresh
@@ -49,6 +52,12 @@
 #              the next run): kiln generate --device cuda at 1024x1024, 4 steps
 #              (stage times), then the same through kiln serve --device cuda
 #              over HTTP, image identical to the CLI's
+#   zfull      a random-weight Z-Image-Turbo checkpoint (kiln make-checkpoint
+#              --preset zimage-turbo, ~20 GB bf16, in $KILN_ZIMAGE_DIR, default
+#              /tmp/kiln-zimage-turbo; kept): kiln generate --device cuda at
+#              1024x1024 with the Turbo defaults (9 steps; stage times), the
+#              same through kiln serve (identical image), then CUDA vs CPU at
+#              128x128, 1 step, 32 text tokens (final latents rel err < 2e-2)
 #   fullcpu    the same checkpoint, CUDA vs CPU at 128x128, 1 step, 32 text
 #              tokens, same fp32 noise (bar: final latents rel err < 2e-2;
 #              image PSNR reported)
@@ -72,8 +81,8 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline replay ipc serve img2img mixed devices)
-OPTIONAL=(devicefault mixedsan mixedfull memcheck racecheck fullsize fullcpu vaefull servemem)
+SECTIONS=(env build ops pipeline replay ipc serve img2img zserve mixed devices)
+OPTIONAL=(devicefault mixedsan mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
           tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed tests/cuda/test_cuda_vae_band
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
@@ -220,6 +229,10 @@ sec_img2img() {
   "$build/tests/cuda/compare_outputs" --image "$d/s05-cuda.png" "$d/s05-cpu.png" --min-psnr 40
 }
 
+sec_zserve() {
+  serve_vs_cli "$logs/zserve" "$(oracle_root)/oracle/ckpt/zimage-tiny" 256 256 8 64
+}
+
 # Runs a command, logging to $logs/fullsize/<name>.log, and prints its wall
 # time and the pipeline's stage-time line.
 timed() {
@@ -278,6 +291,29 @@ sec_fullcpu() {
     --out "$w/cpu-128.png" --latents-out "$w/cpu-128.safetensors" || return 1
   "$build/tests/cuda/compare_outputs" --latents "$w/cuda-128.safetensors" "$w/cpu-128.safetensors" \
     --image "$w/cuda-128.png" "$w/cpu-128.png" --max-rel-err 2e-2
+}
+
+zdir=${KILN_ZIMAGE_DIR:-/tmp/kiln-zimage-turbo}
+sec_zfull() {
+  local kiln=$build/tools/kiln w=$logs/fullsize
+  mkdir -p "$w"
+  if [ ! -f "$zdir/model_index.json" ]; then
+    rm -rf "$zdir"
+    timed zimage-checkpoint "$kiln" make-checkpoint --preset zimage-turbo --out "$zdir" || return 1
+  fi
+  timed zimage-1024 "$kiln" generate --model "$zdir" --device cuda --width 1024 --height 1024 \
+    --seed 1 --prompt "a red fox sitting in fresh snow, soft winter light" \
+    --out "$w/zimage-1024.png" || return 1
+  grep -q "9 steps" "$w/zimage-1024.log" || { echo "the Turbo default is not 9 steps"; return 1; }
+  serve_vs_cli "$w/zserve" "$zdir" 1024 1024 9 512 || return 1
+  local small=(generate --model "$zdir" --width 128 --height 128 --steps 1 --seed 7
+               --max-sequence-length 32 --prompt "a lighthouse on a cliff at dusk")
+  timed zimage-cuda-128 "$kiln" "${small[@]}" --device cuda --out "$w/zcuda-128.png" \
+    --latents-out "$w/zcuda-128.safetensors" || return 1
+  timed zimage-cpu-128 timeout "${KILN_CPU_TIMEOUT:-600}" "$kiln" "${small[@]}" --device cpu \
+    --out "$w/zcpu-128.png" --latents-out "$w/zcpu-128.safetensors" || return 1
+  "$build/tests/cuda/compare_outputs" --latents "$w/zcuda-128.safetensors" \
+    "$w/zcpu-128.safetensors" --image "$w/zcuda-128.png" "$w/zcpu-128.png" --max-rel-err 2e-2
 }
 
 # A test under a compute-sanitizer tool; prints the sanitizer's summary.
