@@ -3,6 +3,10 @@
  *
  *   test_zimage_dit host     RoPE tables, patch layout, config and input errors
  *   test_zimage_dit debug    every sub-module of zimage_t2i_256's first forward
+ *   test_zimage_dit dims     another configuration (dim 288, 3 heads of 96, A = 256
+ *                            unlike D, one refiner block, random weights): a batch
+ *                            of two captions of different padded lengths gives each
+ *                            row the bytes it gets alone
  *   test_zimage_dit <case>   transformer_out.<k> of every DiT call of a case
  *                            (zimage_batch2_160x96: two captions of 10 and 75
  *                            tokens, so padded lengths 32 and 96, and 60 image
@@ -11,9 +15,12 @@
  * Call k's input is the latents before step k (transformer_in0.x, then
  * latents_step.<k-1>), patchified, with the case's caption features and the
  * time (1000 - tau_k) / 1000 (spec/z-image-turbo.md §4 item 4). */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/checkpoint.h"
 #include "common/json.h"
@@ -24,6 +31,7 @@
 #include "models/zimage_dit.h"
 #include "oracle_check.h"
 #include "tests/test.h"
+#include "tools/ckpt_write.h"
 
 #define TOL 1e-4
 
@@ -323,10 +331,128 @@ static void run_case(const char *name, int64_t B, int64_t h, int64_t w)
     cJSON_Delete(meta);
 }
 
+/* --- another configuration --------------------------------------------------- */
+
+static const char *const linked[] = {"model_index.json", "scheduler", "text_encoder", "tokenizer",
+                                     "vae"};
+
+/* A checkpoint folder in /tmp: zimage-tiny's other components linked, a
+ * transformer of other dimensions with random weights.  dir gets its path. */
+static int make_dims_checkpoint(char *dir)
+{
+    char src[PATH_MAX], a[PATH_MAX + 64], b[PATH_MAX + 64];
+    if (!realpath(oracle_path("ckpt/zimage-tiny"), src))
+        return -1;
+    snprintf(dir, PATH_MAX, "/tmp/kiln-zdims-XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    for (size_t i = 0; i < sizeof linked / sizeof *linked; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, linked[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, linked[i]);
+        if (symlink(a, b))
+            return -1;
+    }
+    snprintf(b, sizeof b, "%s/transformer", dir);
+    if (mkdir(b, 0755))
+        return -1;
+    kiln_zimage_dims d = {288, 3, 2, 1, 4, 16, 2, 1, {32, 32, 32}, {1536, 512, 512}};
+    kiln_arch_list l = {0};
+    kiln_arch_zimage(&l, &d);
+    kiln_err err = {0};
+    cJSON *cfg = cJSON_Parse(
+        "{\"_class_name\": \"ZImageTransformer2DModel\", \"all_patch_size\": [2], "
+        "\"all_f_patch_size\": [1], \"in_channels\": 4, \"dim\": 288, \"n_layers\": 2, "
+        "\"n_refiner_layers\": 1, \"n_heads\": 3, \"n_kv_heads\": 3, \"norm_eps\": 1e-05, "
+        "\"qk_norm\": true, \"cap_feat_dim\": 16, \"rope_theta\": 256.0, \"t_scale\": 1000.0, "
+        "\"axes_dims\": [32, 32, 32], \"axes_lens\": [1536, 512, 512], "
+        "\"siglip_feat_dim\": null}");
+    int rc = l.oom || !cfg ||
+             kiln_ckpt_write_weights(b, "diffusion_pytorch_model", &l, 11, 1ull << 40, &err);
+    char path[2 * PATH_MAX];
+    snprintf(path, sizeof path, "%s/transformer/config.json", dir);
+    rc = rc || kiln_ckpt_write_json(path, cfg, &err);
+    CHECKF(!rc, "%s", err.msg);
+    cJSON_Delete(cfg);
+    kiln_arch_list_free(&l);
+    return rc ? -1 : 0;
+}
+
+static void remove_dims_checkpoint(const char *dir)
+{
+    char p[PATH_MAX + 64];
+    for (size_t i = 0; i < sizeof linked / sizeof *linked; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, linked[i]);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/transformer/config.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/transformer", dir);
+    rmdir(p);
+    rmdir(dir);
+}
+
+static void test_other_dims(void)
+{
+    char dir[PATH_MAX];
+    if (make_dims_checkpoint(dir)) {
+        CHECKF(0, "cannot make the checkpoint");
+        return;
+    }
+    kiln_err err = {0};
+    kiln_checkpoint *ck = kiln_checkpoint_open(dir, &err);
+    kiln_zimage_dit *m = ck ? kiln_zimage_dit_load(be, ck, &err) : NULL;
+    CHECKF(m, "%s", err.msg);
+    kiln_checkpoint_close(ck);
+    if (m) {
+        const kiln_zimage_dit_config *c = kiln_zimage_dit_get_config(m);
+        CHECK(c->adaln_dim == 256 && c->head_dim == 96 && c->ffn_hidden == 768 &&
+              c->patch_features == 16);
+        /* 3 x 4 tokens (padded to 32), captions of 5 and 40 tokens (32 and 64) */
+        const int64_t h = 3, w = 4, N = h * w, T = 40, P = 16, Cc = 16;
+        float *x = malloc((size_t)(2 * N * P) * sizeof *x);
+        float *cap = malloc((size_t)(2 * T * Cc) * sizeof *cap);
+        for (int64_t i = 0; i < 2 * N * P; i++)
+            x[i] = sinf(0.37f * (float)i);
+        for (int64_t i = 0; i < 2 * T * Cc; i++)
+            cap[i] = cosf(0.11f * (float)i);
+        inputs two = {.B = 2, .C = 4, .h = h, .w = w, .T = T, .cap_len = {5, 40}, .t = {0.25f, 0.8f}};
+        upload3(&two.x, 2, N, P, x);
+        upload3(&two.cap, 2, T, Cc, cap);
+        kiln_be_alloc(be, &two.out, be->act_dtype, 3, (int64_t[]){2, N, P});
+        CHECKF(!forward(m, &two, NULL, NULL, &err), "%s", err.msg);
+        float *both = malloc((size_t)(2 * N * P) * sizeof *both);
+        kiln_be_download(be, &two.out, both);
+        int finite = 1;
+        for (int64_t i = 0; i < 2 * N * P; i++)
+            finite &= isfinite(both[i]) != 0;
+        CHECK(finite);
+        for (int b = 0; b < 2; b++) {
+            inputs one = {.B = 1, .C = 4, .h = h, .w = w, .T = T, .cap_len = {two.cap_len[b]},
+                          .t = {two.t[b]}};
+            upload3(&one.x, 1, N, P, x + b * N * P);
+            upload3(&one.cap, 1, T, Cc, cap + b * T * Cc);
+            kiln_be_alloc(be, &one.out, be->act_dtype, 3, (int64_t[]){1, N, P});
+            CHECKF(!forward(m, &one, NULL, NULL, &err), "%s", err.msg);
+            float *alone = malloc((size_t)(N * P) * sizeof *alone);
+            kiln_be_download(be, &one.out, alone);
+            CHECKF(!memcmp(alone, both + b * N * P, (size_t)(N * P) * sizeof *alone),
+                   "row %d differs from its run alone", b);
+            free(alone);
+            free_inputs(&one);
+        }
+        free(both), free(x), free(cap);
+        free_inputs(&two);
+    }
+    kiln_zimage_dit_destroy(m);
+    remove_dims_checkpoint(dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: KILN_SHARED=... %s host|debug|<zimage case>\n", argv[0]);
+        fprintf(stderr, "usage: KILN_SHARED=... %s host|debug|dims|<zimage case>\n", argv[0]);
         return 2;
     }
     be = oracle_cpu_backend();
@@ -338,6 +464,8 @@ int main(int argc, char **argv)
         RUN(test_bad_inputs);
     } else if (!strcmp(what, "debug")) {
         RUN(test_debug_tensors);
+    } else if (!strcmp(what, "dims")) {
+        RUN(test_other_dims);
     } else if (!strcmp(what, "zimage_t2i_256")) {
         run_case(what, 1, 16, 16);
     } else if (!strcmp(what, "zimage_batch2_160x96")) {
