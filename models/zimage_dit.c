@@ -197,9 +197,10 @@ static kiln_status step_check(zimage_fwd *f, kiln_err *err, const char *what, in
                      : kiln_err_wrap(err, "zimage dit %s %d", what, index);
 }
 
-/* adaln = t_embedder(t * t_scale), spec §3.1: sinusoids in fp32 on the host
- * (the table FLUX.2 uses), then Linear, SiLU, Linear. */
-static void time_embed(zimage_fwd *f, const float *t)
+/* The sinusoids of t * t_scale (spec §3.1: fp32 on the host, the table
+ * FLUX.2 uses) uploaded into a (B, 256) tensor: the one per-step upload of
+ * a forward, kept outside a recorded step. */
+static kiln_tensor time_input(zimage_fwd *f, const float *t)
 {
     kiln_zimage_dit *m = f->m;
     const int64_t B = f->B;
@@ -207,22 +208,31 @@ static void time_embed(zimage_fwd *f, const float *t)
     for (int64_t b = 0; b < B; b++)
         kiln_flux2_time_proj(t[b] * (float)m->cfg.t_scale, T_FREQ, e + b * T_FREQ);
     kiln_tensor et = fwd_tensor(f, 2, (int64_t[]){B, T_FREQ});
+    kiln_be_upload(f->be, &et, e, KILN_F32);
+    return et;
+}
+
+/* adaln = t_embedder(t * t_scale): Linear, SiLU, Linear on the sinusoids. */
+static void time_embed(zimage_fwd *f, const kiln_tensor *et)
+{
+    kiln_zimage_dit *m = f->m;
+    const int64_t B = f->B;
     kiln_tensor h = fwd_tensor(f, 2, (int64_t[]){B, m->cfg.t_hidden});
     f->adaln = fwd_tensor(f, 2, (int64_t[]){B, m->cfg.adaln_dim});
-    kiln_be_upload(f->be, &et, e, KILN_F32);
-    kiln_be_linear(f->be, &h, &et, &m->t_lin1, &m->t_lin1_b);
+    kiln_be_linear(f->be, &h, et, &m->t_lin1, &m->t_lin1_b);
     kiln_be_silu(f->be, &h, &h);
     kiln_be_linear(f->be, &f->adaln, &h, &m->t_lin2, &m->t_lin2_b);
 }
 
 /* Image rows (B, N_p, D): the patch embedding, then x_pad_token rows. */
-static kiln_tensor embed_image(zimage_fwd *f, const kiln_zimage_dit_input *in)
+static kiln_tensor embed_image(zimage_fwd *f, const kiln_zimage_dit_input *in,
+                               const zimage_io *io)
 {
     kiln_zimage_dit *m = f->m;
     const int64_t B = f->B, N = f->N, Np = f->Np, D = m->cfg.dim;
     kiln_tensor xe = fwd_tensor(f, 3, (int64_t[]){B, N, D});
     kiln_tensor X = fwd_tensor(f, 3, (int64_t[]){B, Np, D});
-    kiln_be_linear(f->be, &xe, in->x, &m->x_emb, &m->x_emb_b);
+    kiln_be_linear(f->be, &xe, io->x, &m->x_emb, &m->x_emb_b);
     probe(in, f, "all_x_embedder.2-1", &xe);
     kiln_be_copy_rows(f->be, &X, 0, &xe, 0, N);
     for (int64_t b = 0; b < B && Np > N; b++) {
@@ -234,14 +244,15 @@ static kiln_tensor embed_image(zimage_fwd *f, const kiln_zimage_dit_input *in)
 
 /* Caption rows (B, Lmax, D): RMSNorm + Linear, then cap_pad_token rows up
  * to each item's padded length (rows past it are left as they are). */
-static kiln_tensor embed_caption(zimage_fwd *f, const kiln_zimage_dit_input *in)
+static kiln_tensor embed_caption(zimage_fwd *f, const kiln_zimage_dit_input *in,
+                                 const zimage_io *io)
 {
     kiln_zimage_dit *m = f->m;
     const int64_t B = f->B, T = in->cap->shape[1], D = m->cfg.dim;
     kiln_tensor cn = fwd_tensor(f, 3, (int64_t[]){B, T, m->cfg.cap_feat_dim});
     kiln_tensor ce = fwd_tensor(f, 3, (int64_t[]){B, T, D});
     kiln_tensor C = fwd_tensor(f, 3, (int64_t[]){B, f->Lmax, D});
-    kiln_be_rms_norm(f->be, &cn, in->cap, &m->cap_norm, (float)m->cfg.norm_eps);
+    kiln_be_rms_norm(f->be, &cn, io->cap, &m->cap_norm, (float)m->cfg.norm_eps);
     kiln_be_linear(f->be, &ce, &cn, &m->cap_emb, &m->cap_emb_b);
     probe(in, f, "cap_embedder", &ce);
     for (int64_t b = 0; b < B; b++) {
@@ -272,18 +283,18 @@ static void final_layer(zimage_fwd *f, const kiln_zimage_dit_input *in, const ki
     probe(in, f, "all_final_layer.2-1", out);
 }
 
-static kiln_status body(zimage_fwd *f, const kiln_zimage_dit_input *in, kiln_tensor *out,
-                        kiln_err *err)
+kiln_status zimage_forward_body(zimage_fwd *f, const kiln_zimage_dit_input *in,
+                                const zimage_io *io, kiln_err *err)
 {
     kiln_zimage_dit *m = f->m;
     const kiln_zimage_dit_config *c = &m->cfg;
     const int64_t B = f->B, Np = f->Np, Lmax = f->Lmax, D = c->dim;
     char name[64];
 
-    time_embed(f, in->t);
+    time_embed(f, &io->e);
     probe(in, f, "t_embedder", &f->adaln);
-    kiln_tensor X = embed_image(f, in);
-    kiln_tensor C = embed_caption(f, in);
+    kiln_tensor X = embed_image(f, in, io);
+    kiln_tensor C = embed_caption(f, in, io);
     if (step_check(f, err, "embeddings", -1))
         return err->code;
 
@@ -324,8 +335,26 @@ static kiln_status body(zimage_fwd *f, const kiln_zimage_dit_input *in, kiln_ten
         if (step_check(f, err, "layer", i))
             return err->code;
     }
-    final_layer(f, in, &U, out);
+    final_layer(f, in, &U, io->out);
     return step_check(f, err, "final layer", -1);
+}
+
+kiln_status zimage_stage_inputs(zimage_fwd *f, const kiln_zimage_dit_input *in, zimage_io *io,
+                                kiln_tensor *out)
+{
+    kiln_zimage_dit *m = f->m;
+    kiln_arena_reset(m->fwd);
+    kiln_arena_reset(m->blk);
+    io->e = time_input(f, in->t);
+    io->x_buf = fwd_tensor(f, in->x->ndim, in->x->shape);
+    io->cap_buf = fwd_tensor(f, in->cap->ndim, in->cap->shape);
+    io->out_buf = fwd_tensor(f, out->ndim, out->shape);
+    kiln_be_copy(f->be, &io->x_buf, in->x);
+    kiln_be_copy(f->be, &io->cap_buf, in->cap);
+    io->x = &io->x_buf;
+    io->cap = &io->cap_buf;
+    io->out = &io->out_buf;
+    return f->be->error.code;
 }
 
 kiln_status kiln_zimage_dit_forward(kiln_zimage_dit *m, const kiln_zimage_dit_input *in,
@@ -352,10 +381,14 @@ kiln_status kiln_zimage_dit_forward(kiln_zimage_dit *m, const kiln_zimage_dit_in
     kiln_status st = host_reserve(m, (size_t)(B * T_FREQ), err);
     if (!st)
         st = rope_prepare(&f, in->h, in->w, err);
-    if (!st) {
+    if (!st && zimage_replay_usable(m, in)) {
+        st = zimage_forward_replayed(&f, in, out, err);
+    } else if (!st) {
         kiln_arena_reset(m->fwd);
         kiln_arena_reset(m->blk);
-        st = body(&f, in, out, err);
+        zimage_io io = {.x = in->x, .cap = in->cap, .out = out};
+        io.e = time_input(&f, in->t);
+        st = zimage_forward_body(&f, in, &io, err);
     }
     free(ints);
     return st;

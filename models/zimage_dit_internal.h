@@ -17,6 +17,28 @@ typedef struct zimage_block_w {
     kiln_tensor ada, ada_b;     /* [4D, A], [4D] adaLN_modulation.0 */
 } zimage_block_w;
 
+/* Recorded forwards (zimage_dit_replay.c): up to this many items, whose
+ * caption lengths are part of a recording's key. */
+#define ZIMAGE_REPLAY_MAX_B 16
+#define ZIMAGE_REPLAY_SLOTS 4
+
+/* What a recording ran on: the shape, each item's caption length, and the
+ * moves of the memory it points into (RoPE tables and arenas only grow;
+ * each move bumps its counter). */
+typedef struct zimage_replay_key {
+    int64_t B, h, w, T;
+    int64_t cap_len[ZIMAGE_REPLAY_MAX_B];
+    uint64_t rope_epoch, fwd_epoch, blk_epoch;
+} zimage_replay_key;
+
+typedef struct zimage_replay {
+    zimage_replay_key key;
+    kiln_graph *graph;
+    int runs;   /* forwards of this key so far */
+    int failed; /* recording failed once: op by op from then on */
+    uint64_t last_use;
+} zimage_replay;
+
 struct kiln_zimage_dit {
     kiln_backend *be;
     kiln_zimage_dit_config cfg;
@@ -47,6 +69,12 @@ struct kiln_zimage_dit {
 
     float *host;     /* host scratch */
     size_t host_cap; /* floats */
+
+    /* Recorded forwards, least recently used replaced; off without backend
+     * support or with KILN_GRAPHS=0 in the environment at load. */
+    int replay_enabled;
+    zimage_replay replays[ZIMAGE_REPLAY_SLOTS];
+    uint64_t replay_clock;
 };
 
 /* Views of RoPE rows for a sequence: item b's table starts `stride` rows
@@ -71,6 +99,33 @@ typedef struct zimage_fwd {
     int64_t *lens;          /* [B] scratch: valid rows per item of the current sequence */
     kiln_tensor adaln;      /* (B, A) */
 } zimage_fwd;
+
+/* Where a forward's body reads its inputs and writes its output: the
+ * caller's tensors, or (recorded forwards) staging copies in the fwd arena
+ * that sit at the same addresses every time. */
+typedef struct zimage_io {
+    const kiln_tensor *x, *cap;
+    kiln_tensor *out;
+    kiln_tensor e;                       /* (B, 256) sinusoids, uploaded */
+    kiln_tensor x_buf, cap_buf, out_buf; /* staging, zimage_stage_inputs */
+} zimage_io;
+
+/* zimage_dit.c: the device work of a forward from io's inputs (the part
+ * that is recorded), and the staging of a recorded forward's inputs (resets
+ * the arenas, uploads the sinusoids, copies x and cap; returns the sticky
+ * error code, if any). */
+kiln_status zimage_forward_body(zimage_fwd *f, const kiln_zimage_dit_input *in,
+                                const zimage_io *io, kiln_err *err);
+kiln_status zimage_stage_inputs(zimage_fwd *f, const kiln_zimage_dit_input *in, zimage_io *io,
+                                kiln_tensor *out);
+
+/* zimage_dit_replay.c: whether this forward may be recorded (backend
+ * support, no probe, at most ZIMAGE_REPLAY_MAX_B items), the forward
+ * through the recordings, and their release. */
+int zimage_replay_usable(const kiln_zimage_dit *m, const kiln_zimage_dit_input *in);
+kiln_status zimage_forward_replayed(zimage_fwd *f, const kiln_zimage_dit_input *in,
+                                    kiln_tensor *out, kiln_err *err);
+void zimage_replay_release(kiln_zimage_dit *m);
 
 /* zimage_dit_blocks.c: one block over x (B, S, D) in place.  lens[b] rows
  * of item b are its own (NULL: all S rows of every item); mod NULL runs the

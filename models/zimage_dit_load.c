@@ -235,6 +235,9 @@ kiln_zimage_dit *kiln_zimage_dit_load(kiln_backend *be, const kiln_checkpoint *c
     m->blk = kiln_arena_create(be, 0, err);
     if (!m->blk)
         goto fail;
+    /* KILN_GRAPHS=0 runs every step op by op (as for klein). */
+    const char *graphs = getenv("KILN_GRAPHS");
+    m->replay_enabled = be->ops->graph_begin && !(graphs && !strcmp(graphs, "0"));
     kiln_st *st = kiln_checkpoint_weights(ck, "transformer", err);
     if (!st)
         goto fail;
@@ -266,6 +269,7 @@ void kiln_zimage_dit_destroy(kiln_zimage_dit *m)
     if (!m)
         return;
     kiln_backend *be = m->be;
+    zimage_replay_release(m);
     kiln_tensor *top[] = {&m->x_emb,     &m->x_emb_b,     &m->cap_norm,  &m->cap_emb,
                           &m->cap_emb_b, &m->t_lin1,      &m->t_lin1_b,  &m->t_lin2,
                           &m->t_lin2_b,  &m->final_ada,   &m->final_ada_b, &m->final_lin,

@@ -11,8 +11,8 @@
 #   ops    tests/cuda/test_cuda_ops: every backend op against the CPU reference
 #   pipeline  tests/cuda/test_cuda_pipeline: every klein and Z-Image oracle case on
 #          the GPU, fp32 and bf16 noise draws (oracle from .devdata/, else ../shared)
-#   replay tests/cuda/test_cuda_replay: recorded DiT steps (CUDA graphs)
-#          bit-identical to the same steps run op by op
+#   replay tests/cuda/test_cuda_replay: recorded DiT steps (CUDA graphs), klein
+#          and Z-Image, bit-identical to the same steps run op by op
 #   ipc    tests/cuda/test_cuda_ipc: the cuda_ipc transport between two processes
 #   serve  kiln serve --device cuda on the tiny checkpoint (stages passing
 #          cuda_ipc references), one HTTP request, its image compared with
