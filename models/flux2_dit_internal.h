@@ -3,6 +3,7 @@
 #ifndef KILN_MODELS_FLUX2_DIT_INTERNAL_H
 #define KILN_MODELS_FLUX2_DIT_INTERNAL_H
 
+#include "dit_replay.h"
 #include "flux2_dit.h"
 
 typedef struct flux2_double_w {
@@ -20,8 +21,8 @@ typedef struct flux2_single_w {
     kiln_tensor norm_q, norm_k;
 } flux2_single_w;
 
-/* One recorded forward (flux2_dit_replay.c): the shape and the memory it
- * was recorded on, and its graph. */
+/* The key of a recorded forward (flux2_dit_replay.c, models/dit_replay.h):
+ * the shape and the memory it was recorded on. */
 typedef struct flux2_replay_key {
     int64_t B, T, N, R;
     int kv_mode;
@@ -29,16 +30,6 @@ typedef struct flux2_replay_key {
     uint64_t rope_epoch;     /* which allocation of the RoPE tables */
     uint64_t fwd_epoch, blk_epoch;
 } flux2_replay_key;
-
-typedef struct flux2_replay {
-    flux2_replay_key key;
-    kiln_graph *graph;
-    int runs;         /* forwards of this key so far */
-    int failed;       /* recording failed once: op by op from then on */
-    uint64_t last_use;
-} flux2_replay;
-
-#define FLUX2_REPLAY_SLOTS 4
 
 struct kiln_flux2_dit {
     kiln_backend *be;
@@ -71,8 +62,7 @@ struct kiln_flux2_dit {
     /* Recorded forwards, least recently used replaced; off without backend
      * support or with KILN_GRAPHS=0 in the environment at load. */
     int replay_enabled;
-    flux2_replay replays[FLUX2_REPLAY_SLOTS];
-    uint64_t replay_clock;
+    kiln_dit_replays replays;
     uint64_t kv_serial; /* last serial handed to a K/V cache sizing */
 };
 
@@ -138,7 +128,7 @@ kiln_status flux2_stage_inputs(flux2_fwd *f, const kiln_flux2_dit_input *in, flu
 int flux2_replay_usable(const kiln_flux2_dit *m, const kiln_flux2_dit_input *in);
 kiln_status flux2_forward_replayed(flux2_fwd *f, const kiln_flux2_dit_input *in, kiln_tensor *out,
                                    kiln_err *err);
-void flux2_replay_release(kiln_flux2_dit *m);
+#define flux2_replay_release(m) kiln_dit_replay_release((m)->be, &(m)->replays)
 
 /* The blocks, flux2_dit_blocks.c: temporaries come from m->blk, which the
  * caller resets after each block; errors stay sticky in the backend. */

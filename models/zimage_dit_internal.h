@@ -3,6 +3,7 @@
 #ifndef KILN_MODELS_ZIMAGE_DIT_INTERNAL_H
 #define KILN_MODELS_ZIMAGE_DIT_INTERNAL_H
 
+#include "dit_replay.h"
 #include "zimage_dit.h"
 
 /* One ZImageTransformerBlock; ada/ada_b are absent (data NULL) in the
@@ -20,7 +21,6 @@ typedef struct zimage_block_w {
 /* Recorded forwards (zimage_dit_replay.c): up to this many items, whose
  * caption lengths are part of a recording's key. */
 #define ZIMAGE_REPLAY_MAX_B 16
-#define ZIMAGE_REPLAY_SLOTS 4
 
 /* What a recording ran on: the shape, each item's caption length, and the
  * moves of the memory it points into (RoPE tables and arenas only grow;
@@ -31,13 +31,6 @@ typedef struct zimage_replay_key {
     uint64_t rope_epoch, fwd_epoch, blk_epoch;
 } zimage_replay_key;
 
-typedef struct zimage_replay {
-    zimage_replay_key key;
-    kiln_graph *graph;
-    int runs;   /* forwards of this key so far */
-    int failed; /* recording failed once: op by op from then on */
-    uint64_t last_use;
-} zimage_replay;
 
 struct kiln_zimage_dit {
     kiln_backend *be;
@@ -73,8 +66,7 @@ struct kiln_zimage_dit {
     /* Recorded forwards, least recently used replaced; off without backend
      * support or with KILN_GRAPHS=0 in the environment at load. */
     int replay_enabled;
-    zimage_replay replays[ZIMAGE_REPLAY_SLOTS];
-    uint64_t replay_clock;
+    kiln_dit_replays replays;
 };
 
 /* Views of RoPE rows for a sequence: item b's table starts `stride` rows
@@ -125,7 +117,7 @@ kiln_status zimage_stage_inputs(zimage_fwd *f, const kiln_zimage_dit_input *in, 
 int zimage_replay_usable(const kiln_zimage_dit *m, const kiln_zimage_dit_input *in);
 kiln_status zimage_forward_replayed(zimage_fwd *f, const kiln_zimage_dit_input *in,
                                     kiln_tensor *out, kiln_err *err);
-void zimage_replay_release(kiln_zimage_dit *m);
+#define zimage_replay_release(m) kiln_dit_replay_release((m)->be, &(m)->replays)
 
 /* zimage_dit_blocks.c: one block over x (B, S, D) in place.  lens[b] rows
  * of item b are its own (NULL: all S rows of every item); mod NULL runs the
