@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kiln needs to build, test and run.
-# Usage: scripts/install-deps.sh   (as root, or with sudo available)
+# Usage: scripts/install-deps.sh [--test]   (as root, or with sudo available)
+# --test adds what only some tests need: Chromium for the playground test
+# (tests/docs/check_playground.py, skipped without it); CI passes it.
 set -euo pipefail
 packages=(
   build-essential meson ninja-build pkg-config
@@ -9,6 +11,9 @@ packages=(
   libzmq3-dev libmsgpack-dev libuv1-dev libhttp-parser-dev
   clang libclang-rt-14-dev curl jq
 )
+if [ "${1:-}" = "--test" ]; then
+  packages+=(chromium)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
