@@ -312,6 +312,11 @@ typedef struct kiln_msg {
              * room for (kiln_transport_stats.short_bytes while still so);
              * 0: none.  Such a replica takes no work until there is. */
             uint64_t shm_short;
+            /* Memory, for /metrics (optional on the wire: 0 = not
+             * reported): the process's resident set (VmRSS) and its
+             * device's memory in use and in all (cudaMemGetInfo: every
+             * process on that GPU; 0 on the CPU backend). */
+            uint64_t rss, dev_used, dev_total;
         };
         kiln_msg_gone gone;
         /* bye: why this incarnation stops now (its device is lost: its

@@ -175,6 +175,13 @@ static kiln_status get_u64(dec *d, const msgpack_object *map, const char *k, uin
     return KILN_OK;
 }
 
+/* As get_u64, 0 when absent (fields later versions added). */
+static kiln_status opt_u64(dec *d, const msgpack_object *map, const char *k, uint64_t *v)
+{
+    *v = 0;
+    return get(map, k) ? get_u64(d, map, k, v) : KILN_OK;
+}
+
 static kiln_status get_bool(dec *d, const msgpack_object *map, const char *k, int *v)
 {
     const msgpack_object *o;
@@ -540,7 +547,9 @@ static kiln_status extract(dec *d, const msgpack_object *o, kiln_msg *m)
     case KILN_MSG_READY: return get_int(d, o, "credits", &m->ready.credits);
     case KILN_MSG_HB:
         return get_u64(d, o, "progress", &m->progress) ||
-                       get_u64(d, o, "shm_short", &m->shm_short)
+                       get_u64(d, o, "shm_short", &m->shm_short) ||
+                       opt_u64(d, o, "rss", &m->rss) || opt_u64(d, o, "dev_used", &m->dev_used) ||
+                       opt_u64(d, o, "dev_total", &m->dev_total)
                    ? KILN_ERR_INVALID
                    : KILN_OK;
     case KILN_MSG_DONE: return done(d, o, &m->done);

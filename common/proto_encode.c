@@ -255,9 +255,12 @@ kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err)
         kv_int(&pk, "credits", m->ready.credits);
         break;
     case KILN_MSG_HB:
-        head(&pk, m, 2);
+        head(&pk, m, 5);
         kv_u64(&pk, "progress", m->progress);
         kv_u64(&pk, "shm_short", m->shm_short);
+        kv_u64(&pk, "rss", m->rss);
+        kv_u64(&pk, "dev_used", m->dev_used);
+        kv_u64(&pk, "dev_total", m->dev_total);
         break;
     case KILN_MSG_FENCED:
     case KILN_MSG_LEAVING:

@@ -305,6 +305,32 @@ static void begin_stop(kiln_worker *w)
  * its pool last failed to make for want of room, for as long as /dev/shm
  * still has less than that free (then the gateway sends it no work); 0
  * otherwise.  Sets w->shm_short and logs the changes.  Bus thread. */
+void worker_sample_memory(kiln_worker *w)
+{
+    size_t used = 0, total = 0;
+    kiln_err err = {0};
+    if (!w->be || !w->be->ops->mem_info || kiln_backend_mem_info(w->be, &used, &total, &err))
+        return;
+    atomic_store(&w->dev_used, used);
+    atomic_store(&w->dev_total, total);
+}
+
+/* The process's resident set (VmRSS of /proc/self/status), bytes; 0 when
+ * unreadable.  Any thread. */
+static uint64_t process_rss(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb << 10;
+}
+
 static uint64_t worker_shm_short(kiln_worker *w)
 {
     kiln_transport_stats st = {0};
@@ -408,7 +434,9 @@ static void *bus_main(void *arg)
         }
         if (now >= next_hb && !worker_halted(w)) {
             kiln_msg hb = {.type = KILN_MSG_HB, .progress = atomic_load(&w->progress),
-                           .shm_short = worker_shm_short(w)};
+                           .shm_short = worker_shm_short(w), .rss = process_rss(),
+                           .dev_used = atomic_load(&w->dev_used),
+                           .dev_total = atomic_load(&w->dev_total)};
             worker_send(w, &hb);
             next_hb = now + WORKER_HB_MS;
         }
@@ -534,6 +562,7 @@ void worker_serve(kiln_worker *w)
                        rows);
         w->steps_at_batch = w->steps;
         w->ops->run(w->state, w, batch, live);
+        worker_sample_memory(w);
         /* A stage that reports no steps made one with the whole batch. */
         if (w->steps == w->steps_at_batch)
             kiln_worker_step(w);

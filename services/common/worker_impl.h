@@ -110,6 +110,10 @@ struct kiln_worker {
     /* Bytes of /dev/shm its outputs need and cannot have now (hb.shm_short,
      * worker_shm_short): no work comes while it is not 0. */
     atomic_uint_fast64_t shm_short;
+    /* The device's memory in use and in all, sampled by the backend
+     * thread after its model load and each batch (0 on the CPU); sent
+     * with the heartbeats. */
+    atomic_uint_fast64_t dev_used, dev_total;
     uint64_t steps;          /* kiln_worker_step calls (backend thread) */
     uint64_t steps_at_batch; /* steps when the running batch started */
     worker_fault fault;
@@ -179,5 +183,8 @@ kiln_status worker_data_fetch(kiln_worker *w, kiln_worker_job *j, const kiln_fet
 /* Runs batches until stop, then fails queued jobs and winds down. */
 void worker_serve(kiln_worker *w);
 void worker_shutdown(kiln_worker *w);
+/* Samples the device's memory into w->dev_used / dev_total (nothing on a
+ * backend without device memory).  Backend thread. */
+void worker_sample_memory(kiln_worker *w);
 
 #endif

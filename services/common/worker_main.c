@@ -387,6 +387,7 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
     w->state = w->ops->load(w->be, w->ck, &w->opts, err);
     if (!w->state)
         return err->code;
+    worker_sample_memory(w);
     KILN_LOG_INFO("%s: %s loaded on %s in %.0f ms", w->ops->binary, w->model, w->be->name,
                   kiln_now_ms() - t0);
     /* Room for a batch running and the next one gathering. */

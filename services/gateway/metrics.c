@@ -347,15 +347,23 @@ kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges
         {"kiln_replica_inflight", "gauge", "Jobs sent to the replica, not done."},
         {"kiln_replica_jobs_total", "counter", "Jobs the replica answered (this incarnation)."},
         {"kiln_replica_heartbeat_age_seconds", "gauge", "Seconds since the replica was last heard."},
+        {"kiln_replica_resident_memory_bytes", "gauge",
+         "The replica process's resident memory (VmRSS)."},
+        {"kiln_replica_gpu_memory_used_bytes", "gauge",
+         "Memory in use on the replica's GPU, by every process on it (cudaMemGetInfo)."},
+        {"kiln_replica_gpu_memory_total_bytes", "gauge", "Memory of the replica's GPU."},
     };
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 6; k++) {
         put(&w, "# HELP %s %s\n# TYPE %s %s\n", per_replica[k].name, per_replica[k].help,
             per_replica[k].name, per_replica[k].type);
         for (int i = 0; i < g->n_replicas; i++) {
-            double v = k == 0 ? g->replica[i].inflight
-                       : k == 1 ? g->replica[i].jobs : g->replica[i].heartbeat_age;
-            put(&w, "%s{stage=\"%s\",replica=\"%s\"} %.6g\n", per_replica[k].name,
-                kiln_stage_name(g->replica[i].stage), g->replica[i].id, v);
+            const double v[] = {g->replica[i].inflight, g->replica[i].jobs,
+                                g->replica[i].heartbeat_age, g->replica[i].rss,
+                                g->replica[i].dev_used, g->replica[i].dev_total};
+            if (k >= 3 && v[k] <= 0)
+                continue; /* not reported (an older replica; no GPU) */
+            put(&w, "%s{stage=\"%s\",replica=\"%s\"} %.17g\n", per_replica[k].name,
+                kiln_stage_name(g->replica[i].stage), g->replica[i].id, v[k]);
         }
     }
     put(&w, "# HELP kiln_build_info The kiln build serving (value 1).\n"

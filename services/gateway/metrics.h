@@ -117,6 +117,8 @@ typedef struct kiln_metrics_gauges {
         int inflight;
         double jobs;         /* jobs it answered, this incarnation */
         double heartbeat_age; /* seconds since it was last heard */
+        double rss;           /* its resident memory, bytes (0: not reported) */
+        double dev_used, dev_total; /* its GPU's memory in use / in all (0: none) */
     } replica[KILN_METRICS_MAX_REPLICAS];
     int n_replicas;
 } kiln_metrics_gauges;

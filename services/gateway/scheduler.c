@@ -122,6 +122,9 @@ void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g)
             g->replica[k].jobs = (double)r->jobs_done;
             double age = (kiln_now_ms() - r->last_seen) / 1000.0;
             g->replica[k].heartbeat_age = age > 0 ? age : 0;
+            g->replica[k].rss = (double)r->rss;
+            g->replica[k].dev_used = (double)r->dev_used;
+            g->replica[k].dev_total = (double)r->dev_total;
         }
     }
     g->jobs = s->n_jobs;
@@ -506,6 +509,7 @@ void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
                     KILN_LOG_INFO("gateway: %s has room in /dev/shm again", r->id);
             }
             r->shm_short = m->shm_short;
+            r->rss = m->rss, r->dev_used = m->dev_used, r->dev_total = m->dev_total;
             break;
         case KILN_MSG_BYE: {
             /* After `leaving`, with every job answered: a graceful stop. */

@@ -61,6 +61,7 @@ typedef struct sched_replica {
     double live_at; /* scheduler_cancel.c: when it last had live jobs in flight */
     uint64_t last_job;   /* kiln_sched.n_dispatched when it last got a job */
     uint64_t jobs_done;  /* dones of this incarnation (kiln_replica_jobs_total) */
+    uint64_t rss, dev_used, dev_total; /* the last hb's memory (0: not reported) */
     /* From its hello: where its references open, what it can open, and
      * its data socket for by-value hand-offs ("" when none). */
     kiln_domain domain;

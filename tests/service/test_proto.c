@@ -103,10 +103,12 @@ static void test_hello_ready_hb_cancel(void)
     kiln_msg_free(d);
 
     m = (kiln_msg){.type = KILN_MSG_HB, .epoch = EPOCH, .progress = 1ull << 40,
-                   .shm_short = 64ull << 20};
+                   .shm_short = 64ull << 20, .rss = 3ull << 30, .dev_used = 20ull << 30,
+                   .dev_total = 141ull << 30};
     d = roundtrip(&m);
     CHECK(d && d->type == KILN_MSG_HB && d->progress == 1ull << 40 &&
-          d->shm_short == 64ull << 20);
+          d->shm_short == 64ull << 20 && d->rss == 3ull << 30 && d->dev_used == 20ull << 30 &&
+          d->dev_total == 141ull << 30);
     kiln_msg_free(d);
 
     m = (kiln_msg){.type = KILN_MSG_CANCEL, .epoch = EPOCH, .cancel_job = UINT64_MAX};
@@ -374,6 +376,22 @@ static void test_malformed(void)
     CHECK(!decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
     begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("hb"); pepoch(); /* no progress */
+    CHECK(!decodes(sbuf.data, sbuf.size));
+    msgpack_sbuffer_destroy(&sbuf);
+    /* An older replica's heartbeat has no memory fields: 0, not reported;
+     * present, they must be unsigned integers. */
+    begin(); msgpack_pack_map(&pk, 4); pstr("t"); pstr("hb"); pepoch(); pstr("progress");
+    msgpack_pack_uint64(&pk, 1); pstr("shm_short"); msgpack_pack_uint64(&pk, 0);
+    {
+        kiln_err e = {0};
+        kiln_msg *old = kiln_msg_decode(sbuf.data, sbuf.size, &e);
+        CHECKF(old && old->rss == 0 && old->dev_used == 0 && old->dev_total == 0, "%s", e.msg);
+        kiln_msg_free(old);
+    }
+    msgpack_sbuffer_destroy(&sbuf);
+    begin(); msgpack_pack_map(&pk, 5); pstr("t"); pstr("hb"); pepoch(); pstr("progress");
+    msgpack_pack_uint64(&pk, 1); pstr("shm_short"); msgpack_pack_uint64(&pk, 0); pstr("rss");
+    pstr("lots");
     CHECK(!decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
     begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("fenced"); pepoch();

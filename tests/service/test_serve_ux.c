@@ -225,9 +225,13 @@ static void test_ready_access_and_hub_name(void)
         CHECKF(svc_metric(t, k) == 1, "%s", k);
         snprintf(k, sizeof k, "kiln_replica_jobs_total{stage=\"%s\",", stages[st]);
         CHECKF(svc_metric(t, k) == 1, "%s", k);
+        /* the replicas' memory from their heartbeats (no GPU here) */
+        snprintf(k, sizeof k, "kiln_replica_resident_memory_bytes{stage=\"%s\",", stages[st]);
+        CHECKF(svc_metric(t, k) > 1e6, "%s", k);
     }
     CHECK(strstr(t, "le=\"0.3\"") && strstr(t, "le=\"0.4\""));
     CHECK(svc_metric(t, "kiln_prompt_cache_misses_total") == 1);
+    CHECK(!strstr(t, "\nkiln_replica_gpu_memory_used_bytes{")); /* the CPU has none */
     const char *bi = strstr(t, "\nkiln_build_info{version=\"");
     CHECK(bi && bi[strcspn(bi + 1, "\n")] == '1' && bi[strcspn(bi + 1, "\n") - 1] == ' ');
     CHECK(svc_metric(t, "process_resident_memory_bytes") > 1e6);
