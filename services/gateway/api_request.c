@@ -1,6 +1,7 @@
 #include "api_request.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,14 @@ static const char *image_param(const api_draft *d, int i, char *param)
     return param;
 }
 
+/* Decoding a reference to validate it holds width x height x 3 bytes (a
+ * 64 MP one 192 MiB, from as little as ~200 KiB of PNG).  Those over
+ * BIG_REF_PIXELS are decoded one at a time across the parse threads, so
+ * that the gateway holds about one of them decoded however many edits
+ * bring them at once; smaller ones (up to 48 MiB) decode side by side. */
+#define BIG_REF_PIXELS (16ll << 20)
+static pthread_mutex_t big_decode = PTHREAD_MUTEX_INITIALIZER;
+
 static kiln_status check_images(api_draft *d, const kiln_api_config *cfg, kiln_image *dims,
                                 kiln_api_error *e)
 {
@@ -130,7 +139,7 @@ static kiln_status check_images(api_draft *d, const kiln_api_config *cfg, kiln_i
      * more than the limit to decode (decompression bombs: a flat 64 MP
      * PNG is ~200 KiB) are refused before a pixel is decoded, here and in
      * the encoder, which decodes each again. */
-    int64_t total = 0;
+    int64_t total = 0, pixels[KILN_MAX_REFS];
     char buf[KILN_API_PARAM_MAX];
     for (int i = 0; i < d->n_images; i++) {
         kiln_err err = {0};
@@ -139,7 +148,8 @@ static kiln_status check_images(api_draft *d, const kiln_api_config *cfg, kiln_i
                              &err))
             return api_fail(e, err.code, image_param(d, i, buf), "invalid_image",
                             "image %d: %s", i + 1, err.msg);
-        total += (int64_t)w * h;
+        pixels[i] = (int64_t)w * h;
+        total += pixels[i];
     }
     if (cfg->max_ref_pixels > 0 && total > cfg->max_ref_pixels)
         return api_fail(e, KILN_ERR_INVALID, d->images_field == F_IMAGES ? "images" : "image",
@@ -152,13 +162,19 @@ static kiln_status check_images(api_draft *d, const kiln_api_config *cfg, kiln_i
         const char *param = image_param(d, i, buf);
         kiln_image img = {0};
         kiln_err err = {0};
-        if (kiln_image_decode(d->images[i].data, d->images[i].len, &cfg->image_limits, &img,
-                              &err))
+        int big = pixels[i] > BIG_REF_PIXELS;
+        if (big)
+            pthread_mutex_lock(&big_decode);
+        kiln_status st = kiln_image_decode(d->images[i].data, d->images[i].len,
+                                           &cfg->image_limits, &img, &err);
+        dims[i].width = img.width, dims[i].height = img.height; /* only its size is kept */
+        kiln_image_free(&img);
+        if (big)
+            pthread_mutex_unlock(&big_decode);
+        if (st)
             return api_fail(e, err.code, param, err.code == KILN_ERR_NOMEM ? "server_error"
                                                                              : "invalid_image",
                             "image %d: %s", i + 1, err.msg);
-        dims[i].width = img.width, dims[i].height = img.height;
-        kiln_image_free(&img);
         int w, h;
         /* The encoder refuses these too; refusing here gives the client a
          * 400 before the request queues. */
