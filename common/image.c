@@ -225,8 +225,34 @@ kiln_status kiln_image_probe(const void *data, size_t len, const kiln_image_limi
     }
 }
 
+kiln_status kiln_image_decode_mask(const void *data, size_t len, const kiln_image_limits *limits,
+                                   kiln_image *out, kiln_err *err)
+{
+    kiln_image_limits lim = limits ? *limits : KILN_IMAGE_LIMITS_DEFAULT;
+    memset(out, 0, sizeof *out);
+    static const uint8_t png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (!data || len < 8 || memcmp(data, png_magic, 8) != 0)
+        return kiln_err_set(err, KILN_ERR_INVALID, "the mask must be a PNG");
+    return kiln_image_png_decode_mask(data, len, &lim, out, err);
+}
+
+static kiln_status read_file(const char *path, const kiln_image_limits *limits, kiln_image *out,
+                             kiln_err *err, int mask);
+
+kiln_status kiln_image_read_mask_file(const char *path, const kiln_image_limits *limits,
+                                      kiln_image *out, kiln_err *err)
+{
+    return read_file(path, limits, out, err, 1);
+}
+
 kiln_status kiln_image_read_file(const char *path, const kiln_image_limits *limits,
                                  kiln_image *out, kiln_err *err)
+{
+    return read_file(path, limits, out, err, 0);
+}
+
+static kiln_status read_file(const char *path, const kiln_image_limits *limits, kiln_image *out,
+                             kiln_err *err, int mask)
 {
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "rb");
@@ -250,7 +276,8 @@ kiln_status kiln_image_read_file(const char *path, const kiln_image_limits *limi
     kiln_status st;
     if (got != len || rerr)
         st = kiln_err_set(err, KILN_ERR_IO, "cannot read %s", base_name(path));
-    else if ((st = kiln_image_decode(data, len, limits, out, err)) != KILN_OK)
+    else if ((st = mask ? kiln_image_decode_mask(data, len, limits, out, err)
+                        : kiln_image_decode(data, len, limits, out, err)) != KILN_OK)
         kiln_err_wrap(err, "%s", base_name(path));
     free(data);
     return st;

@@ -175,6 +175,17 @@ kiln_status kiln_image_probe(const void *data, size_t len, const kiln_image_limi
 
 /* Reads a whole file and decodes it; KILN_ERR_IO/_NOT_FOUND for the file
  * (naming its base name only), then as kiln_image_decode. */
+/* An inpainting mask (a PNG, as OpenAI requires) as an image whose three
+ * channels hold the mask value (255 repaints, 0 keeps): when the PNG has
+ * alpha (or tRNS), read as OpenAI means it: 255 where alpha is 0, else 0;
+ * without alpha, as diffusers' mask processor reads it: PIL's "L"
+ * luminance (white repaints).  16-bit samples keep their high byte.  Not a
+ * PNG: KILN_ERR_INVALID.  read_mask_file: the same from a file. */
+kiln_status kiln_image_decode_mask(const void *data, size_t len, const kiln_image_limits *limits,
+                                   kiln_image *out, kiln_err *err);
+kiln_status kiln_image_read_mask_file(const char *path, const kiln_image_limits *limits,
+                                      kiln_image *out, kiln_err *err);
+
 kiln_status kiln_image_read_file(const char *path, const kiln_image_limits *limits,
                                  kiln_image *out, kiln_err *err);
 

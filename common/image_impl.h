@@ -25,6 +25,10 @@ kiln_status kiln_image_jpeg_encode(const kiln_image *img, int quality, kiln_buf 
 kiln_status kiln_image_webp_encode(const kiln_image *img, int quality, kiln_buf *out,
                                    kiln_err *err);
 
+/* Mask mode: see kiln_image_decode_mask. */
+kiln_status kiln_image_png_decode_mask(const uint8_t *data, size_t len,
+                                       const kiln_image_limits *limits, kiln_image *out,
+                                       kiln_err *err);
 kiln_status kiln_image_png_decode(const uint8_t *data, size_t len,
                                   const kiln_image_limits *limits, kiln_image *out,
                                   kiln_err *err);

@@ -172,6 +172,8 @@ typedef struct png_dec {
     kiln_image img;
     uint8_t *gray16;  /* raw big-endian 16-bit gray samples */
     png_bytep *rows;
+    int mask;         /* kiln_image_png_decode_mask */
+    uint8_t *rgba;    /* mask mode: the RGBA rows */
 } png_dec;
 
 static void dec_read(png_structp png, png_bytep p, png_size_t n)
@@ -186,6 +188,52 @@ static void dec_read(png_structp png, png_bytep p, png_size_t n)
 /* Chunks we never use; skipping them avoids inflating attacker-controlled
  * metadata (zTXt, iCCP) for nothing. */
 static const png_byte ignored_chunks[] = "iCCP\0iTXt\0tEXt\0zTXt\0eXIf\0sPLT\0";
+
+/* Mask mode (kiln_image_png_decode_mask): every pixel becomes 255 (repaint)
+ * or 0 (keep) in all three channels: with an alpha channel (or tRNS) as
+ * OpenAI reads masks, 255 where alpha is 0; without, PIL's convert("L")
+ * luminance as diffusers reads masks.  16-bit samples keep their high
+ * byte. */
+static kiln_status png_decode_mask(png_dec *d, png_uint_32 w, png_uint_32 h, int color)
+{
+    int has_alpha = (color & PNG_COLOR_MASK_ALPHA) || png_get_valid(d->png, d->info, PNG_INFO_tRNS);
+    if (color == PNG_COLOR_TYPE_PALETTE)
+        png_set_palette_to_rgb(d->png);
+    if ((color & ~PNG_COLOR_MASK_ALPHA) == PNG_COLOR_TYPE_GRAY)
+        png_set_expand_gray_1_2_4_to_8(d->png);
+    if (png_get_valid(d->png, d->info, PNG_INFO_tRNS))
+        png_set_tRNS_to_alpha(d->png);
+    png_set_strip_16(d->png);
+    if ((color & ~PNG_COLOR_MASK_ALPHA) == PNG_COLOR_TYPE_GRAY)
+        png_set_gray_to_rgb(d->png);
+    if (!has_alpha)
+        png_set_add_alpha(d->png, 0xff, PNG_FILLER_AFTER);
+    png_set_interlace_handling(d->png);
+    png_read_update_info(d->png, d->info);
+    size_t row_bytes = (size_t)w * 4;
+    if (png_get_channels(d->png, d->info) != 4 || png_get_bit_depth(d->png, d->info) != 8 ||
+        png_get_rowbytes(d->png, d->info) != row_bytes)
+        return kiln_err_set(d->c.err, KILN_ERR_INVALID, "invalid PNG: unsupported sample layout");
+    kiln_status st = kiln_image_alloc(&d->img, (int)w, (int)h, d->c.err);
+    if (st)
+        return st;
+    d->rgba = malloc(row_bytes * h);
+    d->rows = malloc(sizeof *d->rows * h);
+    if (!d->rgba || !d->rows)
+        return kiln_err_set(d->c.err, KILN_ERR_NOMEM, "out of memory decoding a PNG");
+    for (png_uint_32 y = 0; y < h; y++)
+        d->rows[y] = d->rgba + (size_t)y * row_bytes;
+    png_read_image(d->png, d->rows);
+    size_t n = (size_t)w * h;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *p = d->rgba + 4 * i;
+        /* PIL's L = R 299/1000 + G 587/1000 + B 114/1000 (Convert.c L24). */
+        uint8_t v = has_alpha ? (p[3] == 0 ? 255 : 0)
+                              : (uint8_t)((p[0] * 19595u + p[1] * 38470u + p[2] * 7471u + 0x8000u) >> 16);
+        d->img.pixels[3 * i] = d->img.pixels[3 * i + 1] = d->img.pixels[3 * i + 2] = v;
+    }
+    return KILN_OK;
+}
 
 static kiln_status png_decode_run(png_dec *d, const kiln_image_limits *limits)
 {
@@ -203,6 +251,8 @@ static kiln_status png_decode_run(png_dec *d, const kiln_image_limits *limits)
     if (st)
         return st;
 
+    if (d->mask)
+        return png_decode_mask(d, w, h, color);
     /* The transforms below reproduce PIL's open + convert("RGB"); see
      * image.h.  16-bit gray is PIL mode "I;16", which convert("RGB")
      * clamps to 255 instead of scaling, so it is read raw and clamped here. */
@@ -254,12 +304,11 @@ static kiln_status png_decode_run(png_dec *d, const kiln_image_limits *limits)
     return KILN_OK;
 }
 
-kiln_status kiln_image_png_decode(const uint8_t *data, size_t len,
-                                  const kiln_image_limits *limits, kiln_image *out,
-                                  kiln_err *err)
+static kiln_status png_decode(const uint8_t *data, size_t len, const kiln_image_limits *limits,
+                              kiln_image *out, kiln_err *err, int mask)
 {
     png_dec d = {.c = {.err = err, .lib_code = KILN_ERR_INVALID, .what = "invalid PNG"},
-                 .data = data, .len = len};
+                 .data = data, .len = len, .mask = mask};
     d.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &d.c, coder_error, coder_warning);
     if (!d.png)
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory creating a PNG decoder");
@@ -269,6 +318,7 @@ kiln_status kiln_image_png_decode(const uint8_t *data, size_t len,
     png_destroy_read_struct(&d.png, &d.info, NULL);
     free(d.rows);
     free(d.gray16);
+    free(d.rgba);
     if (st)
         kiln_image_free(&d.img);
     else
@@ -292,4 +342,18 @@ kiln_status kiln_image_png_probe(const uint8_t *data, size_t len, const kiln_ima
     if (!st)
         *width = (int)w, *height = (int)h;
     return st;
+}
+
+kiln_status kiln_image_png_decode(const uint8_t *data, size_t len,
+                                  const kiln_image_limits *limits, kiln_image *out,
+                                  kiln_err *err)
+{
+    return png_decode(data, len, limits, out, err, 0);
+}
+
+kiln_status kiln_image_png_decode_mask(const uint8_t *data, size_t len,
+                                       const kiln_image_limits *limits, kiln_image *out,
+                                       kiln_err *err)
+{
+    return png_decode(data, len, limits, out, err, 1);
 }

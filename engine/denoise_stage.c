@@ -98,6 +98,8 @@ kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_j
     return st;
 }
 
+static int first_step(const kiln_denoise_job *job);
+
 static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job *job,
                              kiln_err *err)
 {
@@ -119,7 +121,10 @@ static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job
         return kiln_err_set(err, KILN_ERR_INVALID,
                             "denoise: img2img needs strength in (0, 1] and the image's (1, N, C) "
                             "tokens at the output size");
-    if (job->strength > 0 && kiln_denoise_first_step(job->steps, job->strength) >= job->steps)
+    if (job->mask && (!(job->strength > 0) || s->traits.kv_cache))
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "denoise: inpainting needs a strength, and no reference K/V cache");
+    if (job->strength > 0 && first_step(job) >= job->steps)
         return kiln_err_set(err, KILN_ERR_INVALID,
                             "denoise: strength %g leaves none of the %d steps to run",
                             job->strength, job->steps);
@@ -253,6 +258,46 @@ int kiln_denoise_first_step(int steps, double strength)
     return steps - (int)init;
 }
 
+int kiln_denoise_first_step_inpaint(int steps, double strength)
+{
+    if (!(strength > 0))
+        return 0;
+    double init = (double)steps * strength < steps ? (double)steps * strength : steps;
+    double start = steps - init > 0 ? steps - init : 0;
+    return (int)start;
+}
+
+static int first_step(const kiln_denoise_job *job)
+{
+    return job->mask ? kiln_denoise_first_step_inpaint(job->steps, job->strength)
+                     : kiln_denoise_first_step(job->steps, job->strength);
+}
+
+/* Inpainting's blend after a step (prepare_mask_latents' mask over the
+ * channels): x = (1 - m) x (sigma x noise + (1 - sigma) x image) + m x x,
+ * with sigma the next step's (0 after the last: the image itself), on the
+ * host in fp32 as scale_noise and the blend compute it. */
+static kiln_status blend_kept(kiln_backend *be, kiln_tensor *x, const float *noise,
+                              const float *img, const float *mask, float sigma, int last,
+                              int64_t B, int64_t N, int64_t C, float *host, kiln_err *err)
+{
+    kiln_be_download(be, x, host);
+    if (kiln_be_check(be, err))
+        return err ? err->code : KILN_ERR_INTERNAL;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < N; t++) {
+            float m = mask[t];
+            for (int64_t c = 0; c < C; c++) {
+                size_t k = (size_t)((b * N + t) * C + c);
+                float keep = last ? img[t * C + c]
+                                  : sigma * noise[k] + (1.0f - sigma) * img[t * C + c];
+                host[k] = (1.0f - m) * keep + m * host[k];
+            }
+        }
+    kiln_be_upload(be, x, host, KILN_F32);
+    return kiln_be_check(be, err);
+}
+
 /* img2img's starting latents: diffusers' FlowMatchEulerDiscreteScheduler
  * scale_noise, sigma * noise + (1 - sigma) * image, per row, on the host
  * in fp32 (x holds the noise, B rows of N x C). */
@@ -305,7 +350,21 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
      * index; its Img2Img pipeline at diffusers 4369be3 resets that index to
      * 0 before its loop, stepping with the schedule's first sigmas while
      * the model sees the later timesteps: kiln follows the former). */
-    int first = kiln_denoise_first_step(job->steps, job->strength);
+    int first = first_step(job);
+    /* Inpainting keeps the noise and the image for its blends. */
+    float *keep_noise = NULL, *keep_img = NULL, *host_x = NULL;
+    if (!st && job->mask) {
+        keep_noise = malloc((size_t)(B * N * C) * sizeof *keep_noise);
+        keep_img = malloc((size_t)(N * C) * sizeof *keep_img);
+        host_x = malloc((size_t)(B * N * C) * sizeof *host_x);
+        if (!keep_noise || !keep_img || !host_x)
+            st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        else {
+            memcpy(keep_noise, x0, (size_t)(B * N * C) * sizeof *x0);
+            kiln_be_download(be, job->init_tokens, keep_img);
+            st = kiln_be_check(be, err);
+        }
+    }
     if (!st && job->strength > 0)
         st = noise_image(be, job->init_tokens, sigmas[first], x0, B, N * C, err);
     if (!st)
@@ -336,7 +395,11 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
             kiln_be_euler_step(be, out, &c.v, sigmas[i + 1] - sigmas[i]);
             st = kiln_be_check(be, err);
         }
+        if (!st && job->mask)
+            st = blend_kept(be, out, keep_noise, keep_img, job->mask, sigmas[i + 1],
+                            i == job->steps - 1, B, N, C, host_x, err);
     }
+    free(keep_noise), free(keep_img), free(host_x);
     release(&c);
     if (st)
         kiln_be_free(be, out);

@@ -54,6 +54,15 @@ typedef struct kiln_denoise_job {
      * strength 1 is text-to-image from the same noise.  0: not img2img. */
     const kiln_tensor *init_tokens;
     double strength;
+    /* Inpainting, as diffusers' Flux2KleinInpaintPipeline: with mask (N
+     * floats, 1 repaint .. 0 keep, engine/inpaint.h; shared by the rows),
+     * init_tokens and strength start the run as above but from
+     * kiln_denoise_first_step_inpaint, and after every step the latents are
+     * (1 - mask) x the image noised to the next step's sigma (the image
+     * itself after the last step) + mask x the latents.  The caller passes
+     * the image as the edit reference too (ref_tokens, ids t = 10): the
+     * pipeline conditions on it.  Not with the reference K/V cache. */
+    const float *mask;
     const kiln_tensor *ref_tokens; /* (1, R, C) edit references, or NULL */
     const int32_t *ref_ids;        /* (R, 4) */
     int64_t R;
@@ -92,6 +101,11 @@ kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_j
  * takes steps - kiln_denoise_first_step steps; none when strength * steps
  * < 1, which kiln_request_resolve refuses. */
 int kiln_denoise_first_step(int steps, double strength);
+
+/* The inpaint pipeline's own get_timesteps (its SD3 copy): steps -
+ * min(steps x strength, steps) in double, then truncated; at least one
+ * step runs for any strength > 0. */
+int kiln_denoise_first_step_inpaint(int steps, double strength);
 
 /* Runs the whole loop.  `out` is allocated here as (B, N, C) of
  * be->act_dtype (caller frees with kiln_be_free); Z-Image's latents stay

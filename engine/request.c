@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "inpaint.h"
 
 /* The largest supported widths (klein-9B's 3 x 4096 text features, 128
  * latent channels), for configs that do not say. */
@@ -111,7 +112,7 @@ double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model
     double text = req->max_sequence_length > 0 ? req->max_sequence_length : 512;
     double refs = 0;
     /* img2img's image is the starting point, not tokens of every forward. */
-    for (int i = 0; i < req->n_refs && !(req->strength > 0); i++) {
+    for (int i = 0; i < req->n_refs && (!(req->strength > 0) || req->mask); i++) {
         int w, h;
         if (kiln_image_flux2_ref_size(req->refs[i].width, req->refs[i].height, &w, &h, NULL) == 0)
             refs += (double)(w / 16) * (double)(h / 16);
@@ -119,7 +120,7 @@ double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model
     double all = img + text + refs;
     double forward = all * (1 + all / KILN_COST_ATTN_TOKENS);
     double steps = req->steps > 0 ? req->steps : 1;
-    if (req->strength > 0 && req->strength <= 1 && floor(steps * req->strength) >= 1)
+    if (req->strength > 0 && req->strength <= 1 && !req->mask && floor(steps * req->strength) >= 1)
         steps = floor(steps * req->strength); /* the steps img2img runs */
     double per_row;
     if (model->kv_cache && refs > 0)
@@ -136,6 +137,25 @@ static kiln_status check_side(const char *name, int v, const kiln_limits *lim, k
     if (v < lim->min_side || v > lim->max_side)
         return kiln_err_set(err, KILN_ERR_INVALID, "%s must be between %d and %d (got %d)", name,
                             lim->min_side, lim->max_side, v);
+    return KILN_OK;
+}
+
+/* Inpainting's rules before strength's (which then apply too). */
+static kiln_status check_mask(kiln_request *req, const kiln_model_traits *model, kiln_err *err)
+{
+    if (model->kv_cache)
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "mask (inpainting) is not supported on reference K/V cache checkpoints");
+    if (req->n_refs != 1)
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "mask (inpainting) takes exactly one image, not %d", req->n_refs);
+    if (req->mask->width != req->refs[0].width || req->mask->height != req->refs[0].height)
+        return kiln_err_set(err, KILN_ERR_INVALID,
+                            "mask must have the image's size %dx%d (got %dx%d)",
+                            req->refs[0].width, req->refs[0].height, req->mask->width,
+                            req->mask->height);
+    if (req->strength == 0)
+        req->strength = KILN_INPAINT_DEFAULT_STRENGTH;
     return KILN_OK;
 }
 
@@ -157,8 +177,9 @@ static kiln_status check_strength(const kiln_request *req, kiln_err *err)
                             "size must be the image's prepared size %dx%d with strength "
                             "(image-to-image starts from the image; got %dx%d)",
                             w, h, req->width, req->height);
-    /* diffusers' get_timesteps: int(steps * strength) steps run. */
-    if (floor((double)req->steps * req->strength) < 1)
+    /* diffusers' get_timesteps: int(steps * strength) steps run (the
+     * inpaint pipeline's arithmetic always runs one). */
+    if (!req->mask && floor((double)req->steps * req->strength) < 1)
         return kiln_err_set(err, KILN_ERR_INVALID,
                             "strength %g x num_inference_steps %d is below 1: no step would run",
                             req->strength, req->steps);
@@ -218,6 +239,8 @@ kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *mod
         req->guidance = model->default_guidance;
     if (!isfinite(req->guidance) || req->guidance > 100.0f)
         return kiln_err_set(err, KILN_ERR_INVALID, "guidance_scale must be between 0 and 100");
+    if (req->mask && check_mask(req, model, err))
+        return err ? err->code : KILN_ERR_INVALID;
     if (req->strength != 0 && check_strength(req, err))
         return err ? err->code : KILN_ERR_INVALID;
     if (req->max_sequence_length == 0)

@@ -95,6 +95,10 @@ typedef struct kiln_request {
      * schedule (engine/denoise_stage.h), instead of a reference; 0: not
      * img2img. */
     double strength;
+    /* Inpainting (Flux2KleinInpaintPipeline): the decoded mask
+     * (kiln_image_decode_mask) of the one image, of its size; strength
+     * defaults to KILN_INPAINT_DEFAULT_STRENGTH (0.8).  NULL: none. */
+    const kiln_image *mask;
     const kiln_image *refs;      /* edits: decoded references, 1..max_refs */
     int n_refs;
     kiln_image_format format;
@@ -110,7 +114,9 @@ void kiln_request_init(kiln_request *req);
  * reference's prepared size (shared/spec/pipeline.md section 8,
  * kiln_image_flux2_ref_size).  With a strength: exactly one image, the
  * output at its prepared size (diffusers' img2img latents are the image's),
- * and floor(steps x strength) >= 1 so that a step runs.  Returns KILN_ERR_INVALID with a message naming
+ * and floor(steps x strength) >= 1 so that a step runs.  With a mask: one
+ * image of the mask's size, strength 0.8 unless given, not on the
+ * reference K/V cache checkpoints (diffusers has no such pipeline).  Returns KILN_ERR_INVALID with a message naming
  * the field. */
 kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *model,
                                  const kiln_limits *lim, kiln_err *err);

@@ -17,6 +17,7 @@
 #include "engine/decode_stage.h"
 #include "engine/denoise_stage.h"
 #include "engine/encode_stage.h"
+#include "engine/inpaint.h"
 #include "common/args.h"
 
 static void usage(FILE *f, int edit)
@@ -36,10 +37,13 @@ static void usage(FILE *f, int edit)
             "text chunks unless --no-metadata.  Progress goes to stderr on a terminal, or\n"
             "always with --progress; -q prints only errors and the paths.%s\n",
             edit ? "edit" : "generate", edit ? " --image A.png [--image B.jpg ...]" : "",
-            edit ? " [--strength S]" : "",
+            edit ? " [--strength S] [--mask M.png]" : "",
             edit ? "\n--strength S (0 < S <= 1): image-to-image from the one --image (diffusers'\n"
                    "Flux2KleinImg2ImgPipeline): it is noised to fraction S of the schedule and the\n"
-                   "last floor(steps x S) steps run; the output has the image's prepared size."
+                   "last floor(steps x S) steps run; the output has the image's prepared size.\n"
+                   "--mask M.png: inpainting (Flux2KleinInpaintPipeline, strength 0.8 unless\n"
+                   "given) of the one --image, of its size: with alpha, transparent pixels are\n"
+                   "repainted (OpenAI's masks); without, white ones (diffusers' masks)."
                  : "");
 }
 
@@ -83,7 +87,7 @@ static int format_of(const char *path, kiln_image_format *f)
 int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
 {
     enum { O_NEG = 256, O_MAXSEQ, O_LAYERS, O_BATCH, O_FP32, O_LIN, O_LOUT, O_DEVICE, O_GPU,
-           O_PROGRESS, O_NO_META, O_STRENGTH };
+           O_PROGRESS, O_NO_META, O_STRENGTH, O_MASK };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
         {"out", required_argument, 0, 'o'},     {"seed", required_argument, 0, 's'},
@@ -98,6 +102,7 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         {"quiet", no_argument, 0, 'q'},         {"progress", no_argument, 0, O_PROGRESS},
         {"no-metadata", no_argument, 0, O_NO_META},
         {"strength", required_argument, 0, O_STRENGTH},
+        {"mask", required_argument, 0, O_MASK},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
@@ -151,6 +156,7 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         case 'q': o->progress = CLI_PROGRESS_OFF; break;
         case O_PROGRESS: o->progress = CLI_PROGRESS_ON; break;
         case O_NO_META: o->no_metadata = 1; break;
+        case O_MASK: o->mask = optarg, bad = !edit; break;
         case O_STRENGTH:
             /* Checked by kiln_request_resolve, as the service's. */
             o->req.strength = strtod(optarg, &end);
@@ -272,6 +278,8 @@ typedef struct cli_run {
     kiln_denoise_stage *den;
     kiln_decode_stage *dec;
     kiln_image refs[KILN_MAX_REFS];
+    kiln_image mask;
+    float *mask_grid; /* inpainting: the mask at the latent grid */
     kiln_image *out_images;
     kiln_tensor emb_p, emb, neg_p, neg, ref_tokens, latents;
     int32_t *ref_ids;
@@ -294,6 +302,7 @@ static void cli_run_free(cli_run *r, const cli_gen_opts *o)
         for (int64_t i = 0; i < r->B; i++)
             kiln_image_free(&r->out_images[i]);
     free(r->out_images), free(r->ref_ids), free(r->seeds), free(r->latents_in), free(r->lens);
+    kiln_image_free(&r->mask), free(r->mask_grid);
     kiln_encode_stage_destroy(r->enc);
     kiln_denoise_stage_destroy(r->den);
     kiln_decode_stage_destroy(r->dec);
@@ -315,6 +324,11 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
                             "(Z-Image: text-to-image only)");
     kiln_limits lim = KILN_LIMITS_CLI;
     o->req.refs = r->refs, o->req.n_refs = o->n_images;
+    if (o->mask) {
+        if (kiln_image_read_mask_file(o->mask, NULL, &r->mask, err))
+            return kiln_err_wrap(err, "--mask %s", o->mask);
+        o->req.mask = &r->mask;
+    }
     for (int p = 0; p < o->n_prompts; p++) {
         o->req.prompt = o->prompts[p];
         if (kiln_request_resolve(&o->req, &traits, &lim, err))
@@ -361,6 +375,14 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     for (int64_t b = 0; b < r->B; b++)
         r->lens[b] = lens_p[b / q->n], r->lens[r->B + b] = neg_len;
     int64_t R = 0;
+    if (o->mask) { /* the image as the inpaint pipeline prepares it: resized, not cropped */
+        r->mask_grid = malloc((size_t)(q->width / 16) * (q->height / 16) * sizeof *r->mask_grid);
+        if (!r->mask_grid)
+            return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        if (kiln_inpaint_prepare_image(&r->refs[0], err) ||
+            kiln_inpaint_mask(&r->mask, q->width, q->height, r->mask_grid, err))
+            return err->code;
+    }
     if (o->n_images &&
         kiln_encode_references(r->enc, r->refs, o->n_images, &r->ref_tokens, &r->ref_ids, &R, err))
         return err->code;
@@ -390,10 +412,14 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         .latents_in = r->latents_in, .ref_tokens = R ? &r->ref_tokens : NULL,
         .ref_ids = r->ref_ids, .R = R, .on_step = cli_progress_step, .user = &prog,
     };
-    if (q->strength > 0) /* img2img: the one image is the start, not a reference */
+    if (q->strength > 0 && o->mask) /* inpainting: the image is the start and the reference */
+        job.init_tokens = &r->ref_tokens, job.strength = q->strength, job.mask = r->mask_grid;
+    else if (q->strength > 0) /* img2img: the one image is the start, not a reference */
         job.init_tokens = &r->ref_tokens, job.strength = q->strength, job.ref_tokens = NULL,
         job.R = 0;
-    cli_progress_stage(&prog, "denoise", q->steps - kiln_denoise_first_step(q->steps, q->strength));
+    cli_progress_stage(&prog, "denoise",
+                       q->steps - (o->mask ? kiln_denoise_first_step_inpaint(q->steps, q->strength)
+                                           : kiln_denoise_first_step(q->steps, q->strength)));
     if (kiln_denoise_run(r->den, &job, &r->latents, err))
         return err->code;
     double t2 = kiln_now_ms();

@@ -23,6 +23,7 @@ typedef struct cli_gen_opts {
     const char *latents_in;
     const char *images[KILN_MAX_REFS];
     int n_images;
+    const char *mask;         /* edit --mask: inpainting (engine/inpaint.h) */
     int fp32_noise;
     int seed_given;           /* else a random seed is drawn and printed */
     cli_progress_mode progress; /* -q, --progress, or on a terminal */
