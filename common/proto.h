@@ -239,6 +239,10 @@ typedef struct kiln_job_encode {
     int max_seq;          /* 1..512 */
     int n_refs;           /* edit references, encoded image files */
     kiln_bytes refs[KILN_PROTO_MAX_EDIT_REFS];
+    /* Inpainting: the mask's PNG file (kiln_image_decode_mask) for the one
+     * reference, which is then prepared as engine/inpaint.h says and the
+     * job also outputs "mask" (N floats); len 0: none. */
+    kiln_bytes mask;
 } kiln_job_encode;
 
 typedef struct kiln_job_denoise {

@@ -453,6 +453,11 @@ static kiln_status job_encode(dec *d, const msgpack_object *o, kiln_job_encode *
     for (uint32_t i = 0; refs && i < refs->via.array.size; i++)
         if (bin_of(d, &refs->via.array.ptr[i], "refs", &e->refs[e->n_refs++]))
             return KILN_ERR_INVALID;
+    const msgpack_object *mask = get(o, "mask");
+    if (mask && bin_of(d, mask, "mask", &e->mask))
+        return KILN_ERR_INVALID;
+    if (e->mask.len && e->n_refs != 1)
+        return bad(d, "mask", "needs exactly one reference");
     return KILN_OK;
 }
 

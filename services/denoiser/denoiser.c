@@ -71,6 +71,7 @@ typedef struct prep {
     const int32_t *ref_ids;
     int64_t R;
     const int32_t *txt_len, *neg_len; /* Z-Image: real tokens per prompt row */
+    const float *mask; /* inpainting: N floats from the encoder, else NULL */
 } prep;
 
 /* An I32 vector input of n entries (Z-Image's txt_len and neg_len). */
@@ -120,6 +121,18 @@ static kiln_status prepare(den_state *s, kiln_worker *w, prep *p, kiln_err *err)
                             "do not match");
     p->ref_ids = ids;
     p->R = p->ref_tokens.shape[1];
+    const kiln_tensor_ref *mask_ref = NULL;
+    const void *mask = NULL;
+    if (kiln_worker_input_host(w, p->job, "mask", 0, &mask_ref, &mask, err))
+        return err->code;
+    if (mask_ref) {
+        if (mask_ref->dtype != KILN_F32 || mask_ref->ndim != 1 ||
+            mask_ref->shape[0] != (int64_t)(d->width / 16) * (d->height / 16) ||
+            p->R != mask_ref->shape[0] || !(d->strength > 0))
+            return kiln_err_set(err, KILN_ERR_INVALID, "mask must be (N) F32 at the output size, "
+                                "with one image of that size and a strength");
+        p->mask = mask;
+    }
     return KILN_OK;
 }
 
@@ -241,10 +254,13 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         .ref_tokens = ps[0].R ? &ps[0].ref_tokens : NULL, .ref_ids = ps[0].ref_ids, .R = ps[0].R,
         .cancelled = batch_cancelled, .on_step = batch_step, .user = &ctx,
     };
-    if (d->strength > 0) /* img2img: the job's one image is its start (never batched) */
+    if (d->strength > 0 && ps[0].mask) /* inpainting: the image is start and reference */
+        job.init_tokens = job.ref_tokens, job.strength = d->strength, job.mask = ps[0].mask;
+    else if (d->strength > 0) /* img2img: the job's one image is its start (never batched) */
         job.init_tokens = job.ref_tokens, job.strength = d->strength, job.ref_tokens = NULL,
         job.R = 0;
-    int run_steps = d->steps - kiln_denoise_first_step(d->steps, d->strength);
+    int run_steps = d->steps - (ps[0].mask ? kiln_denoise_first_step_inpaint(d->steps, d->strength)
+                                           : kiln_denoise_first_step(d->steps, d->strength));
     double t_run = kiln_now_ms();
     kiln_worker_job *watched[KILN_PROTO_MAX_ROWS];
     for (int i = 0; i < live; i++)

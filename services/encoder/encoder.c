@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "engine/encode_stage.h"
+#include "engine/inpaint.h"
 #include "services/common/worker.h"
 
 typedef struct enc_state {
@@ -87,7 +88,7 @@ static int enc_compatible(const kiln_msg_job *head, const kiln_msg_job *j)
  * (the VAE encoder stops at its next op: kiln_worker_watch).  *mp gets the
  * megapixels it had. */
 static kiln_status take_reference(kiln_worker_job *job, int i, kiln_image *img, double *mp,
-                                  kiln_err *err)
+                                  int *w0, int *h0, kiln_err *err)
 {
     const kiln_bytes *ref = &kiln_worker_job_msg(job)->encode.refs[i];
     if (kiln_worker_cancelled(job))
@@ -96,7 +97,7 @@ static kiln_status take_reference(kiln_worker_job *job, int i, kiln_image *img, 
     if (!st && kiln_worker_cancelled(job))
         return kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
     if (!st)
-        *mp = (double)img->width * img->height / 1e6;
+        *mp = (double)img->width * img->height / 1e6, *w0 = img->width, *h0 = img->height;
     if (!st)
         st = kiln_image_flux2_ref_shrink(img, err);
     return st ? kiln_err_wrap(err, "image %d", i) : KILN_OK;
@@ -113,10 +114,31 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
     int64_t R = 0;
     kiln_status st = KILN_OK;
     double mp = 0, t0 = kiln_now_ms();
+    int w0 = 0, h0 = 0;
     for (int i = 0; i < e->n_refs && !st; i++) {
         double one = 0;
-        st = take_reference(job, i, &imgs[i], &one, err);
+        st = take_reference(job, i, &imgs[i], &one, &w0, &h0, err);
         mp += one;
+    }
+    /* Inpainting: the one image resized (not cropped) and the mask at the
+     * latent grid, as kiln edit --mask makes them (engine/inpaint.h). */
+    float *grid = NULL;
+    int64_t N = 0;
+    if (!st && e->mask.len) {
+        kiln_image mask = {0};
+        st = kiln_image_decode_mask(e->mask.data, e->mask.len, NULL, &mask, err);
+        if (!st && (mask.width != w0 || mask.height != h0))
+            st = kiln_err_set(err, KILN_ERR_INVALID, "mask must have the image's size %dx%d",
+                              w0, h0);
+        if (!st)
+            st = kiln_inpaint_prepare_image(&imgs[0], err);
+        if (!st) {
+            N = (int64_t)(imgs[0].width / 16) * (imgs[0].height / 16);
+            grid = malloc((size_t)N * sizeof *grid);
+            st = grid ? kiln_inpaint_mask(&mask, imgs[0].width, imgs[0].height, grid, err)
+                      : kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        }
+        kiln_image_free(&mask);
     }
     if (!st) {
         /* Operators (and the admission test) see what uploads cost here. */
@@ -129,8 +151,10 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
         st = kiln_worker_output(w, job, "ref_tokens", &tokens, 0, 1, 0, err);
     if (!st)
         st = kiln_worker_output_host(w, job, "ref_ids", KILN_I32, 2, (int64_t[]){R, 4}, ids, err);
+    if (!st && grid)
+        st = kiln_worker_output_host(w, job, "mask", KILN_F32, 1, (int64_t[]){N}, grid, err);
     kiln_be_free(s->be, &tokens);
-    free(ids);
+    free(ids), free(grid);
     for (int i = 0; i < e->n_refs; i++)
         kiln_image_free(&imgs[i]);
     return st;

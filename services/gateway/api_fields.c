@@ -335,6 +335,16 @@ kiln_status api_add_image(api_draft *d, const char *param, const void *data, siz
     return KILN_OK;
 }
 
+kiln_status api_set_mask(api_draft *d, const void *data, size_t len, kiln_api_error *e)
+{
+    if (d->has_mask)
+        return INVALID(e, "mask", "mask is given more than once");
+    if (kiln_buf_append(&d->mask, data, len, NULL))
+        return NOMEM(e);
+    d->has_mask = 1;
+    return KILN_OK;
+}
+
 kiln_status api_set(api_draft *d, const char *name, const api_value *v, kiln_api_error *e)
 {
     int id = api_field_find(d, name);
@@ -343,9 +353,11 @@ kiln_status api_set(api_draft *d, const char *name, const api_value *v, kiln_api
     if (v->json && cJSON_IsNull(v->json))
         return KILN_OK; /* clients send null for "not given" */
     field_type t = fields[id].type;
-    if (t == T_MASK)
-        return api_fail(e, KILN_ERR_INVALID, name, "unsupported_value",
-                        "mask is not supported: kiln does not inpaint yet");
+    if (t == T_MASK) {
+        if (v->json)
+            return INVALID(e, name, "internal: JSON masks go through api_read_json");
+        return api_set_mask(d, v->text, v->len, e);
+    }
     if (t == T_IMAGE) {
         if (v->json)
             return INVALID(e, name, "internal: JSON images go through api_read_json");

@@ -44,6 +44,8 @@ typedef struct api_draft {
     int n_images;
     int images_field; /* F_IMAGE, F_IMAGE_ARRAY or F_IMAGES: the field that gave them */
     kiln_buf images[KILN_MAX_REFS];
+    int has_mask;
+    kiln_buf mask;    /* the mask's PNG file */
 } api_draft;
 
 /* A field value as a body reader found it: text from a form field (a view,
@@ -63,6 +65,9 @@ int api_field_find(const api_draft *d, const char *name);
  * unknown_parameter, unless d->ignore_unknown: then it is skipped) or a
  * value kiln refuses.  Images go through api_add_image. */
 kiln_status api_set(api_draft *d, const char *name, const api_value *v, kiln_api_error *e);
+
+/* Keeps the mask's file bytes (copied); once. */
+kiln_status api_set_mask(api_draft *d, const void *data, size_t len, kiln_api_error *e);
 
 /* Appends a reference image's encoded bytes (copied); `param` names the
  * field in errors. */

@@ -29,20 +29,57 @@ static kiln_status add_json_image(api_draft *d, const char *param, const cJSON *
         len -= (size_t)(comma + 1 - s);
         s = comma + 1;
     }
-    if (d->n_images == KILN_MAX_REFS)
+    int mask = strcmp(param, "mask") == 0 || strcmp(param, "mask.image_url") == 0;
+    if (!mask && d->n_images == KILN_MAX_REFS)
         return api_fail(e, KILN_ERR_INVALID, param, "array_above_max_length",
                         "Invalid '%s': array too long. Expected an array with maximum length %d, "
                         "but got more images instead.", param, KILN_MAX_REFS);
     kiln_err err = {0};
-    kiln_buf *b = &d->images[d->n_images];
+    kiln_buf *b = mask ? &d->mask : &d->images[d->n_images];
     if (kiln_base64_decode(s, len, b, &err)) {
         kiln_buf_free(b);
+        if (mask)
+            return api_fail(e, err.code, param, err.code == KILN_ERR_NOMEM ? "server_error"
+                                                                           : "invalid_image",
+                            "mask: %s", err.msg);
         return api_fail(e, err.code, param, err.code == KILN_ERR_NOMEM ? "server_error"
                                                                        : "invalid_image",
                         "image %d: %s", d->n_images + 1, err.msg);
     }
-    d->n_images++;
+    if (mask)
+        d->has_mask = 1;
+    else
+        d->n_images++;
     return KILN_OK;
+}
+
+/* "mask": a base64 string or data URL, or OpenAI's JSON form
+ * {"image_url": "data:..."} ({"file_id": ...} names a file kiln does not
+ * have). */
+static kiln_status read_mask(api_draft *d, const cJSON *item, kiln_api_error *e)
+{
+    if (d->has_mask)
+        return INVALID(e, "mask", "mask is given more than once");
+    if (!cJSON_IsObject(item))
+        return add_json_image(d, "mask", item, e);
+    const cJSON *url = NULL, *f;
+    cJSON_ArrayForEach(f, item)
+    {
+        char sub[KILN_API_PARAM_MAX];
+        snprintf(sub, sizeof sub, "mask.%.16s", f->string);
+        if (strcmp(f->string, "image_url") == 0)
+            url = f;
+        else if (strcmp(f->string, "file_id") == 0)
+            return api_fail(e, KILN_ERR_INVALID, sub, "unsupported_value",
+                            "file_id is not supported: kiln stores no files; send image_url "
+                            "as a data: URL");
+        else
+            return api_unknown(e, sub);
+    }
+    if (!url || cJSON_IsNull(url))
+        return api_fail(e, KILN_ERR_INVALID, "mask.image_url", "missing_required_parameter",
+                        "Missing required parameter: 'mask.image_url'.");
+    return add_json_image(d, "mask.image_url", url, e);
 }
 
 /* OpenAI's JSON edit form: "images": [{"image_url": "data:..."}, ...]
@@ -137,6 +174,10 @@ kiln_status api_read_json(api_draft *d, const void *body, size_t len, kiln_api_e
         if ((id == F_IMAGE || id == F_IMAGE_ARRAY || id == F_IMAGES) && !cJSON_IsNull(item)) {
             st = read_images(d, item, e);
             d->images_field = id;
+            continue;
+        }
+        if (id == F_MASK && !cJSON_IsNull(item)) {
+            st = read_mask(d, item, e);
             continue;
         }
         api_value v = {.json = item};

@@ -97,7 +97,7 @@ static void param_of(const char *msg, char *param, size_t len)
 {
     static const char *known[] = {"prompt", "negative_prompt", "n", "num_inference_steps",
                                   "guidance_scale", "max_sequence_length",
-                                  "output_compression", "image", "size", "strength"};
+                                  "output_compression", "image", "size", "strength", "mask"};
     size_t w = strcspn(msg, " :");
     if ((w == 5 && strncmp(msg, "width", 5) == 0) || (w == 6 && strncmp(msg, "height", 6) == 0)) {
         snprintf(param, len, "size");
@@ -234,6 +234,19 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
     kiln_image dims[KILN_MAX_REFS] = {{0}};
     if (check_images(d, cfg, dims, e))
         return e->err.code;
+    /* The mask is decoded only to validate it (and read its size), as the
+     * images are; the encoder reads the file (engine/inpaint.h). */
+    kiln_image mask_dims = {0};
+    if (d->has_mask) {
+        kiln_image m = {0};
+        kiln_err merr = {0};
+        if (kiln_image_decode_mask(d->mask.data, d->mask.len, &cfg->image_limits, &m, &merr))
+            return api_fail(e, merr.code, "mask",
+                            merr.code == KILN_ERR_NOMEM ? "server_error" : "invalid_image",
+                            "mask: %s", merr.msg);
+        mask_dims.width = m.width, mask_dims.height = m.height;
+        kiln_image_free(&m);
+    }
 
     memset(out, 0, sizeof *out);
     kiln_request *q = &out->req;
@@ -252,6 +265,7 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
     q->format = d->format;
     q->compression = SEEN(d, F_COMPRESSION) ? (int)d->compression : -1;
     q->strength = SEEN(d, F_STRENGTH) ? d->strength : 0;
+    q->mask = d->has_mask ? &mask_dims : NULL;
     kiln_err err = {0};
     if (kiln_request_resolve(q, &cfg->traits, lim, &err)) {
         char param[KILN_API_PARAM_MAX];
@@ -263,6 +277,7 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
     double cost = kiln_request_cost(q, &cfg->traits, cfg_runs);
     out->usage = usage_of(q, cfg_runs);
     q->refs = NULL;
+    q->mask = NULL;
     if (cfg->max_cost > 0 && cost > cfg->max_cost)
         return api_fail(e, KILN_ERR_INVALID, "", "cost_limit_exceeded",
                         "the request is too large: its cost is %.3g Mtok (%dx%d, n %d, %d steps%s, "
@@ -279,6 +294,7 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
     out->cost = cost;
     if (cfg_runs)
         out->cfg_negative = out->negative_prompt ? out->negative_prompt : "";
+    out->mask = d->mask, d->mask = (kiln_buf){0};
     out->n_images = d->n_images;
     for (int i = 0; i < d->n_images; i++)
         out->images[i] = d->images[i], d->images[i] = (kiln_buf){0};
@@ -290,6 +306,7 @@ static void draft_free(api_draft *d)
 {
     free(d->model);
     free(d->user);
+    kiln_buf_free(&d->mask);
     free(d->prompt);
     free(d->negative_prompt);
     for (int i = 0; i < d->n_images; i++)
@@ -338,6 +355,7 @@ void kiln_api_request_free(kiln_api_request *r)
     free(r->prompt);
     free(r->negative_prompt);
     free(r->user);
+    kiln_buf_free(&r->mask);
     for (int i = 0; i < r->n_images; i++)
         kiln_buf_free(&r->images[i]);
     memset(r, 0, sizeof *r);

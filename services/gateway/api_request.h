@@ -107,6 +107,7 @@ typedef struct kiln_api_request {
     int seed_given;        /* 0: the caller picks req.seed */
     int n_images;          /* edit references, in upload order */
     kiln_buf images[KILN_MAX_REFS]; /* the original encoded files, owned */
+    kiln_buf mask;         /* inpainting: the mask's PNG file, owned; empty: none */
     double cost;           /* kiln_request_cost, Mtok */
     /* The response's echo of the request (OpenAI's quality and background
      * fields) and its usage (kiln_api_usage: the tokens the transformer

@@ -331,7 +331,7 @@ static void test_json_errors(void)
                  "image", NULL);
     expect_error("{\"prompt\":\"x\",\"image\":[1]}", KILN_API_EDIT, 400, "image", NULL);
     expect_error("{\"prompt\":\"x\",\"image\":\"aGk=\",\"mask\":\"aGk=\"}", KILN_API_EDIT, 400,
-                 "mask", "unsupported_value");
+                 "image", "invalid_image");
     /* A long prompt is refused by the shared validation, naming its limit. */
     size_t big = (1u << 16) + 10;
     char *json = malloc(big + 32);
@@ -956,6 +956,66 @@ static void test_strength(void)
     kiln_buf_free(&png), kiln_buf_free(&b64);
 }
 
+/* mask (inpainting, OpenAI's field): a PNG of the one image's size, as a
+ * file, a base64 string or {"image_url": ...}; strength 0.8 by default. */
+static void test_mask(void)
+{
+    const kiln_api_kind E = KILN_API_EDIT;
+    kiln_buf png = make_png(96, 80), other = make_png(64, 80), b64 = {0}, b64o = {0};
+    kiln_base64_encode(png.data, png.len, &b64, NULL);
+    kiln_base64_encode(other.data, other.len, &b64o, NULL);
+    size_t cap = 3 * b64.len + 256;
+    char *json = malloc(cap);
+    kiln_api_request r;
+    kiln_api_error e;
+    const char *forms[] = {"\"%.*s\"", "{\"image_url\":\"data:image/png;base64,%.*s\"}"};
+    for (int f = 0; f < 2; f++) {
+        char mask[64];
+        snprintf(mask, sizeof mask, "%s", forms[f]);
+        int k = snprintf(json, cap, "{\"prompt\":\"e\",\"image\":\"%.*s\",\"mask\":", (int)b64.len,
+                         (char *)b64.data);
+        k += snprintf(json + k, cap - (size_t)k, mask, (int)b64.len, (char *)b64.data);
+        snprintf(json + k, cap - (size_t)k, "}");
+        CHECKF(parse_json(json, E, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
+        CHECK(r.mask.len == png.len && !memcmp(r.mask.data, png.data, png.len));
+        CHECK(r.req.strength == 0.8 && r.req.width == 96 && r.req.height == 80);
+        kiln_api_request_free(&r);
+    }
+    /* Another size than the image's. */
+    snprintf(json, cap, "{\"prompt\":\"e\",\"image\":\"%.*s\",\"mask\":\"%.*s\"}", (int)b64.len,
+             (char *)b64.data, (int)b64o.len, (char *)b64o.data);
+    expect_error(json, E, 400, "mask", "invalid_value");
+    /* Two images. */
+    snprintf(json, cap, "{\"prompt\":\"e\",\"image\":[\"%.*s\",\"%.*s\"],\"mask\":\"%.*s\"}",
+             (int)b64.len, (char *)b64.data, (int)b64.len, (char *)b64.data, (int)b64.len,
+             (char *)b64.data);
+    expect_error(json, E, 400, "mask", "invalid_value");
+    expect_error("{\"prompt\":\"e\",\"image\":\"aGk=\",\"mask\":{\"file_id\":\"f\"}}", E, 400,
+                 "mask.file_id", "unsupported_value");
+    expect_error("{\"prompt\":\"e\",\"mask\":\"aGk=\"}", KILN_API_GENERATE, 400, "mask",
+                 "unknown_parameter");
+    /* Multipart: a file part. */
+    kiln_buf files[2] = {png, png};
+    const char *f1[] = {"prompt", "p", "strength", "0.5", NULL};
+    kiln_buf body = form(f1, files, 1, "image");
+    body.len -= 11; /* reopen before the closing delimiter */
+    char head[256];
+    snprintf(head, sizeof head, "--BOUND\r\nContent-Disposition: form-data; name=\"mask\"; "
+                                "filename=\"m.png\"\r\nContent-Type: image/png\r\n\r\n");
+    kiln_buf_append(&body, head, strlen(head), NULL);
+    kiln_buf_append(&body, png.data, png.len, NULL);
+    kiln_buf_append(&body, "\r\n--BOUND--\r\n", 13, NULL);
+    kiln_api_config c = config(&distilled);
+    CHECKF(kiln_api_parse(E, "multipart/form-data; boundary=BOUND", body.data, body.len, &c, &r,
+                          &e) == KILN_OK, "%s", e.err.msg);
+    CHECK(r.mask.len == png.len && r.req.strength == 0.5);
+    kiln_api_request_free(&r);
+    kiln_buf_free(&body);
+    (void)files;
+    free(json);
+    kiln_buf_free(&png), kiln_buf_free(&other), kiln_buf_free(&b64), kiln_buf_free(&b64o);
+}
+
 static void test_error_body(void)
 {
     kiln_buf b = {0};
@@ -1044,6 +1104,7 @@ int main(void)
     RUN(test_openai_fields);
     RUN(test_edit_images_form);
     RUN(test_strength);
+    RUN(test_mask);
     RUN(test_error_body);
     RUN(test_images_body);
     return test_finish();

@@ -382,6 +382,32 @@ static void test_edit_matches_cli(void)
                            "--strength", "0.5", NULL};
     compare_cli("edit", args3, &im, "png", "img2img strength 0.5");
     images_free(&im);
+
+    /* Inpainting: a multipart mask (ref1, read by its luminance) over
+     * HTTP is kiln edit --mask. */
+    kiln_buf mp = {0};
+    const char *mh = "--kilnM\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\na green fox\r\n"
+                     "--kilnM\r\nContent-Disposition: form-data; name=\"seed\"\r\n\r\n12\r\n"
+                     "--kilnM\r\nContent-Disposition: form-data; name=\"num_inference_steps\"\r\n\r\n2\r\n"
+                     "--kilnM\r\nContent-Disposition: form-data; name=\"image\"; filename=\"i.png\"\r\n"
+                     "Content-Type: image/png\r\n\r\n";
+    kiln_buf_append(&mp, mh, strlen(mh), NULL);
+    kiln_buf_append(&mp, a.data, a.len, NULL);
+    const char *mm = "\r\n--kilnM\r\nContent-Disposition: form-data; name=\"mask\"; filename=\"m.png\"\r\n"
+                     "Content-Type: image/png\r\n\r\n";
+    kiln_buf_append(&mp, mm, strlen(mm), NULL);
+    kiln_buf_append(&mp, b.data, b.len, NULL);
+    kiln_buf_append(&mp, "\r\n--kilnM--\r\n", 13, NULL);
+    CHECK(gwc_request(port, "POST", "/v1/images/edits", "multipart/form-data; boundary=kilnM",
+                      mp.data, mp.len, &r, T_REQ) == 0);
+    CHECKF(r.status == 200, "status %d: %.*s", r.status, (int)r.body.len, (char *)r.body.data);
+    CHECK(parse_images(&r, &im) == 0 && im.n == 1 && !strcmp(im.size, "64x128"));
+    gwc_response_free(&r);
+    const char *args4[] = {"--image", ref0, "--mask", ref1, "--prompt", "a green fox", "--seed",
+                           "12", "--steps", "2", NULL};
+    compare_cli("edit", args4, &im, "png", "inpaint with a mask");
+    images_free(&im);
+    kiln_buf_free(&mp);
     kiln_buf_free(&ea), kiln_buf_free(&eb), kiln_buf_free(&json);
     kiln_buf_free(&a), kiln_buf_free(&b);
 }

@@ -19,7 +19,8 @@
 #          kiln generate --device cuda (must be identical)
 #   img2img  kiln edit --strength on the tiny checkpoint: strength 1 on CUDA
 #          identical to kiln generate --device cuda (same seed); strength 0.5
-#          on CUDA against the CPU (both fp32 noise): image PSNR >= 40 dB
+#          on CUDA against the CPU (both fp32 noise): image PSNR >= 40 dB; the
+#          same for kiln edit --mask (inpainting)
 #   zserve kiln serve --device cuda on the tiny Z-Image checkpoint, one HTTP
 #          request (256x256, 8 steps), its image compared with kiln generate
 #          --device cuda (must be identical)
@@ -226,7 +227,16 @@ sec_img2img() {
       --out "$d/s05-$dev.png" >"$d/s05-$dev.log" 2>&1 || { tail -5 "$d/s05-$dev.log"; return 1; }
   done
   echo "strength 0.5, CUDA vs CPU:"
-  "$build/tests/cuda/compare_outputs" --image "$d/s05-cuda.png" "$d/s05-cpu.png" --min-psnr 40
+  "$build/tests/cuda/compare_outputs" --image "$d/s05-cuda.png" "$d/s05-cpu.png" --min-psnr 40 ||
+    return 1
+  # Inpainting: the t2i image as a luminance mask (white repaints).
+  for dev in cpu cuda; do
+    "$kiln" edit "${common[@]}" --device "$dev" --fp32-noise --image "$d/in.png" \
+      --mask "$d/t2i-cuda.png" --out "$d/mask-$dev.png" >"$d/mask-$dev.log" 2>&1 ||
+      { tail -5 "$d/mask-$dev.log"; return 1; }
+  done
+  echo "inpainting (mask, strength 0.8), CUDA vs CPU:"
+  "$build/tests/cuda/compare_outputs" --image "$d/mask-cuda.png" "$d/mask-cpu.png" --min-psnr 40
 }
 
 sec_zserve() {
