@@ -164,7 +164,7 @@ static void setup(void)
     kiln_checkpoint_close(ck);
     CHECKF(enc && den, "%s", err.msg);
     const char *prompt = "a red door";
-    CHECK(kiln_encode_prompts(enc, &prompt, 1, 32, &emb, NULL, &err) == KILN_OK);
+    CHECK(kiln_encode_prompts(enc, &prompt, 1, 32, &emb, NULL, NULL, &err) == KILN_OK);
     kiln_image im = {0};
     CHECK(kiln_image_alloc(&im, W, H, NULL) == KILN_OK);
     for (int i = 0; i < W * H * 3; i++)
