@@ -28,6 +28,13 @@
 #          through requests of changing sizes (to 2048x2048), rows and
 #          references, each bit-identical to the same request in a fresh
 #          process
+#   observe  kiln serve --device cuda on the tiny checkpoint, what an operator
+#          sees (issue 16): the ready line, one request at 512x512 with 4
+#          steps, its access line, /metrics (every stage's replica reports
+#          its GPU's memory: used > 0, used <= total; the queue waits and
+#          stage durations counted) and its trace from /v1/traces/<id>
+#          (4 denoise steps; the replica spans of each stage add up to the
+#          stage; per-stage times printed; trace.json kept in the logs)
 #   devices  one service whose stages run on different backends: kiln-gateway
 #          with a CUDA encoder and decoder around a CPU denoiser, then a CPU
 #          encoder and decoder around a CUDA denoiser (tiny checkpoint): each
@@ -82,7 +89,7 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline replay ipc serve img2img zserve mixed devices)
+SECTIONS=(env build ops pipeline replay ipc serve img2img zserve observe mixed devices)
 OPTIONAL=(devicefault mixedsan mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
           tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed tests/cuda/test_cuda_vae_band
@@ -237,6 +244,82 @@ sec_img2img() {
   done
   echo "inpainting (mask, strength 0.8), CUDA vs CPU:"
   "$build/tests/cuda/compare_outputs" --image "$d/mask-cuda.png" "$d/mask-cpu.png" --min-psnr 40
+}
+
+# What an operator sees of a CUDA service: the ready line, the access log,
+# the replicas' GPU memory in /metrics, and one request's stage trace.
+sec_observe() {
+  local d=$logs/observe kiln=$build/tools/kiln port=${KILN_SERVE_PORT:-18400} pid rc
+  mkdir -p "$d"
+  "$kiln" serve --model "$(oracle_root)/oracle/ckpt/klein-tiny" --device "${KILN_SERVE_DEVICE:-cuda}" \
+    --port "$port" \
+    --text-encoder-out-layers 1,2,3 >"$d/serve.log" 2>&1 &
+  pid=$!
+  python3 - "$port" "$d" <<'PY'
+import json, sys, time, urllib.error, urllib.request
+port, d = sys.argv[1:3]
+base = "http://127.0.0.1:%s" % port
+for _ in range(1800):
+    if "ready: http://" in open(d + "/serve.log").read():
+        break
+    time.sleep(0.1)
+else:
+    sys.exit("no ready line in 180 s")
+body = {"prompt": "a red fox sitting in fresh snow", "size": "512x512", "seed": 42,
+        "num_inference_steps": 4}
+req = urllib.request.Request(base + "/v1/images/generations", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+r = urllib.request.urlopen(req, timeout=300)
+rid = r.headers["X-Request-Id"]
+r.read()
+bad = []
+metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+open(d + "/metrics.txt", "w").write(metrics)
+def series(prefix):
+    return {l.split(" ")[0]: float(l.split(" ")[-1]) for l in metrics.splitlines()
+            if l.startswith(prefix)}
+used, total = series("kiln_replica_gpu_memory_used_bytes{"), series("kiln_replica_gpu_memory_total_bytes{")
+for stage in ("encode", "denoise", "decode"):
+    u = [v for k, v in used.items() if 'stage="%s"' % stage in k]
+    t = [v for k, v in total.items() if 'stage="%s"' % stage in k]
+    print("%s replica GPU memory: %s of %s GiB" % (stage, [round(x / 2**30, 2) for x in u],
+                                                   [round(x / 2**30, 2) for x in t]))
+    if not u or not t or not all(0 < a <= b for a, b in zip(u, t)):
+        bad.append("no GPU memory reported by the %s replica" % stage)
+for name in ('kiln_queue_wait_seconds_count{stage="denoise",queue="replica"}',
+             'kiln_stage_duration_seconds_count{stage="denoise"}'):
+    if series(name).get(name, 0) != 1:
+        bad.append(name + " is not 1")
+trace = urllib.request.urlopen(base + "/v1/traces/" + rid, timeout=10).read()
+open(d + "/trace.json", "wb").write(trace)
+ev = [e for e in json.loads(trace)["traceEvents"] if e["ph"] == "X"]
+def spans(name):
+    return [e for e in ev if e["name"] == name]
+req_us = spans("request")[0]["dur"]
+print("request %s: %.1f ms" % (rid, req_us / 1e3))
+for stage in ("encode", "denoise", "decode"):
+    whole = spans(stage)[0]
+    parts = [e for e in ev if e["pid"] != 1 and e["name"] in
+             ("%s: handoff" % stage, "%s: replica queue" % stage, "%s: run" % stage)]
+    total_us = sum(e["dur"] for e in parts)
+    print("  %-8s %7.2f ms (replica: %s)" % (stage, whole["dur"] / 1e3, ", ".join(
+        "%s %.2f" % (e["name"].split(": ")[1], e["dur"] / 1e3) for e in parts)))
+    if abs(total_us - whole["dur"]) > 4:
+        bad.append("%s: replica spans %.0f us, stage %.0f us" % (stage, total_us, whole["dur"]))
+if len(spans("denoise: step")) != 4:
+    bad.append("%d denoise steps in the trace" % len(spans("denoise: step")))
+access = open(d + "/serve.log").read()
+if "access: %s POST /v1/images/generations 200 " % rid not in access:
+    bad.append("no access line for " + rid)
+for b in bad:
+    print("FAIL:", b)
+sys.exit(1 if bad else 0)
+PY
+  rc=$?
+  kill -TERM "$pid"
+  wait "$pid"
+  [ $rc -eq 0 ] || tail -20 "$d/serve.log"
+  return $rc
 }
 
 sec_zserve() {
