@@ -69,8 +69,6 @@ static kiln_status check_text(const char *name, const char *s, int required, int
  * "Fields"). */
 static kiln_status check_openai_fields(const api_draft *d, kiln_api_error *e)
 {
-    if (d->stream)
-        return UNSUPPORTED(e, "stream", "stream is not supported: images are returned when complete");
     if (d->quality > Q_STANDARD)
         return UNSUPPORTED(e, "quality",
                            "quality '%s' is not supported: kiln renders one quality per model, "
@@ -290,6 +288,8 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
     out->negative_prompt = d->negative_prompt, d->negative_prompt = NULL;
     out->seed_given = SEEN(d, F_SEED);
     out->quality = api_quality_name(d->quality);
+    out->stream = d->stream;
+    out->partial_images = SEEN(d, F_PARTIAL_IMAGES) ? (int)d->partial_images : 0;
     out->user = d->user, d->user = NULL;
     out->cost = cost;
     if (cfg_runs)

@@ -113,6 +113,8 @@ typedef struct kiln_api_request {
      * fields) and its usage (kiln_api_usage: the tokens the transformer
      * sees). */
     const char *quality;    /* static: "auto" when not given */
+    int stream;             /* answer with server-sent events (kiln_api_stream_events) */
+    int partial_images;     /* asked for (0..3); kiln sends none yet */
     kiln_api_usage usage;
     char *user;             /* owned; OpenAI's end-user id, for the logs; NULL when absent */
     uint64_t client;       /* who asked (clients.h; the caller sets it), 0: unknown */

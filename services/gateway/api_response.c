@@ -149,3 +149,43 @@ kiln_status kiln_api_images_json(kiln_buf *out, const kiln_api_images_meta *m,
         out->len = start;
     return st;
 }
+
+kiln_status kiln_api_stream_events(kiln_buf *out, const kiln_api_images_meta *m,
+                                   const kiln_api_image *images, int n, int edit, kiln_err *err)
+{
+    size_t start = out->len, total = 256;
+    for (int i = 0; i < n; i++)
+        total += kiln_base64_encoded_len(images[i].len) + 600;
+    kiln_status st = kiln_buf_reserve(out, total, err);
+    const char *type = edit ? "image_edit.completed" : "image_generation.completed";
+    char tmp[400];
+    for (int i = 0; !st && i < n; i++) {
+        snprintf(tmp, sizeof tmp, "event: %s\ndata: {\"type\":\"%s\",\"b64_json\":\"", type,
+                 type);
+        st = append_str(out, tmp, err);
+        if (!st)
+            st = kiln_base64_encode(images[i].data, images[i].len, out, err);
+        if (!st) {
+            snprintf(tmp, sizeof tmp,
+                     "\",\"background\":\"%s\",\"created_at\":%" PRId64
+                     ",\"output_format\":\"%s\",\"quality\":\"%s\",\"size\":\"%dx%d\","
+                     "\"seed\":%" PRIu64 ",\"usage\":",
+                     m->background ? m->background : "opaque", m->created,
+                     kiln_image_format_name(m->format), m->quality ? m->quality : "auto",
+                     m->width, m->height, images[i].seed);
+            st = append_str(out, tmp, err);
+        }
+        if (!st) {
+            kiln_api_usage u = {.output_tokens = n ? m->usage.output_tokens / n : 0};
+            if (i == 0)
+                u.text_tokens = m->usage.text_tokens, u.image_tokens = m->usage.image_tokens,
+                u.output_tokens = m->usage.output_tokens - (n - 1) * u.output_tokens;
+            st = kiln_api_usage_json(out, &u, err);
+        }
+        if (!st)
+            st = append_str(out, "}\n\n", err);
+    }
+    if (st)
+        out->len = start;
+    return st;
+}

@@ -67,6 +67,17 @@ typedef struct kiln_api_image {
 kiln_status kiln_api_images_json(kiln_buf *out, const kiln_api_images_meta *meta,
                                  const kiln_api_image *images, int n, kiln_err *err);
 
+/* The answer to a `stream: true` request as OpenAI's server-sent events:
+ * per image i, "event: image_generation.completed\ndata: {...}\n\n"
+ * (image_edit.completed for edits) whose data has OpenAI's
+ * ImageGenCompletedEvent fields (type, b64_json, background, created_at,
+ * output_format, quality, size, usage) and kiln's seed.  The input tokens
+ * count on the first event, each image's output tokens on its own, so the
+ * events' usage sums to the request's.  kiln sends no partial images yet:
+ * OpenAI's contract allows the final image before the partials. */
+kiln_status kiln_api_stream_events(kiln_buf *out, const kiln_api_images_meta *meta,
+                                   const kiln_api_image *images, int n, int edit, kiln_err *err);
+
 /* Appends OpenAI's usage object:
  * {"input_tokens":..,"input_tokens_details":{"image_tokens":..,"text_tokens":..},
  *  "output_tokens":..,"total_tokens":..}. */

@@ -542,12 +542,19 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
                                  .width = q->width, .height = q->height,
                                  .quality = res->req->quality, .background = "opaque",
                                  .usage = res->req->usage};
-    if (kiln_api_images_json(&body, &meta, imgs, res->n_images, NULL)) {
+    int stream = res->req->stream;
+    kiln_status st = stream
+                         ? kiln_api_stream_events(&body, &meta, imgs, res->n_images,
+                                                  p->kind == KILN_API_EDIT, NULL)
+                         : kiln_api_images_json(&body, &meta, imgs, res->n_images, NULL);
+    if (st) {
         kiln_buf_free(&body);
         KILN_LOG_ERROR("gateway: request %s: out of memory writing the answer", p->id);
         pending_error(p, c, 500, NULL, NULL, "server_error", NULL);
     } else {
-        reply(gw, c, p->route, 200, "application/json", NULL, &body);
+        reply(gw, c, p->route, 200, stream ? "text/event-stream" : "application/json",
+              stream ? "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n" : NULL,
+              &body);
     }
     keep_trace(gw, p, 200, res->trace, t_respond);
     pending_free(p);

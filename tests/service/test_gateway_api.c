@@ -313,7 +313,6 @@ static void test_json_errors(void)
                  "unsupported_value");
     expect_error("{\"prompt\":\"x\",\"response_format\":\"png\"}", G, 400, "response_format", NULL);
     expect_error("{\"prompt\":\"x\",\"model\":\"dall-e-3\"}", G, 400, "model", "model_not_found");
-    expect_error("{\"prompt\":\"x\",\"stream\":true}", G, 400, "stream", "unsupported_value");
     expect_error("{\"prompt\":\"x\",\"stream\":\"yes\"}", G, 400, "stream", NULL);
     expect_error("{\"prompt\":\"x\",\"negative_prompt\":\"blurry\"}", G, 400, "negative_prompt", NULL);
     expect_error("{\"prompt\":\"x\",\"prompt\":\"y\"}", G, 400, "prompt", NULL);
@@ -816,7 +815,7 @@ static void test_openai_fields(void)
         {"\"quality\":\"medium\"", "quality"},   {"\"quality\":\"hd\"", "quality"},
         {"\"background\":\"transparent\"", "background"},
         {"\"style\":\"vivid\"", "style"},        {"\"style\":\"natural\"", "style"},
-        {"\"stream\":true", "stream"},           {"\"response_format\":\"url\"", "response_format"},
+        {"\"response_format\":\"url\"", "response_format"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         char json[128];
@@ -826,7 +825,8 @@ static void test_openai_fields(void)
     static const char *const accepted[] = {
         "\"quality\":\"auto\"", "\"quality\":\"standard\"", "\"background\":\"auto\"",
         "\"background\":\"opaque\"", "\"moderation\":\"auto\"", "\"moderation\":\"low\"",
-        "\"stream\":false", "\"partial_images\":0", "\"partial_images\":3", "\"user\":\"\"",
+        "\"stream\":false", "\"stream\":true", "\"partial_images\":0", "\"partial_images\":3",
+        "\"user\":\"\"",
         "\"response_format\":\"b64_json\"", "\"style\":null", "\"quality\":null",
     };
     for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++) {
@@ -1016,6 +1016,59 @@ static void test_mask(void)
     kiln_buf_free(&png), kiln_buf_free(&other), kiln_buf_free(&b64), kiln_buf_free(&b64o);
 }
 
+/* stream: true is answered with OpenAI's server-sent events. */
+static void test_stream_events(void)
+{
+    kiln_api_request r;
+    kiln_api_error e;
+    CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"stream\":true,\"partial_images\":2}",
+                     KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK);
+    CHECK(r.stream == 1 && r.partial_images == 2);
+    kiln_api_request_free(&r);
+    kiln_api_image imgs[2] = {{(const uint8_t *)"\x89PNG", 4, 7}, {(const uint8_t *)"abc", 3, 8}};
+    kiln_api_images_meta m = {.created = 1700000000, .format = KILN_IMAGE_PNG, .width = 64,
+                              .height = 32, .quality = "auto", .background = "opaque",
+                              .usage = {.text_tokens = 512, .image_tokens = 8,
+                                        .output_tokens = 16}};
+    for (int edit = 0; edit < 2; edit++) {
+        kiln_buf b = {0};
+        CHECK(kiln_api_stream_events(&b, &m, imgs, 2, edit, NULL) == KILN_OK);
+        kiln_buf_append(&b, "", 1, NULL);
+        /* Two events, each closed by a blank line. */
+        const char *second = strstr((const char *)b.data, "}\n\nevent: ");
+        CHECK(second != NULL && strcmp((const char *)b.data + b.len - 4, "}\n\n") == 0);
+        const char *type = edit ? "image_edit.completed" : "image_generation.completed";
+        char *text = (char *)b.data, *save = NULL;
+        int n = 0;
+        double in_sum = 0, out_sum = 0;
+        /* Events end with a blank line; each is "event: T" then "data: {json}". */
+        for (char *ev = strtok_r(text, "\n", &save); ev; ev = strtok_r(NULL, "\n", &save)) {
+            char want[64];
+            snprintf(want, sizeof want, "event: %s", type);
+            CHECKF(strcmp(ev, want) == 0, "event line '%s'", ev);
+            char *data = strtok_r(NULL, "\n", &save);
+            CHECK(data && strncmp(data, "data: ", 6) == 0);
+            if (!data)
+                break;
+            cJSON *j = cJSON_Parse(data + 6);
+            CHECK(j && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "type")), type));
+            CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "size")), "64x32"));
+            CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "output_format")), "png"));
+            CHECK(cJSON_GetObjectItem(j, "created_at")->valuedouble == 1700000000);
+            CHECK(cJSON_GetObjectItem(j, "seed")->valuedouble == 7 + n);
+            CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "b64_json")),
+                          n ? "YWJj" : "iVBORw=="));
+            const cJSON *u = cJSON_GetObjectItem(j, "usage");
+            in_sum += cJSON_GetObjectItem(u, "input_tokens")->valuedouble;
+            out_sum += cJSON_GetObjectItem(u, "output_tokens")->valuedouble;
+            cJSON_Delete(j);
+            n++;
+        }
+        CHECK(n == 2 && in_sum == 520 && out_sum == 16);
+        kiln_buf_free(&b);
+    }
+}
+
 static void test_error_body(void)
 {
     kiln_buf b = {0};
@@ -1105,6 +1158,7 @@ int main(void)
     RUN(test_edit_images_form);
     RUN(test_strength);
     RUN(test_mask);
+    RUN(test_stream_events);
     RUN(test_error_body);
     RUN(test_images_body);
     return test_finish();

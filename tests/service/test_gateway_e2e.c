@@ -433,6 +433,39 @@ static void test_random_seed(void)
     gwc_response_free(&r1), gwc_response_free(&r2), gwc_response_free(&r3);
 }
 
+/* stream: true: OpenAI's server-sent events, the same image as without. */
+static void test_stream(void)
+{
+    const char *plain = "{\"prompt\":\"a tree\",\"size\":\"64x64\",\"num_inference_steps\":1,"
+                        "\"seed\":5}";
+    const char *streamed = "{\"prompt\":\"a tree\",\"size\":\"64x64\",\"num_inference_steps\":1,"
+                           "\"seed\":5,\"stream\":true,\"partial_images\":2}";
+    gwc_response a, b;
+    images im;
+    CHECK(post_json("/v1/images/generations", plain, &a) == 0 && a.status == 200);
+    CHECK(parse_images(&a, &im) == 0 && im.n == 1);
+    CHECK(post_json("/v1/images/generations", streamed, &b) == 0);
+    CHECKF(b.status == 200, "status %d: %.*s", b.status, (int)b.body.len, (char *)b.body.data);
+    char ctype[64] = "";
+    CHECK(gwc_header(&b, "Content-Type", ctype, sizeof ctype) == 0 &&
+          !strcmp(ctype, "text/event-stream"));
+    kiln_buf_append(&b.body, "", 1, NULL);
+    const char *text = (const char *)b.body.data;
+    CHECK(!strncmp(text, "event: image_generation.completed\ndata: ", 41));
+    const char *data = strstr(text, "data: ");
+    cJSON *j = data ? cJSON_Parse(data + 6) : NULL;
+    const char *b64 = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "b64_json"));
+    kiln_buf png = {0};
+    CHECK(b64 && kiln_base64_decode(b64, strlen(b64), &png, NULL) == KILN_OK);
+    CHECK(im.n == 1 && png.len == im.files[0].len &&
+          !memcmp(png.data, im.files[0].data, png.len));
+    CHECK(cJSON_GetObjectItemCaseSensitive(j, "usage") != NULL);
+    cJSON_Delete(j);
+    kiln_buf_free(&png);
+    images_free(&im);
+    gwc_response_free(&a), gwc_response_free(&b);
+}
+
 typedef struct bad_case {
     const char *path, *ctype, *body;
     int status;
@@ -877,6 +910,7 @@ int main(void)
     RUN(test_generate_matches_cli);
     RUN(test_edit_matches_cli);
     RUN(test_random_seed);
+    RUN(test_stream);
     RUN(test_bad_inputs);
     RUN(test_concurrency);
     RUN(test_disconnects);
