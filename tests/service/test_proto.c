@@ -127,7 +127,7 @@ static void test_jobs(void)
     m->job.stage = KILN_STAGE_ENCODE;
     m->job.encode = (kiln_job_encode){.n_prompts = 2, .prompts = {"a cat", "ein Hund \xc3\xa4"},
                                       .negative = "", .max_seq = 64, .n_refs = 1,
-                                      .refs = {{png, sizeof png}}};
+                                      .refs = {{png, sizeof png}}, .mask = {png, 4}};
     kiln_msg *d = roundtrip(m);
     if (d) {
         const kiln_job_encode *e = &d->job.encode;
@@ -136,6 +136,7 @@ static void test_jobs(void)
         CHECK(e->negative && !strcmp(e->negative, "") && e->max_seq == 64);
         CHECK(e->n_refs == 1 && e->refs[0].len == sizeof png &&
               !memcmp(e->refs[0].data, png, sizeof png));
+        CHECK(e->mask.len == 4 && !memcmp(e->mask.data, png, 4));
         CHECK(d->job.in.n == 0);
     }
     kiln_msg_free(d);
