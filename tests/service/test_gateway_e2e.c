@@ -451,7 +451,8 @@ static void test_stream(void)
           !strcmp(ctype, "text/event-stream"));
     kiln_buf_append(&b.body, "", 1, NULL);
     const char *text = (const char *)b.body.data;
-    CHECK(!strncmp(text, "event: image_generation.completed\ndata: ", 41));
+    static const char head[] = "event: image_generation.completed\ndata: ";
+    CHECK(!strncmp(text, head, sizeof head - 1));
     const char *data = strstr(text, "data: ");
     cJSON *j = data ? cJSON_Parse(data + 6) : NULL;
     const char *b64 = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "b64_json"));
