@@ -65,7 +65,7 @@ static kiln_status read_mask(api_draft *d, const cJSON *item, kiln_api_error *e)
     const cJSON *url = NULL, *f;
     cJSON_ArrayForEach(f, item)
     {
-        char sub[KILN_API_PARAM_MAX];
+        char sub[48]; /* api_fail keeps KILN_API_PARAM_MAX - 1 of it */
         snprintf(sub, sizeof sub, "mask.%.16s", f->string);
         if (strcmp(f->string, "image_url") == 0)
             url = f;
@@ -93,7 +93,7 @@ static kiln_status add_json_image_ref(api_draft *d, const cJSON *el, int k, kiln
     const cJSON *url = NULL, *f;
     cJSON_ArrayForEach(f, el)
     {
-        char sub[KILN_API_PARAM_MAX];
+        char sub[48]; /* api_fail keeps KILN_API_PARAM_MAX - 1 of it */
         snprintf(sub, sizeof sub, "images[%d].%.16s", k, f->string);
         if (strcmp(f->string, "image_url") == 0)
             url = f;
