@@ -36,7 +36,7 @@ static void usage(FILE *f)
             "   --progress-timeout-s S --cancel-timeout-s S --header-timeout-ms MS\n"
             "   --read-timeout-ms MS --idle-timeout-ms MS --write-timeout-ms MS\n"
             "   --heartbeat-timeout-ms MS --drain-s S --api-key-file FILE --admin-port P\n"
-            "   --admin-host ADDR --max-ref-mp N]\n"
+            "   --admin-host ADDR --max-ref-mp N --ignore-unknown-fields]\n"
             "Starts kiln-gateway on ADDR:P (default 127.0.0.1:8000) and the stage replicas\n"
             "(one of each by default), connected over the bus (default\n"
             "tcp://127.0.0.1:<P+1>), secured with a CURVE keypair made for this run (only\n"
@@ -66,6 +66,7 @@ typedef struct serve_opts {
     int gw_opt[32];           /* gateway options passed on: gateway_options indices */
     const char *gw_value[32]; /* ... and their values */
     int n_gw_args;
+    int ignore_unknown;       /* kiln-gateway --ignore-unknown-fields */
 } serve_opts;
 
 /* kiln-gateway's options kiln serve passes on as given (the gateway checks
@@ -84,8 +85,9 @@ _Static_assert(N_GATEWAY_OPTIONS <= 32, "serve_opts.gw_opt holds 32");
 static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
-           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_BAND_ABOVE, O_BAND_ROWS, O_GATEWAY };
-    static struct option longopts[21 + N_GATEWAY_OPTIONS] = {
+           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_BAND_ABOVE, O_BAND_ROWS, O_IGNORE_UNKNOWN,
+           O_GATEWAY };
+    static struct option longopts[22 + N_GATEWAY_OPTIONS] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
         {"gpus", required_argument, 0, O_GPUS},   {"min-size", required_argument, 0, O_MIN},
@@ -100,6 +102,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"host", required_argument, 0, O_HOST},
         {"vae-band-above", required_argument, 0, O_BAND_ABOVE},
         {"vae-band-rows", required_argument, 0, O_BAND_ROWS},
+        {"ignore-unknown-fields", no_argument, 0, O_IGNORE_UNKNOWN},
         {"help", no_argument, 0, 'h'},
     };
     int n_fixed = 0;
@@ -143,6 +146,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         case O_BAND_ROWS:
             o->band_rows = optarg, bad = kiln_parse_int(optarg, 1, 65536, &unused);
             break;
+        case O_IGNORE_UNKNOWN: o->ignore_unknown = 1; break;
         case O_GATEWAY:
             if (o->n_gw_args == N_GATEWAY_OPTIONS) {
                 bad = 1;
@@ -224,7 +228,7 @@ static kiln_status add_gateway(kiln_supervisor *s, const serve_opts *o, const ch
         return err->code;
     snprintf(port, sizeof port, "%d", o->port);
     /* The replicas' public key file is the allow-list (one key). */
-    const char *argv[22 + 2 * N_GATEWAY_OPTIONS] = {exe, "--port", port, "--host", o->host, "--bus",
+    const char *argv[23 + 2 * N_GATEWAY_OPTIONS] = {exe, "--port", port, "--host", o->host, "--bus",
                                                      bus, "--model", o->model, "--bus-key",
                                                      keys->gw_key, "--bus-allow", keys->rep_pub};
     char names[N_GATEWAY_OPTIONS][40];
@@ -237,6 +241,8 @@ static kiln_status add_gateway(kiln_supervisor *s, const serve_opts *o, const ch
         snprintf(names[i], sizeof names[i], "--%s", gateway_options[o->gw_opt[i]]);
         argv[k++] = names[i], argv[k++] = o->gw_value[i];
     }
+    if (o->ignore_unknown)
+        argv[k++] = "--ignore-unknown-fields";
     return kiln_supervisor_add(s, "kiln-gateway", KILN_CHILD_FRONT, argv, err);
 }
 
