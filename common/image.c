@@ -101,8 +101,20 @@ kiln_status kiln_image_encode(const kiln_image *img, const kiln_image_encode_opt
         if (o.quality < 0 || o.quality > 100)
             return kiln_err_set(err, KILN_ERR_INVALID, "output_compression %d not in 0..100",
                                 o.quality);
-        return o.format == KILN_IMAGE_JPEG ? kiln_image_jpeg_encode(img, o.quality, out, err)
-                                           : kiln_image_webp_encode(img, o.quality, out, err);
+    {
+        size_t start = out->len;
+        kiln_status st = o.format == KILN_IMAGE_JPEG
+                             ? kiln_image_jpeg_encode(img, o.quality, out, err)
+                             : kiln_image_webp_encode(img, o.quality, out, err);
+        if (!st && o.n_text)
+            st = o.format == KILN_IMAGE_JPEG
+                     ? kiln_image_jpeg_add_text(out, start, o.text, o.n_text, err)
+                     : kiln_image_webp_add_text(out, start, img->width, img->height, o.text,
+                                                o.n_text, err);
+        if (st)
+            out->len = start;
+        return st;
+    }
     default:
         return kiln_err_set(err, KILN_ERR_INVALID, "unknown output format %d", (int)o.format);
     }

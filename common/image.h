@@ -98,9 +98,10 @@ typedef struct kiln_image_text {
 
 typedef struct kiln_image_encode_opts {
     kiln_image_format format;
-    /* PNG only (JPEG and WebP files get none): text entries written
-     * after the header, in order.  None by default, so that the bytes
-     * depend on the pixels alone. */
+    /* Text entries, in order: PNG iTXt chunks after the header; JPEG a COM
+     * segment and WebP an XMP packet (dc:description), each holding
+     * "key: value" lines.  None by default, so that the bytes depend on
+     * the pixels alone. */
     const kiln_image_text *text;
     int n_text;
     /* JPEG and WebP quality 0..100, OpenAI's `output_compression` taken

@@ -19,6 +19,14 @@ kiln_status kiln_image_png_encode(const kiln_image *img, int level, kiln_png_fil
  * starts at png->data + start.  KILN_ERR_INVALID for a bad key or value. */
 kiln_status kiln_image_png_add_text(kiln_buf *png, size_t start, const kiln_image_text *text,
                                     int n, kiln_err *err);
+/* The same entries as "key: value" lines: a COM segment after the SOI of
+ * the JPEG at jpeg->data + start (cut to 64 KiB), or an XMP packet
+ * (dc:description) in the WebP at webp->data + start, made an extended
+ * (VP8X) file of that canvas size (image_meta.c). */
+kiln_status kiln_image_jpeg_add_text(kiln_buf *jpeg, size_t start, const kiln_image_text *t, int n,
+                                     kiln_err *err);
+kiln_status kiln_image_webp_add_text(kiln_buf *webp, size_t start, int width, int height,
+                                     const kiln_image_text *t, int n, kiln_err *err);
 kiln_status kiln_image_png_encode_striped(const kiln_image *img, kiln_buf *out, kiln_err *err);
 kiln_status kiln_image_jpeg_encode(const kiln_image *img, int quality, kiln_buf *out,
                                    kiln_err *err);

@@ -200,6 +200,67 @@ static void test_png_text(void)
     kiln_image_free(&src);
 }
 
+/* JPEG: one COM segment right after SOI, the rest the plain file's bytes;
+ * WebP: an extended file (VP8X with the XMP flag and the canvas size), the
+ * plain file's image chunk, and an XMP chunk with the text escaped; both
+ * decode to the plain file's pixels.  A long text is cut to fit a JPEG
+ * segment. */
+static void test_jpeg_webp_text(void)
+{
+    kiln_image src = make_image(40, 24, 1);
+    const kiln_image_text text[] = {{"prompt", "a <caf\xc3\xa9> & co"}, {"seed", "42"}};
+    static const char lines[] = "prompt: a <caf\xc3\xa9> & co\nseed: 42\n";
+    const size_t tl = sizeof lines - 1;
+    for (int f = 0; f < 2; f++) {
+        kiln_image_encode_opts o = KILN_IMAGE_ENCODE_DEFAULTS;
+        o.format = f ? KILN_IMAGE_WEBP : KILN_IMAGE_JPEG;
+        o.quality = 90;
+        kiln_buf a = {0}, b = {0};
+        kiln_err err = {0};
+        CHECK(kiln_image_encode(&src, &o, &a, &err) == KILN_OK);
+        o.text = text, o.n_text = 2;
+        CHECKF(kiln_image_encode(&src, &o, &b, &err) == KILN_OK, "%s", err.msg);
+        if (!f) {
+            CHECK(b.len == a.len + 4 + tl && !memcmp(b.data, "\xff\xd8\xff\xfe", 4) &&
+                  (size_t)(b.data[4] << 8 | b.data[5]) == tl + 2 &&
+                  !memcmp(b.data + 6, lines, tl) && !memcmp(b.data + 6 + tl, a.data + 2, a.len - 2));
+        } else {
+            uint32_t riff = b.data[4] | b.data[5] << 8 | b.data[6] << 16 | (uint32_t)b.data[7] << 24;
+            CHECK(riff == b.len - 8 && !memcmp(b.data + 12, "VP8X", 4) && (b.data[20] & 0x04) &&
+                  (b.data[24] | b.data[25] << 8 | b.data[26] << 16) == 39 &&
+                  (b.data[27] | b.data[28] << 8 | b.data[29] << 16) == 23);
+            CHECK(!memcmp(b.data + 30, a.data + 12, a.len - 12)); /* the image chunk as it was */
+            CHECK(!memcmp(b.data + 30 + a.len - 12, "XMP ", 4) &&
+                  memmem(b.data, b.len, "prompt: a &lt;caf\xc3\xa9&gt; &amp; co", 32));
+        }
+        kiln_image pa = {0}, pb = {0};
+        CHECKF(decode_buf(&a, &pa, &err) == KILN_OK && decode_buf(&b, &pb, &err) == KILN_OK,
+               "%s", err.msg);
+        same_image(&pb, &pa, f ? "webp with text" : "jpeg with text");
+        kiln_image_free(&pa), kiln_image_free(&pb);
+        kiln_buf_free(&a), kiln_buf_free(&b);
+    }
+    char *big = malloc(70000);
+    if (big) {
+        memset(big, 'x', 69999);
+        big[69999] = '\0';
+        const kiln_image_text t1[] = {{"prompt", big}};
+        kiln_image_encode_opts o = KILN_IMAGE_ENCODE_DEFAULTS;
+        o.format = KILN_IMAGE_JPEG, o.text = t1, o.n_text = 1;
+        kiln_buf b = {0};
+        kiln_err err = {0};
+        CHECK(kiln_image_encode(&src, &o, &b, &err) == KILN_OK);
+        size_t seg = (size_t)(b.data[4] << 8 | b.data[5]);
+        CHECK(seg == 65535 && !memcmp(b.data + 4 + seg - 3, "...", 3));
+        kiln_image back = {0};
+        CHECK(decode_buf(&b, &back, &err) == KILN_OK);
+        kiln_image_free(&back);
+        kiln_buf_free(&b);
+        free(big);
+    }
+    kiln_image_free(&src);
+}
+
 static void test_jpeg_roundtrip(void)
 {
     kiln_image src = make_image(64, 48, 0);
@@ -607,6 +668,7 @@ int main(void)
     RUN(test_formats);
     RUN(test_png_roundtrip);
     RUN(test_png_text);
+    RUN(test_jpeg_webp_text);
     RUN(test_jpeg_roundtrip);
     RUN(test_webp_roundtrip);
     RUN(test_encode_errors);
