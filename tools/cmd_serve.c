@@ -28,7 +28,7 @@ static void usage(FILE *f)
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
             "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--prompt-cache-mb N]\n"
             "  [--vae-band-above MP] [--vae-band-rows N]\n"
-            "  [--served-model-name NAME]\n"
+            "  [--served-model-name NAME] [--trace-file FILE]\n"
             "  [kiln-gateway's limits and timeouts: --max-body-mb N --max-header-kb N\n"
             "   --max-connections N --max-client-connections N --body-budget-mb N\n"
             "   --client-body-budget-mb N --body-wait-ms MS --queue-max N\n"
@@ -77,7 +77,7 @@ static const char *const gateway_options[] = {
     "client-queue-share", "progress-timeout-s",
     "cancel-timeout-s", "api-key-file", "admin-port", "admin-host", "max-header-kb",
     "header-timeout-ms", "read-timeout-ms", "idle-timeout-ms", "write-timeout-ms",
-    "heartbeat-timeout-ms", "drain-s", "served-model-name", "max-ref-mp",
+    "heartbeat-timeout-ms", "drain-s", "served-model-name", "max-ref-mp", "trace-file",
 };
 #define N_GATEWAY_OPTIONS ((int)(sizeof gateway_options / sizeof gateway_options[0]))
 _Static_assert(N_GATEWAY_OPTIONS <= 32, "serve_opts.gw_opt holds 32");

@@ -1,6 +1,7 @@
 /* Start-up, signals, the periodic tick and shutdown of kiln-gateway. */
 #include "gateway.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,6 +265,10 @@ static int start(kiln_gateway *gw, kiln_err *err)
     if (!(gw->metrics = kiln_metrics_create(err)) ||
         !(gw->traces = kiln_traces_create(KILN_GW_TRACES_KEPT, err)))
         return -1;
+    if (o->trace_file && !(gw->trace_out = fopen(o->trace_file, "a"))) {
+        kiln_err_set(err, KILN_ERR_INVALID, "--trace-file %s: %s", o->trace_file, strerror(errno));
+        return -1;
+    }
     kiln_sched_opts so = {.model_id = gw->model_id, .queue_max = o->queue_max,
                           .client_share = o->client_queue_share,
                           .cancel_timeout_ms = o->cancel_timeout_s * 1000.0,
@@ -360,6 +365,8 @@ int kiln_gateway_run(const kiln_gw_options *o)
     kiln_sched_destroy(gw->sched);
     kiln_metrics_destroy(gw->metrics);
     kiln_traces_destroy(gw->traces);
+    if (gw->trace_out)
+        fclose(gw->trace_out);
     kiln_gw_clients_destroy(gw->clients);
     kiln_api_keys_free(gw->api_keys);
     if (uv_loop_close(loop))

@@ -15,6 +15,7 @@
 #define KILN_GW_GATEWAY_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <uv.h>
 
 #include "api_keys.h"
@@ -45,6 +46,9 @@ typedef struct kiln_gw_options {
      * kiln_checkpoint_model_name of model_dir ("org/name" for a Hugging
      * Face cache folder). */
     const char *served_model_name;
+    /* Appends every kept trace (traces.h), one Chrome trace-event JSON
+     * object per line; NULL: none. */
+    const char *trace_file;
     int min_size, max_size;
     size_t max_body_bytes, max_header_bytes;
     int max_connections;
@@ -96,6 +100,7 @@ typedef struct kiln_gateway {
     kiln_sched *sched;
     kiln_metrics *metrics;
     kiln_traces *traces; /* the last requests' stage traces (GET /v1/traces/<id>) */
+    FILE *trace_out;     /* --trace-file, or NULL */
     uv_timer_t tick;
     uv_signal_t sigint, sigterm;
     unsigned handles; /* which of tick, sigint, sigterm are initialised */

@@ -22,6 +22,7 @@ static void usage(FILE *f)
             "  [--client-body-budget-mb N] [--body-wait-ms MS] [--max-cost MTOK]\n"
             "  [--client-queue-share F] [--cancel-timeout-s S] [--ignore-unknown-fields]\n"
             "  [--served-model-name NAME] [--max-ref-mp N]\n"
+            "  [--trace-file FILE]\n"
             "Defaults: --host 0.0.0.0 --port 8000 --bus tcp://127.0.0.1:<port+1>\n"
             "--bus-key: the gateway's CURVE secret key; --bus-allow: the replicas' public\n"
             "keys (kiln keygen); a bus other hosts can reach needs them or --bus-insecure.\n"
@@ -39,7 +40,9 @@ static void usage(FILE *f)
             "--ignore-unknown-fields: skip request fields kiln does not know instead of\n"
             "answering 400 unknown_parameter (for clients written for other servers).\n"
             "--served-model-name: the model id clients see (default: the folder's name, or\n"
-            "ORG/NAME for a Hugging Face cache folder models--ORG--NAME/snapshots/<commit>).\n");
+            "ORG/NAME for a Hugging Face cache folder models--ORG--NAME/snapshots/<commit>).\n"
+            "--trace-file: append each request's stage trace (GET /v1/traces/<id>) as one\n"
+            "line of Chrome trace-event JSON.\n");
 }
 
 static int num(const char *s, double lo, double hi, double *out)
@@ -59,7 +62,8 @@ int main(int argc, char **argv)
            O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_WRITE_TIMEOUT, O_HB, O_PROGRESS, O_DRAIN,
            O_CLIENT_CONNS, O_BODY_BUDGET, O_CLIENT_BODY_BUDGET, O_BODY_WAIT, O_MAX_COST,
            O_CLIENT_SHARE, O_CANCEL_TIMEOUT, O_BUS_KEY, O_BUS_ALLOW, O_BUS_INSECURE, O_API_KEY,
-           O_ADMIN_PORT, O_ADMIN_HOST, O_IGNORE_UNKNOWN, O_SERVED_NAME, O_MAX_REF_MP };
+           O_ADMIN_PORT, O_ADMIN_HOST, O_IGNORE_UNKNOWN, O_SERVED_NAME, O_MAX_REF_MP,
+           O_TRACE_FILE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"port", required_argument, 0, 'p'},
@@ -95,6 +99,7 @@ int main(int argc, char **argv)
         {"admin-host", required_argument, 0, O_ADMIN_HOST},
         {"ignore-unknown-fields", no_argument, 0, O_IGNORE_UNKNOWN},
         {"served-model-name", required_argument, 0, O_SERVED_NAME},
+        {"trace-file", required_argument, 0, O_TRACE_FILE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -144,6 +149,7 @@ int main(int argc, char **argv)
         case O_ADMIN_HOST: o.admin_host = optarg; break;
         case O_IGNORE_UNKNOWN: o.ignore_unknown_fields = 1; break;
         case O_SERVED_NAME: o.served_model_name = optarg; break;
+        case O_TRACE_FILE: o.trace_file = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -514,6 +514,16 @@ static void keep_trace(kiln_gateway *gw, const gw_pending *p, int status, const 
     kiln_trace_span_add(t, "gateway", "respond", t_respond, end);
     kiln_traces_put(gw->traces, p->id, status, t);
     free(t);
+    if (gw->trace_out) {
+        /* one line per request; a failed write costs the trace, not the
+         * request */
+        kiln_buf line = {0};
+        if (!kiln_traces_json(gw->traces, p->id, &line, NULL) &&
+            !kiln_buf_append(&line, "\n", 1, NULL) &&
+            (fwrite(line.data, 1, line.len, gw->trace_out) != line.len || fflush(gw->trace_out)))
+            KILN_LOG_WARN("gateway: --trace-file: write failed: %s", strerror(errno));
+        kiln_buf_free(&line);
+    }
 }
 
 void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)

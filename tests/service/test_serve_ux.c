@@ -268,8 +268,10 @@ static void test_prom_lint(void)
 
 static void test_served_name_and_timeouts(void)
 {
+    char traces[300];
+    snprintf(traces, sizeof traces, "%s", svc_tmp("traces.jsonl"));
     const char *extra[] = {"--served-model-name", "klein-4b", "--header-timeout-ms", "4000",
-                           "--drain-s", "5", NULL};
+                           "--drain-s", "5", "--trace-file", traces, NULL};
     int port;
     pid_t serve = svc_serve(1, extra, NULL, &port);
     CHECK(serve > 0);
@@ -281,7 +283,28 @@ static void test_served_name_and_timeouts(void)
     CHECK(svc_metrics(port, &m) == 0);
     CHECK(svc_metric((const char *)m.data, "kiln_limit{name=\"header_timeout_seconds\"}") == 4);
     kiln_buf_free(&m);
+    /* --trace-file: each answered request's trace, one JSON line */
+    const char *one = "{\"prompt\":\"a cat\",\"size\":\"64x64\",\"num_inference_steps\":1}";
+    for (int i = 0; i < 2; i++) {
+        CHECK(svc_post_json(port, "/v1/images/generations", one, &r, SVC_T_REQ) == 0 &&
+              r.status == 200);
+        gwc_response_free(&r);
+    }
     CHECK(svc_stop(serve, 60000) == 0);
+    kiln_buf tf = {0};
+    svc_read_log(traces, &tf);
+    int lines = 0;
+    for (char *l = tf.data ? (char *)tf.data : ""; *l; lines++) {
+        char *nl = strchr(l, '\n');
+        if (!nl)
+            break;
+        cJSON *j = cJSON_ParseWithLength(l, (size_t)(nl - l));
+        CHECK(j && cJSON_GetArraySize(cJSON_GetObjectItem(j, "traceEvents")) > 10);
+        cJSON_Delete(j);
+        l = nl + 1;
+    }
+    CHECKF(lines == 2, "%d trace lines", lines);
+    kiln_buf_free(&tf);
 
     /* a name that cannot be an id is refused, and the service stops */
     char port_s[16], bus[160];
