@@ -35,16 +35,21 @@ die() {
 }
 
 [ "$(id -u)" -eq 0 ] || die "deploy/test.sh needs root (rootful Podman, debootstrap)"
+# Debian's packages for rootful Podman: runc (crun is not installed),
+# catatonit (a pod's infra container), netavark and aardvark-dns (the
+# compose network's DNS: without them Podman falls back to CNI, whose
+# networks resolve no service names, so the stages never find "gateway").
+packages=(podman podman-compose debootstrap runc catatonit netavark aardvark-dns uidmap
+  slirp4netns fuse-overlayfs iptables curl python3 ca-certificates)
 need=()
-for tool in podman podman-compose debootstrap runc catatonit; do
-  command -v "$tool" >/dev/null || need+=("$tool")
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends podman podman-compose \
-    debootstrap runc catatonit uidmap slirp4netns fuse-overlayfs containernetworking-plugins \
-    iptables \
-    >/dev/null || die "cannot install ${need[*]}"
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; } \
+    >"${KILN_CT_DIR:-/var/tmp/kiln-ct}.apt.log" 2>&1 ||
+    die "cannot install ${need[*]} (see ${KILN_CT_DIR:-/var/tmp/kiln-ct}.apt.log)"
 fi
 mkdir -p "$work"
 
@@ -59,6 +64,8 @@ default_ulimits = ["nofile=$nofile:$nofile", "nproc=4096:4096"]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+[network]
+network_backend = "netavark"
 EOF
 export CONTAINERS_CONF=$work/containers.conf
 ulimits=(--ulimit "nofile=$nofile:$nofile" --ulimit nproc=4096:4096)
@@ -69,7 +76,7 @@ if ! podman image exists "$base"; then
   rm -rf "$work/rootfs"
   debootstrap --variant=minbase bookworm "$work/rootfs" http://deb.debian.org/debian \
     >"$work/debootstrap.log" 2>&1 || die "debootstrap (see $work/debootstrap.log)"
-  tar -C "$work/rootfs" -c . | podman import - "$base" >/dev/null || die "podman import"
+  tar -C "$work/rootfs" -c . | podman import - "$base" >"$work/import.log" 2>&1 || die "podman import"
   rm -rf "$work/rootfs"
 fi
 ok "base image $base"
