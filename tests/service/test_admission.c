@@ -43,6 +43,7 @@
  *   next op, so the request behind it is served at its normal latency. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -666,7 +667,8 @@ static double step_ms(void)
     return (metric("kiln_stage_seconds_sum{part=\"denoise_step\"}") - sum0) * 1000;
 }
 
-/* A generation of 40 such steps: a minute or more here. */
+/* A generation of 40 such steps: 16 s or more here (a step is 400 ms on
+ * a 2-core runner), long enough for a client to leave during it. */
 #define LONG_JSON                                                                                  \
     "{\"prompt\":\"long\",\"size\":\"256x256\",\"num_inference_steps\":40,"                        \
     "\"max_sequence_length\":32}"
@@ -967,10 +969,22 @@ static void test_timeout_stops_work(void)
     double base = baseline();
     CHECK(step > 0 && base > 0);
     CHECK(metric("kiln_limit{name=\"request_timeout_seconds\"}") == REQUEST_TIMEOUT_S);
+    /* Steps enough for two and a half timeouts at the measured step time
+     * (LONG_JSON's 40 can finish inside 20 s on a fast runner), within the
+     * service's bound of 200. */
+    int steps = step > 0 ? (int)ceil(2.5 * REQUEST_TIMEOUT_S * 1000 / step) : 200;
+    steps = steps < 40 ? 40 : steps > 200 ? 200 : steps;
+    CHECKF(step <= 0 || steps * step >= 1.5 * REQUEST_TIMEOUT_S * 1000,
+           "a step takes %.0f ms: 200 steps end before the %d s timeout", step,
+           REQUEST_TIMEOUT_S);
+    char long_json[160];
+    snprintf(long_json, sizeof long_json,
+             "{\"prompt\":\"long\",\"size\":\"256x256\",\"num_inference_steps\":%d,"
+             "\"max_sequence_length\":32}", steps);
     int stops = svc_log_count(svc_tmp("denoiser.log"), "ms after its cancel");
     gwc_response r;
     double t0 = kiln_now_ms();
-    int rc = svc_post_json(port, "/v1/images/generations", LONG_JSON, &r, SVC_T_REQ);
+    int rc = svc_post_json(port, "/v1/images/generations", long_json, &r, SVC_T_REQ);
     double waited = kiln_now_ms() - t0;
     char why[256] = "";
     CHECKF(rc == 0 && r.status == 504 && svc_error_body(&r, "timeout", why, sizeof why) == 0,
