@@ -124,6 +124,8 @@ static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job
     if (job->mask && (!(job->strength > 0) || s->traits.kv_cache))
         return kiln_err_set(err, KILN_ERR_INVALID,
                             "denoise: inpainting needs a strength, and no reference K/V cache");
+    if (job->preview_at && !job->on_preview)
+        return kiln_err_set(err, KILN_ERR_INVALID, "denoise: preview_at without on_preview");
     if (job->strength > 0 && first_step(job) >= job->steps)
         return kiln_err_set(err, KILN_ERR_INVALID,
                             "denoise: strength %g leaves none of the %d steps to run",
@@ -373,6 +375,7 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
         st = kiln_be_check(be, err);
     free(x0);
     int use_cfg = kiln_model_cfg_runs(&s->traits, job->guidance);
+    kiln_tensor x0_est = {0}; /* previews' estimate, allocated on the first */
     for (int i = first; i < job->steps && !st; i++) {
         if (job->cancelled && job->cancelled(job->user)) {
             st = kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
@@ -391,6 +394,20 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
                          err);
             kiln_be_cfg(be, &c.v, &c.v, &c.v_neg, job->guidance);
         }
+        if (!st && job->preview_at && job->preview_at(job->user, i - first)) {
+            /* x0 = x - sigma v: the Euler step to sigma 0 on a copy; with a
+             * mask the kept region is blended in as after the last step. */
+            if (!x0_est.data)
+                kiln_be_alloc(be, &x0_est, out->dtype, 3, out->shape);
+            kiln_be_copy(be, &x0_est, out);
+            kiln_be_euler_step(be, &x0_est, &c.v, 0.0f - sigmas[i]);
+            st = kiln_be_check(be, err);
+            if (!st && job->mask)
+                st = blend_kept(be, &x0_est, keep_noise, keep_img, job->mask, 0.0f, 1, B, N, C,
+                                host_x, err);
+            if (!st)
+                st = job->on_preview(job->user, i - first, &x0_est, err);
+        }
         if (!st) {
             kiln_be_euler_step(be, out, &c.v, sigmas[i + 1] - sigmas[i]);
             st = kiln_be_check(be, err);
@@ -400,6 +417,7 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
                             i == job->steps - 1, B, N, C, host_x, err);
     }
     free(keep_noise), free(keep_img), free(host_x);
+    kiln_be_free(be, &x0_est);
     release(&c);
     if (st)
         kiln_be_free(be, out);

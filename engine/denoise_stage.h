@@ -74,6 +74,20 @@ typedef struct kiln_denoise_job {
      * proof of progress (a service replica whose steps stand still while it
      * has work is fenced). */
     void (*on_step)(void *user, int step);
+    /* Optional previews (the service's partial images): at each step
+     * (counted as on_step counts them) for which preview_at returns
+     * non-zero, after the step's velocity v is known (CFG applied) and
+     * before the latents move, the current estimate of the clean latents
+     * x0 = x - sigma x v (the Euler step to sigma 0, in the pipeline's
+     * velocity convention: models/scheduler.h kiln_sched_preview_steps)
+     * is computed into a scratch tensor shaped like `out` in
+     * be->act_dtype, with inpainting's kept region blended in as after
+     * the last step, and handed to on_preview.  The latents themselves are
+     * never touched, so the run's result is the same bytes with or without
+     * previews.  A non-zero return from on_preview stops the run with
+     * that status. */
+    int (*preview_at)(void *user, int step);
+    kiln_status (*on_preview)(void *user, int step, const kiln_tensor *x0, kiln_err *err);
     void *user;
 } kiln_denoise_job;
 

@@ -21,6 +21,7 @@ typedef struct zi_loop {
     int64_t h, w, N;
     kiln_tensor x_in;   /* the latents in be->act_dtype (aliases out on fp32 backends) */
     kiln_tensor v, v_neg, v_cfg;
+    kiln_tensor x0, x0_act; /* previews: the estimate (fp32, and in act_dtype) */
     int64_t *len, *nlen;
     float *t;
 } zi_loop;
@@ -101,9 +102,31 @@ static kiln_status prepare(zi_loop *c, int use_cfg, kiln_tensor *out, kiln_err *
     return kiln_be_check(be, err);
 }
 
+/* A preview (kiln_denoise_job.on_preview): x0 = x - sigma (-out) =
+ * x + sigma out, the Euler step to sigma 0 in fp32 on a copy of the
+ * latents, handed on in be->act_dtype like the final latents. */
+static kiln_status preview(zi_loop *c, const kiln_tensor *out, const kiln_tensor *v, float sigma,
+                           int step, kiln_err *err)
+{
+    kiln_backend *be = c->s->be;
+    if (!c->x0.data) {
+        kiln_be_alloc(be, &c->x0, KILN_F32, 3, out->shape);
+        if (be->act_dtype != KILN_F32)
+            kiln_be_alloc(be, &c->x0_act, be->act_dtype, 3, out->shape);
+    }
+    kiln_be_copy(be, &c->x0, out);
+    kiln_be_euler_step(be, &c->x0, v, sigma);
+    if (c->x0_act.data)
+        kiln_be_copy(be, &c->x0_act, &c->x0);
+    if (kiln_be_check(be, err))
+        return err->code;
+    return c->job->on_preview(c->job->user, step, c->x0_act.data ? &c->x0_act : &c->x0, err);
+}
+
 static void release(zi_loop *c, const kiln_tensor *out)
 {
     kiln_backend *be = c->s->be;
+    kiln_be_free(be, &c->x0), kiln_be_free(be, &c->x0_act);
     if (c->x_in.data != out->data)
         kiln_be_free(be, &c->x_in);
     kiln_be_free(be, &c->v), kiln_be_free(be, &c->v_neg), kiln_be_free(be, &c->v_cfg);
@@ -144,6 +167,8 @@ kiln_status denoise_zimage_run(kiln_denoise_stage *s, const kiln_denoise_job *jo
             kiln_be_cfg(be, &c.v_cfg, &c.v_neg, &c.v, -job->guidance);
             v = &c.v_cfg;
         }
+        if (!st && job->preview_at && job->preview_at(job->user, i))
+            st = preview(&c, out, v, sigmas[i], i, err);
         if (!st) {
             /* x + (sigma_next - sigma) * (-out) == x + (sigma - sigma_next) * out
              * exactly: both products are the negation of one rounding. */

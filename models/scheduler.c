@@ -261,3 +261,14 @@ float kiln_sched_zimage_dit_input(float t)
     float remaining = 1000.0f - t;
     return remaining / 1000.0f;
 }
+
+int kiln_sched_preview_steps(int run, int previews, int *out)
+{
+    int n = 0;
+    for (int j = 0; j < previews && run > 1; j++) {
+        int k = (int)((int64_t)(j + 1) * (run - 1) / (previews + 1));
+        if (!n || out[n - 1] != k)
+            out[n++] = k;
+    }
+    return n;
+}

@@ -92,4 +92,17 @@ float kiln_sched_flux2_dit_time(float t, kiln_dtype dt);
  * both the fp32 and the bf16 pipeline). */
 float kiln_sched_zimage_dit_input(float t);
 
+/* Previews (the service's partial images; no diffusers counterpart): the
+ * steps of a run of `run` steps (0 .. run-1, counted from the first step
+ * that runs) whose estimate of the clean latents is shown.  The estimate
+ * of step k is x0 = x_k - sigma_k * v_k, the Euler step from x_k straight
+ * to sigma 0 with the step's velocity (the pipeline's velocity: Z-Image's
+ * is the DiT output negated); the last step's estimate is the final
+ * result itself, so previews split the steps before it into `previews` + 1
+ * equal parts: k_j = floor((j + 1) (run - 1) / (previews + 1)), j = 0 ..
+ * previews-1, duplicates dropped.  Writes the distinct steps in rising
+ * order to out (room for `previews` entries) and returns their count:
+ * min(previews, run - 1) (0 for previews <= 0 or run <= 1). */
+int kiln_sched_preview_steps(int run, int previews, int *out);
+
 #endif

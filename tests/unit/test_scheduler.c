@@ -287,8 +287,32 @@ static void test_config(void)
     CHECK(kiln_sched_zimage(&cfg, 1, s, t, &err) == KILN_ERR_UNSUPPORTED);
 }
 
+/* Preview steps: the documented table for klein's 4 and Z-Image's 9 steps,
+ * never the last step (its estimate is the final result), distinct and
+ * rising for every run and count. */
+static void test_preview_steps(void)
+{
+    int k[3];
+    CHECK(kiln_sched_preview_steps(4, 1, k) == 1 && k[0] == 1);
+    CHECK(kiln_sched_preview_steps(4, 2, k) == 2 && k[0] == 1 && k[1] == 2);
+    CHECK(kiln_sched_preview_steps(4, 3, k) == 3 && k[0] == 0 && k[1] == 1 && k[2] == 2);
+    CHECK(kiln_sched_preview_steps(9, 2, k) == 2 && k[0] == 2 && k[1] == 5);
+    CHECK(kiln_sched_preview_steps(9, 3, k) == 3 && k[0] == 2 && k[1] == 4 && k[2] == 6);
+    CHECK(kiln_sched_preview_steps(2, 3, k) == 1 && k[0] == 0);
+    CHECK(kiln_sched_preview_steps(1, 3, k) == 0);
+    CHECK(kiln_sched_preview_steps(9, 0, k) == 0);
+    for (int run = 1; run <= 50; run++)
+        for (int p = 1; p <= 3; p++) {
+            int n = kiln_sched_preview_steps(run, p, k);
+            CHECKF(n == (p < run - 1 ? p : run - 1), "run %d previews %d: %d", run, p, n);
+            for (int j = 0; j < n; j++)
+                CHECK(k[j] >= 0 && k[j] < run - 1 && (j == 0 || k[j] > k[j - 1]));
+        }
+}
+
 int main(void)
 {
+    RUN(test_preview_steps);
     RUN(test_klein_cases);
     RUN(test_zimage_cases);
     RUN(test_klein_spec_values);
