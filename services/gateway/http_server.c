@@ -37,6 +37,7 @@ struct kiln_http_conn {
     int headers_seen; /* on_headers ran for the request being read */
     void *pending;
     char rid[KILN_HTTP_RID_MAX + 1]; /* the id of the request being handled ("": none yet) */
+    int steps; /* its denoising steps for the access log (kiln_http_set_steps; 0: none) */
     char head[640];
     kiln_buf body;
     uint64_t t_request; /* first byte of the request being read */
@@ -192,6 +193,7 @@ static void on_written(uv_write_t *w, int status)
     kiln_http_reader_next(c->reader);
     c->headers_seen = 0;
     c->rid[0] = '\0';
+    c->steps = 0;
     c->state = C_READING;
     c->t_state = uv_now(c->srv->loop);
     process(c);
@@ -223,8 +225,9 @@ static const char *conn_rid(kiln_http_conn *c)
 }
 
 /* The access log: one line per response, as nginx's: the request id (its
- * X-Request-Id), method, path, status, body bytes, milliseconds since the
- * request's first byte, and the peer.  2xx answers to the probe and scrape
+ * X-Request-Id), method, path, status, body bytes, the denoising steps
+ * ("-" when the request ran none), milliseconds since the request's first
+ * byte, and the peer.  2xx answers to the probe and scrape
  * routes are left out (a kubelet asks every few seconds). */
 static void access_log(kiln_http_conn *c, int status, size_t bytes)
 {
@@ -235,8 +238,11 @@ static void access_log(kiln_http_conn *c, int status, size_t bytes)
     if (status < 300 && (!strcmp(path, "/healthz") || !strcmp(path, "/readyz") ||
                          !strcmp(path, "/metrics")))
         return;
-    KILN_LOG_INFO("access: %s %s %s %d %zu bytes %llu ms %s", conn_rid(c),
-                  req && req->method_name[0] ? req->method_name : "-", path, status, bytes,
+    char steps[16] = "-";
+    if (c->steps > 0)
+        snprintf(steps, sizeof steps, "%d", c->steps);
+    KILN_LOG_INFO("access: %s %s %s %d %zu bytes %s steps %llu ms %s", conn_rid(c),
+                  req && req->method_name[0] ? req->method_name : "-", path, status, bytes, steps,
                   (unsigned long long)(uv_now(c->srv->loop) - c->t_request),
                   c->addr[0] ? c->addr : "-");
 }
@@ -786,6 +792,11 @@ void kiln_http_server_stop(kiln_http_server *s)
 void kiln_http_set_pending(kiln_http_conn *c, void *pending)
 {
     c->pending = pending;
+}
+
+void kiln_http_set_steps(kiln_http_conn *c, int steps)
+{
+    c->steps = steps;
 }
 
 double kiln_http_conn_age_ms(const kiln_http_conn *c)

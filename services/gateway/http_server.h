@@ -114,6 +114,11 @@ void kiln_http_server_stop(kiln_http_server *s);
  * by on_abort). */
 void kiln_http_set_pending(kiln_http_conn *c, void *pending);
 
+/* The denoising steps of the request being handled, for its access log
+ * line ("N steps"; without a call, or with 0, it reads "- steps").  Call
+ * before kiln_http_respond. */
+void kiln_http_set_steps(kiln_http_conn *c, int steps);
+
 /* Milliseconds since the first byte of the request being handled. */
 double kiln_http_conn_age_ms(const kiln_http_conn *c);
 

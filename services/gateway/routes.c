@@ -44,6 +44,7 @@ typedef struct gw_pending {
     kiln_status st;
     uint64_t job;
     uint64_t client; /* the HTTP request's (clients.h) */
+    int steps;       /* its resolved steps, for the access log (the scheduler takes req) */
     double t_first, t_parse0, t_parse1; /* its first byte, parse queued, parsed (trace) */
 } gw_pending;
 
@@ -236,6 +237,8 @@ static void parse_done(uv_work_t *w, int status)
     kiln_err err = {0};
     double now = kiln_now_ms();
     snprintf(p->req.request_id, sizeof p->req.request_id, "%s", p->id);
+    p->steps = p->req.req.steps;
+    kiln_http_set_steps(c, p->steps);
     if (kiln_sched_submit(gw->sched, &p->req, p, now, &p->job, &err)) {
         int st = err.code == KILN_ERR_BUSY ? 429 : err.code == KILN_ERR_UNAVAILABLE ? 503
                  : err.code == KILN_ERR_INVALID ? 400 : 500;
@@ -534,6 +537,8 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
     /* The trace is kept before this returns: the client's next request
      * (GET /v1/traces/<id>) comes after it. */
     double t_respond = kiln_now_ms();
+    if (c)
+        kiln_http_set_steps(c, p->steps);
     if (res->status != 200) {
         /* The scheduler's messages are safe to show (its 500s already say
          * "internal error" and the id). */

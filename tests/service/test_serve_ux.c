@@ -1,11 +1,11 @@
 /* What an operator sees of `kiln serve`: the playground page at /, the
  * ready line with the URL once
  * every stage is up (and no URL before), one access line per request (id,
- * method, path, status, bytes, time), the model id of a Hugging Face cache
+ * method, path, status, bytes, steps, time), the model id of a Hugging Face cache
  * folder (models--ORG--NAME/snapshots/<commit> -> ORG/NAME) or of
  * --served-model-name in /v1/models and in requests, the gateway's
- * timeouts set through kiln serve, and a bad served name refused at
- * start. */
+ * timeouts set through kiln serve, /metrics clean for prom_lint.c and
+ * for promtool where installed, and a bad served name refused at start. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +44,40 @@ static int make_hub_snapshot(const char *oracle, char *out, size_t cap)
         snprintf(to, sizeof to, "%s/%s", out, entries[i]);
         if (symlink(from, to))
             return -1;
+    }
+    return 0;
+}
+
+/* `promtool check metrics` (Prometheus' own linter) on a scrape, where
+ * promtool is installed: scripts/install-deps.sh --test takes Debian's out
+ * of the prometheus package; with KILN_REQUIRE_PROMTOOL=1 (CI) its absence
+ * fails.  Returns 0 when clean or skipped. */
+static int promtool_check(const char *text)
+{
+    const char *path = svc_tmp("metrics.txt");
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) == EOF || fclose(f)) {
+        fprintf(stderr, "promtool: cannot write %s\n", path);
+        return -1;
+    }
+    char cmd[PATH_MAX + 64], out[4096] = "";
+    snprintf(cmd, sizeof cmd, "promtool check metrics < '%s' 2>&1", path);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 127) {
+        const char *req = getenv("KILN_REQUIRE_PROMTOOL");
+        fprintf(stderr, "promtool: not installed (scripts/install-deps.sh --test)%s\n",
+                req && !strcmp(req, "1") ? ", and KILN_REQUIRE_PROMTOOL=1" : ": skipped");
+        return req && !strcmp(req, "1") ? -1 : 0;
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) || out[0]) {
+        fprintf(stderr, "promtool check metrics (exit %d):\n%s\n",
+                WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+        return -1;
     }
     return 0;
 }
@@ -176,13 +211,16 @@ static void test_ready_access_and_hub_name(void)
     CHECK(gwc_header(&r, "X-Request-Id", id, sizeof id) == 0 && id[0]);
     size_t bytes = r.body.len;
     gwc_response_free(&r);
-    snprintf(line, sizeof line, "access: %s POST /v1/images/generations 200 %zu bytes ", id, bytes);
+    snprintf(line, sizeof line, "access: %s POST /v1/images/generations 200 %zu bytes 1 steps ",
+             id, bytes);
     CHECKF(svc_wait_log(svc_tmp("serve.log"), line, 1, 10000) == 0, "no '%s'", line);
     check_trace(port, id, 1);
     const char *other = "{\"prompt\":\"a cat\",\"model\":\"klein-tiny\",\"size\":\"64x64\"}";
     CHECK(svc_post_json(port, "/v1/images/generations", other, &r, SVC_T_REQ) == 0 &&
           r.status >= 400 && r.status < 500);
-    snprintf(line, sizeof line, " POST /v1/images/generations %d ", r.status);
+    /* refused before its steps were resolved */
+    snprintf(line, sizeof line, " POST /v1/images/generations %d %zu bytes - steps ", r.status,
+             r.body.len);
     gwc_response_free(&r);
     CHECK(svc_wait_log(svc_tmp("serve.log"), line, 1, 10000) == 0);
     /* the playground page: self-contained, calling this gateway's API */
@@ -207,6 +245,7 @@ static void test_ready_access_and_hub_name(void)
     const char *t = m.data ? (const char *)m.data : "";
     char why[256] = "";
     CHECKF(prom_lint(t, why, sizeof why) == 0, "%s", why);
+    CHECK(promtool_check(t) == 0);
     CHECK(svc_metric(t, "kiln_request_duration_seconds_count{route=\"/v1/images/generations\","
                         "status=\"200\"}") == 1);
     CHECK(svc_metric(t, "kiln_request_duration_seconds_count{route=\"/v1/images/generations\","

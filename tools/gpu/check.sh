@@ -30,7 +30,7 @@
 #          process
 #   observe  kiln serve --device cuda on the tiny checkpoint, what an operator
 #          sees (issue 16): the ready line, one request at 512x512 with 4
-#          steps, its access line, /metrics (every stage's replica reports
+#          steps, its access line (with the 4 steps), /metrics (every stage's replica reports
 #          its GPU's memory: used > 0, used <= total; the queue waits and
 #          stage durations counted) and its trace from /v1/traces/<id>
 #          (4 denoise steps; the replica spans of each stage add up to the
@@ -256,7 +256,7 @@ sec_observe() {
     --text-encoder-out-layers 1,2,3 >"$d/serve.log" 2>&1 &
   pid=$!
   python3 - "$port" "$d" <<'PY'
-import json, sys, time, urllib.error, urllib.request
+import json, re, sys, time, urllib.error, urllib.request
 port, d = sys.argv[1:3]
 base = "http://127.0.0.1:%s" % port
 for _ in range(1800):
@@ -309,8 +309,9 @@ for stage in ("encode", "denoise", "decode"):
 if len(spans("denoise: step")) != 4:
     bad.append("%d denoise steps in the trace" % len(spans("denoise: step")))
 access = open(d + "/serve.log").read()
-if "access: %s POST /v1/images/generations 200 " % rid not in access:
-    bad.append("no access line for " + rid)
+if not re.search(r"access: %s POST /v1/images/generations 200 \d+ bytes 4 steps \d+ ms " % rid,
+                 access):
+    bad.append("no access line with 4 steps for " + rid)
 for b in bad:
     print("FAIL:", b)
 sys.exit(1 if bad else 0)
