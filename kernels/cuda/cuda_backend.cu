@@ -77,7 +77,8 @@ void *cuda_scratch(kiln_backend *be, size_t bytes)
     c->scratch_bytes = 0;
     c->scratch_epoch++;
     size_t want = bytes < (1u << 16) ? (1u << 16) : bytes;
-    if (!cuda_ok(be, cudaMalloc(&c->scratch, want), "cudaMalloc(scratch)"))
+    if (!cuda_ok(be, cudaMalloc(&c->scratch, want), "cudaMalloc(scratch)") ||
+        !cuda_poison(be, c->scratch, want))
         return NULL;
     c->scratch_bytes = want;
     return c->scratch;
@@ -183,6 +184,8 @@ extern "C" kiln_backend *kiln_cuda_backend_create(int device, kiln_err *err)
     be->impl = c;
     c->device = device;
     c->lt_workspace_bytes = LT_WORKSPACE_BYTES;
+    const char *poison = getenv("KILN_CUDA_POISON");
+    c->poison = poison && !strcmp(poison, "1");
 
     cudaDeviceProp prop;
     if (cuda_enter(be) && cuda_ok(be, cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties")) {

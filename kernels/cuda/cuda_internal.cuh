@@ -41,6 +41,7 @@ typedef struct cuda_impl {
     size_t scratch_bytes;
     uint64_t scratch_epoch; /* bumped when scratch moves: recorded graphs go stale */
     struct cuda_cudnn *cudnn; /* NULL: cuDNN absent or disabled */
+    int poison; /* KILN_CUDA_POISON=1: new device memory filled with NaN bytes (cuda_poison) */
 } cuda_impl;
 
 static inline cuda_impl *cuda_of(kiln_backend *be) { return (cuda_impl *)be->impl; }
@@ -62,6 +63,13 @@ int cuda_enter(kiln_backend *be);
 /* Scratch device memory of at least `bytes`, valid until the next call.
  * Growing waits for the stream; steady-state calls allocate nothing. */
 void *cuda_scratch(kiln_backend *be, size_t bytes);
+/* With KILN_CUDA_POISON=1 in the environment: fills `bytes` of new device
+ * memory with 0xFF (NaN in bf16 and fp32) and waits for it, so a result
+ * that reads memory no op wrote turns NaN or changes.  A check that the
+ * output is bit-identical with and without it (tools/gpu/check.sh poison)
+ * proves what initcheck is meant to, including for stores it cannot see
+ * (its reports on cuBLASLt outputs, docs/GPU_CHECKS.md).  0 on failure. */
+int cuda_poison(kiln_backend *be, void *ptr, size_t bytes);
 
 #define CUDA_REQUIRE(be, cond)                                                           \
     ((cond) ? 0                                                                          \

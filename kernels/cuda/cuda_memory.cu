@@ -40,7 +40,17 @@ kiln_status cuda_alloc(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim
         t->data = NULL;
         return be->error.code;
     }
-    return KILN_OK;
+    return cuda_poison(be, t->data, bytes) ? KILN_OK : be->error.code;
+}
+
+int cuda_poison(kiln_backend *be, void *ptr, size_t bytes)
+{
+    cuda_impl *c = cuda_of(be);
+    /* Synchronous: uploads that follow an allocation may not go through the
+     * stream. */
+    return !c->poison ||
+           (cuda_ok(be, cudaMemsetAsync(ptr, 0xFF, bytes, c->stream), "cudaMemsetAsync(poison)") &&
+            cuda_ok(be, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize(poison)"));
 }
 
 void cuda_free(kiln_backend *be, kiln_tensor *t)

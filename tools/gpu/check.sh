@@ -52,6 +52,14 @@
 #              denoiser's exit status 75
 #   mixedsan   test_cuda_mixed (tiny) under compute-sanitizer memcheck, then
 #              initcheck (no report allowed)
+#   poison     what initcheck asks, by another route: kiln generate/edit on
+#              the tiny klein, klein-base and Z-Image checkpoints (256x256,
+#              two prompts at 512x768, 2048x2048 with the banded VAE, an
+#              edit with a 1536x1536 and a 64x96 reference, CFG) with
+#              KILN_CUDA_POISON=1 (every new device allocation filled with
+#              NaN bytes) and without: latents and images must be
+#              bit-identical, so no result reads memory no op wrote; then
+#              test_cuda_mixed poisoned
 #   mixedfull  test_cuda_mixed on the random klein-4B checkpoint (see fullsize)
 #   memcheck   test_cuda_ops under compute-sanitizer memcheck (out-of-bounds)
 #   racecheck  test_cuda_ops under compute-sanitizer racecheck (shared memory)
@@ -90,7 +98,7 @@ build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
 SECTIONS=(env build ops pipeline replay ipc serve img2img zserve observe mixed devices)
-OPTIONAL=(devicefault mixedsan mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull)
+OPTIONAL=(devicefault mixedsan poison mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
           tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed tests/cuda/test_cuda_vae_band
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
@@ -408,6 +416,52 @@ sec_zfull() {
     --out "$w/zcpu-128.png" --latents-out "$w/zcpu-128.safetensors" || return 1
   "$build/tests/cuda/compare_outputs" --latents "$w/zcuda-128.safetensors" \
     "$w/zcpu-128.safetensors" --image "$w/zcuda-128.png" "$w/zcpu-128.png" --max-rel-err 2e-2
+}
+
+sec_poison() {
+  local d=$logs/poison kiln=$build/tools/kiln ck=$(oracle_root)/oracle/ckpt mode rc=0 f n=0
+  mkdir -p "$d/clean" "$d/poisoned"
+  local layers=(--text-encoder-out-layers 1,2,3)
+  "$kiln" generate --model "$ck/klein-tiny" "${layers[@]}" --device cpu --prompt "a reference" \
+    --width 1536 --height 1536 --steps 1 --seed 9 --out "$d/ref-big.png" >"$d/ref.log" 2>&1 &&
+  "$kiln" generate --model "$ck/klein-tiny" "${layers[@]}" --device cpu --prompt "a small one" \
+    --width 64 --height 96 --steps 1 --seed 8 --out "$d/ref-small.png" >>"$d/ref.log" 2>&1 ||
+    { tail -5 "$d/ref.log"; return 1; }
+  for mode in clean poisoned; do
+    local env=() o=$d/$mode
+    [ $mode = poisoned ] && env=(KILN_CUDA_POISON=1)
+    local common=(--device cuda --seed 11 --steps 3 --max-sequence-length 64)
+    env "${env[@]}" "$kiln" generate --model "$ck/klein-tiny" "${layers[@]}" "${common[@]}" \
+      --prompt "a red fox in snow" --width 256 --height 256 --out "$o/t2i.png" \
+      --latents-out "$o/t2i.safetensors" >"$o/t2i.log" 2>&1 &&
+    env "${env[@]}" "$kiln" generate --model "$ck/klein-tiny" "${layers[@]}" "${common[@]}" \
+      --prompt "a lighthouse" --prompt "two cats on a sofa" --width 512 --height 768 \
+      --out "$o/batch.png" --latents-out "$o/batch.safetensors" >"$o/batch.log" 2>&1 &&
+    env "${env[@]}" "$kiln" generate --model "$ck/klein-tiny" "${layers[@]}" "${common[@]}" \
+      --prompt "a city at night" --width 2048 --height 2048 --out "$o/big.png" \
+      --latents-out "$o/big.safetensors" >"$o/big.log" 2>&1 &&
+    env "${env[@]}" "$kiln" edit --model "$ck/klein-tiny" "${layers[@]}" "${common[@]}" \
+      --prompt "make it blue" --image "$d/ref-big.png" --image "$d/ref-small.png" \
+      --width 384 --height 256 --out "$o/edit.png" --latents-out "$o/edit.safetensors" \
+      >"$o/edit.log" 2>&1 &&
+    env "${env[@]}" "$kiln" generate --model "$ck/klein-base-tiny" "${layers[@]}" "${common[@]}" \
+      --prompt "a bowl of fruit" --guidance 4 --width 256 --height 256 --out "$o/cfg.png" \
+      --latents-out "$o/cfg.safetensors" >"$o/cfg.log" 2>&1 &&
+    env "${env[@]}" "$kiln" generate --model "$ck/zimage-tiny" "${common[@]}" \
+      --prompt "a mountain lake" --width 256 --height 256 --out "$o/zimage.png" \
+      --latents-out "$o/zimage.safetensors" >"$o/zimage.log" 2>&1 ||
+      { echo "$mode run failed:"; tail -5 "$o"/*.log; return 1; }
+  done
+  for f in "$d"/clean/*.png "$d"/clean/*.safetensors; do
+    n=$((n + 1))
+    cmp -s "$f" "$d/poisoned/${f##*/}" || { echo "differs when poisoned: ${f##*/}"; rc=1; }
+  done
+  echo "poisoned vs clean: $n outputs compared, $([ $rc -eq 0 ] && echo all || echo NOT all) bit-identical"
+  [ $rc -eq 0 ] || return 1
+  KILN_CUDA_POISON=1 mixed_tiny >"$logs/mixed-poisoned.log" 2>&1
+  rc=$?
+  tail -1 "$logs/mixed-poisoned.log"
+  return $rc
 }
 
 # A test under a compute-sanitizer tool; prints the sanitizer's summary.
