@@ -87,11 +87,12 @@ kiln_status kiln_image_encode(const kiln_image *img, const kiln_image_encode_opt
             return kiln_err_set(err, KILN_ERR_INVALID, "unknown PNG strategy %d",
                                 (int)o.png_strategy);
         size_t start = out->len;
-        kiln_status st =
-            o.png_strategy == KILN_PNG_STRATEGY_RLE && o.png_filter == KILN_PNG_FILTER_PAETH &&
-                    o.png_level > 0
-                ? kiln_image_png_encode_striped(img, out, err)
-                : kiln_image_png_encode(img, o.png_level, o.png_filter, o.png_strategy, out, err);
+        if (o.png_strategy == KILN_PNG_STRATEGY_RLE && o.png_filter == KILN_PNG_FILTER_PAETH &&
+            o.png_level > 0) {
+            kiln_png_stripe_opts so = KILN_PNG_STRIPE_DEFAULTS;
+            return kiln_image_png_encode_stripes(img, &so, o.text, o.n_text, out, err);
+        }
+        kiln_status st = kiln_image_png_encode(img, o.png_level, o.png_filter, o.png_strategy, out, err);
         if (!st && o.n_text && (st = kiln_image_png_add_text(out, start, o.text, o.n_text, err)))
             out->len = start;
         return st;

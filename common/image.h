@@ -116,7 +116,7 @@ typedef struct kiln_image_encode_opts {
      * PAETH + LZ77 level 2 at 56 / 56 / 11 ms for 1.71 / 1.53 / 0.047 MB.
      * Huffman-only would be 20% faster on photos but 12x larger on flat
      * images.  The default (PAETH + RLE, level >= 1) is encoded in stripes
-     * of 64 rows on up to 8 threads (image_png_striped.c): the same pixels
+     * of 64 rows on up to 16 threads (image_png_striped.c): the same pixels
      * in a file within a few bytes of the single stream's size, 1024x1024 in
      * 7.9 ms on 16 cores (docs/PERFORMANCE.md); the bytes do not depend on
      * the thread count. */

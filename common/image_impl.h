@@ -9,12 +9,12 @@
 #ifndef KILN_IMAGE_IMPL_H
 #define KILN_IMAGE_IMPL_H
 
+#include <zlib.h>
+
 #include "image.h"
 
 kiln_status kiln_image_png_encode(const kiln_image *img, int level, kiln_png_filter filter,
                                   kiln_png_strategy strategy, kiln_buf *out, kiln_err *err);
-/* The default combination (PAETH, Z_RLE, level >= 1) in parallel stripes
- * (image_png_striped.c). */
 /* Inserts an iTXt chunk per entry after the IHDR chunk of the PNG that
  * starts at png->data + start.  KILN_ERR_INVALID for a bad key or value. */
 kiln_status kiln_image_png_add_text(kiln_buf *png, size_t start, const kiln_image_text *text,
@@ -27,7 +27,36 @@ kiln_status kiln_image_jpeg_add_text(kiln_buf *jpeg, size_t start, const kiln_im
                                      kiln_err *err);
 kiln_status kiln_image_webp_add_text(kiln_buf *webp, size_t start, int width, int height,
                                      const kiln_image_text *t, int n, kiln_err *err);
-kiln_status kiln_image_png_encode_striped(const kiln_image *img, kiln_buf *out, kiln_err *err);
+/* The striped encoder (image_png_striped.c): stripes of `rows` rows, each
+ * filtered and deflated on its own on up to `threads` threads (0: up to 16;
+ * never more than the CPUs online), joined into one zlib stream.  The bytes
+ * depend on everything but `threads` and `stripe_ms`.  zstrategy is zlib's
+ * (Z_RLE, Z_DEFAULT_STRATEGY, Z_FILTERED, Z_HUFFMAN_ONLY), level 1..9.
+ * stripe_ms, when not NULL, receives each stripe's filter + deflate time
+ * (one entry per stripe; for tools/bench/png_bench.c).  The text entries
+ * become iTXt chunks after IHDR, as kiln_image_png_add_text writes them.
+ * kiln_image_encode's default PNG is KILN_PNG_STRIPE_DEFAULTS. */
+typedef struct kiln_png_stripe_opts {
+    int rows;
+    int threads;
+    int level;
+    int zstrategy;
+    kiln_png_filter filter;
+    double *stripe_ms;
+} kiln_png_stripe_opts;
+
+#define KILN_PNG_STRIPE_DEFAULTS                                                        \
+    ((kiln_png_stripe_opts){.rows = 64, .level = 1, .zstrategy = Z_RLE,                \
+                            .filter = KILN_PNG_FILTER_PAETH})
+
+kiln_status kiln_image_png_encode_stripes(const kiln_image *img, const kiln_png_stripe_opts *o,
+                                          const kiln_image_text *text, int n_text, kiln_buf *out,
+                                          kiln_err *err);
+/* Writes one filtered row: the filter type byte, then the n bytes of `cur`
+ * filtered against `up` (NULL for the image's first row).  ADAPTIVE picks
+ * per row as libpng does and needs n bytes of scratch (image_png_filter.c). */
+void kiln_image_png_filter_row(kiln_png_filter filter, uint8_t *o, const uint8_t *cur,
+                               const uint8_t *up, size_t n, uint8_t *scratch);
 kiln_status kiln_image_jpeg_encode(const kiln_image *img, int quality, kiln_buf *out,
                                    kiln_err *err);
 kiln_status kiln_image_webp_encode(const kiln_image *img, int quality, kiln_buf *out,

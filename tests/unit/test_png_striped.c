@@ -2,10 +2,14 @@
  * path: files decode with libpng to exactly the source pixels at stripe
  * edges and odd sizes, are deterministic, hold one IDAT per stripe, and are
  * within 1% (+ a few bytes per stripe) of libpng's single stream with the
- * same filter and strategy. */
+ * same filter and strategy; every filter, zlib strategy, level and stripe
+ * height that kiln-pngbench measures round-trips too, whatever the thread
+ * count; text entries become iTXt chunks before the image data. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <zlib.h>
 
 #include "common/image.h"
 #include "common/image_impl.h"
@@ -76,6 +80,115 @@ static void test_sizes(void)
         check_size(sizes[i][0], sizes[i][1]);
 }
 
+/* Every option kiln-pngbench measures decodes to the source pixels, and
+ * the bytes do not depend on the thread count; the adaptive filter's file
+ * is no larger than PAETH's by more than 1%. */
+static void test_options(void)
+{
+    kiln_image src = make(203, 150);
+    kiln_err err = {0};
+    static const int strategies[] = {Z_RLE, Z_DEFAULT_STRATEGY, Z_FILTERED, Z_HUFFMAN_ONLY};
+    static const int rows[] = {1, 7, 64, 1000};
+    size_t paeth_len = 0, adaptive_len = 0;
+    for (int f = KILN_PNG_FILTER_NONE; f <= KILN_PNG_FILTER_ADAPTIVE; f++)
+        for (int si = 0; si < 4; si++)
+            for (int level = 1; level <= 9; level += 4)
+                for (int ri = 0; ri < 4; ri++) {
+                    kiln_png_stripe_opts o = {.rows = rows[ri], .threads = 1, .level = level,
+                                              .zstrategy = strategies[si],
+                                              .filter = (kiln_png_filter)f};
+                    kiln_buf a = {0}, b = {0};
+                    CHECK(kiln_image_png_encode_stripes(&src, &o, NULL, 0, &a, &err) == KILN_OK);
+                    o.threads = 3;
+                    CHECK(kiln_image_png_encode_stripes(&src, &o, NULL, 0, &b, &err) == KILN_OK);
+                    CHECKF(a.len == b.len && !memcmp(a.data, b.data, a.len),
+                           "filter %d strategy %d level %d rows %d: bytes depend on threads", f,
+                           strategies[si], level, rows[ri]);
+                    kiln_image back = {0};
+                    CHECKF(kiln_image_decode(a.data, a.len, NULL, &back, &err) == KILN_OK &&
+                               back.width == src.width && back.height == src.height &&
+                               !memcmp(back.pixels, src.pixels, (size_t)203 * 150 * 3),
+                           "filter %d strategy %d level %d rows %d: pixels differ (%s)", f,
+                           strategies[si], level, rows[ri], err.msg);
+                    if (strategies[si] == Z_RLE && level == 1 && rows[ri] == 64) {
+                        if (f == KILN_PNG_FILTER_PAETH)
+                            paeth_len = a.len;
+                        if (f == KILN_PNG_FILTER_ADAPTIVE)
+                            adaptive_len = a.len;
+                    }
+                    kiln_image_free(&back);
+                    kiln_buf_free(&a);
+                    kiln_buf_free(&b);
+                }
+    CHECKF(adaptive_len <= paeth_len + paeth_len / 100, "adaptive %zu bytes, PAETH %zu",
+           adaptive_len, paeth_len);
+    kiln_png_stripe_opts bad = KILN_PNG_STRIPE_DEFAULTS;
+    bad.rows = 0;
+    kiln_buf c = {0};
+    CHECK(kiln_image_png_encode_stripes(&src, &bad, NULL, 0, &c, &err) == KILN_ERR_INVALID &&
+          c.len == 0);
+    kiln_image_free(&src);
+}
+
+/* ADAPTIVE picks, per row, the filter with the smallest sum of its bytes
+ * read as signed (libpng's heuristic), ties to the lower type, and on this
+ * image (smooth rows and noisy rows) more than one kind. */
+static void test_adaptive(void)
+{
+    kiln_image src = make(61, 40);
+    size_t n = 61 * 3;
+    uint8_t o[5][61 * 3 + 1], pick[61 * 3 + 1], scratch[61 * 3];
+    int used[5] = {0};
+    for (int y = 0; y < src.height; y++) {
+        const uint8_t *cur = src.pixels + (size_t)y * n, *up = y ? cur - n : NULL;
+        long best = -1;
+        int best_t = 0;
+        for (int t = 0; t < 5; t++) {
+            kiln_image_png_filter_row((kiln_png_filter)t, o[t], cur, up, n, scratch);
+            CHECK(o[t][0] == t);
+            long sum = 0;
+            for (size_t i = 1; i <= n; i++)
+                sum += labs((long)(int8_t)o[t][i]);
+            if (best < 0 || sum < best)
+                best = sum, best_t = t;
+        }
+        kiln_image_png_filter_row(KILN_PNG_FILTER_ADAPTIVE, pick, cur, up, n, scratch);
+        CHECKF(pick[0] == best_t && !memcmp(pick, o[best_t], n + 1), "row %d: type %d, want %d",
+               y, pick[0], best_t);
+        used[best_t] = 1;
+    }
+    CHECK(used[0] + used[1] + used[2] + used[3] + used[4] >= 2);
+    kiln_image_free(&src);
+}
+
+/* The default path with text: iTXt chunks right after IHDR and before the
+ * first IDAT, the pixels unchanged, and the file larger than the plain one
+ * by exactly the chunks' bytes. */
+static void test_text(void)
+{
+    kiln_image src = make(100, 130);
+    kiln_err err = {0};
+    const kiln_image_text text[] = {{"prompt", "a fox"}, {"seed", "7"}};
+    kiln_image_encode_opts o = KILN_IMAGE_ENCODE_DEFAULTS;
+    kiln_buf plain = {0}, with = {0};
+    CHECK(kiln_image_encode(&src, &o, &plain, &err) == KILN_OK);
+    o.text = text, o.n_text = 2;
+    CHECK(kiln_image_encode(&src, &o, &with, &err) == KILN_OK);
+    CHECKF(with.len == plain.len + (12 + 6 + 5 + 5) + (12 + 4 + 5 + 1), "%zu vs %zu", with.len,
+           plain.len);
+    CHECK(!memcmp(with.data + 33 + 4, "iTXt", 4));
+    CHECK(!memcmp(with.data + 33 + 28 + 4, "iTXt", 4));
+    CHECK(!memcmp(with.data + 33 + 28 + 22 + 4, "IDAT", 4));
+    CHECK(!memcmp(with.data + 33 + 28 + 22, plain.data + 33, plain.len - 33));
+    kiln_image back = {0};
+    CHECK(kiln_image_decode(with.data, with.len, NULL, &back, &err) == KILN_OK &&
+          !memcmp(back.pixels, src.pixels, (size_t)100 * 130 * 3));
+    kiln_image_free(&back);
+    kiln_buf_free(&plain);
+    kiln_buf_free(&with);
+    kiln_image_free(&src);
+}
+
 /* Another filter or strategy still takes libpng's single stream. */
 static void test_other_options(void)
 {
@@ -96,6 +209,9 @@ static void test_other_options(void)
 int main(void)
 {
     RUN(test_sizes);
+    RUN(test_options);
+    RUN(test_adaptive);
+    RUN(test_text);
     RUN(test_other_options);
     return test_finish();
 }
