@@ -195,23 +195,70 @@ check "compose" 1 1
 check "compose" 2 2
 
 c() { echo "${project}_$1_1"; }
+# The gateway's count of live replicas of stage $1 (denoise, decode...).
+replicas() { curl -fsS "http://127.0.0.1:$port/metrics" |
+  sed -n "s/^kiln_replicas{stage=\"$1\"} \([0-9]*\).*/\1/p"; }
+# The slabs in the stages' shared /dev/shm as seen from the encoder, one
+# "live NAME" (a process holds its owner lock, common/transport_shm.c) or
+# "dead NAME" (nobody does: left behind) a line; "unknown NAME" when flock
+# fails otherwise.
+slabs() {
+  podman exec "$(c encoder)" sh -c 'cd /dev/shm || exit 1
+    for f in kiln-*; do
+      [ -e "$f" ] || continue
+      flock -n -E 75 "$f" true; rc=$?
+      case $rc in 0) echo "dead $f" ;; 75) echo "live $f" ;; *) echo "unknown $f" ;; esac
+    done'
+}
+# no_dead_slabs TAG: every slab in the shared /dev/shm has a live owner.
+no_dead_slabs() {
+  local s
+  s=$(slabs) || { bad "$1: cannot list /dev/shm"; return; }
+  if grep -qv '^live ' <<<"$s"; then
+    bad "$1: slabs left behind: $(grep -v '^live ' <<<"$s" | tr '\n' ' ')"
+  else
+    ok "$1: no slab left behind ($(grep -c '^live ' <<<"$s") live)"
+  fi
+}
+# crash SERVICE: the container's process dies of SIGKILL (not `podman
+# kill`, which Podman counts as a user's stop); its restart policy must
+# bring it back as a new process.
+crash() {
+  local name pid0 pid until_
+  name=$(c "$1")
+  pid0=$(podman inspect -f '{{.State.Pid}}' "$name")
+  kill -KILL "$pid0"
+  until_=$(($(date +%s) + 120))
+  while [ "$(date +%s)" -lt "$until_" ]; do
+    pid=$(podman inspect -f '{{.State.Running}} {{.State.Pid}}' "$name")
+    [ "${pid% *}" = true ] && [ "${pid#* }" != "$pid0" ] && [ "${pid#* }" != 0 ] && break
+    sleep 1
+  done
+  if [ "${pid% *}" = true ] && [ "${pid#* }" != "$pid0" ]; then
+    ok "killed $1 restarted by its restart policy (pid $pid0 -> ${pid#* })"
+  else
+    bad "killed $1 not restarted by the restart policy; starting it"
+    podman start "$name" >/dev/null
+  fi
+}
+
 podman restart "$(c denoiser)" >/dev/null && ready 120 && check "denoiser restarted" 3 1 ||
   bad "denoiser restart"
-# A crash: the container's process dies of SIGKILL (not `podman kill`,
-# which Podman counts as a user's stop), and the restart policy brings it
-# back.
-kill -KILL "$(podman inspect -f '{{.State.Pid}}' "$(c decoder)")"
-sleep 2
-until_=$(($(date +%s) + 120))
-while [ "$(podman inspect -f '{{.State.Running}}' "$(c decoder)")" != true ] &&
-  [ "$(date +%s)" -lt "$until_" ]; do sleep 1; done
-if [ "$(podman inspect -f '{{.State.Running}}' "$(c decoder)")" = true ]; then
-  ok "killed decoder restarted by its restart policy"
-else
-  bad "killed decoder not restarted by the restart policy; starting it"
-  podman start "$(c decoder)" >/dev/null
-fi
+no_dead_slabs "after the denoiser restart"
+# A crashed producer: the denoiser's slabs (it made some for seed 3's
+# latents) stay until its next start-up, whose cleanup must remove them
+# (their owner lock died with it), and the restarted one must not be
+# mistaken for the old one by the decoder that mapped its slabs.
+den_before=$(slabs | sed -n 's/^live \(kiln-denoise-.*\)/\1/p')
+[ -n "$den_before" ] || bad "the denoiser holds no slab before its crash (nothing to test)"
+crash denoiser
+ready 120 && check "after a killed denoiser" 11 1 || bad "not ready after the denoiser kill"
+left=$(slabs | awk '{print $2}' | grep -Fx -f <(printf '%s\n' $den_before) | tr '\n' ' ')
+[ -z "$left" ] && ok "the killed denoiser's slabs are gone" || bad "the killed denoiser's slabs left: $left"
+no_dead_slabs "after the denoiser kill"
+crash decoder
 ready 120 && check "after a killed decoder" 4 2 || bad "not ready after the decoder kill"
+no_dead_slabs "after the decoder kill"
 
 compose up -d --scale denoiser=2 >"$work/compose-scale.log" 2>&1
 if [ "$(podman ps --filter "name=${project}_denoiser" --format '{{.Names}}' | wc -l)" -lt 2 ]; then
@@ -220,10 +267,22 @@ if [ "$(podman ps --filter "name=${project}_denoiser" --format '{{.Names}}' | wc
   podman container clone "$(c denoiser)" "${project}_denoiser_2" >/dev/null &&
     podman start "${project}_denoiser_2" >/dev/null
 fi
-sleep 5
 n_den=$(podman ps --filter "name=${project}_denoiser" --format '{{.Names}}' | wc -l)
-[ "$n_den" -ge 2 ] && ok "denoiser scaled to $n_den" || bad "denoiser not scaled ($n_den running)"
+until_=$(($(date +%s) + 120))
+while [ "$(replicas denoise)" != 2 ] && [ "$(date +%s)" -lt "$until_" ]; do sleep 1; done
+[ "$n_den" -ge 2 ] && [ "$(replicas denoise)" = 2 ] &&
+  ok "denoiser scaled to $n_den containers, 2 registered" ||
+  bad "denoiser not scaled ($n_den running, $(replicas denoise) registered)"
+# Jobs each denoiser replica answered (replica count), to see both serve:
+# the gateway gives idle replicas turns (services/gateway/scheduler.c).
+den_jobs() { curl -fsS "http://127.0.0.1:$port/metrics" |
+  sed -n 's/^kiln_replica_jobs_total{stage="denoise",replica="\([^"]*\)"} \([0-9]*\).*/\1 \2/p' |
+  sort; }
+jobs0=$(den_jobs)
 for s in 5 6 7 8; do check "2 denoisers" "$s" 1; done
+served=$(join -a 2 <(echo "$jobs0") <(den_jobs) | awk 'NF == 3 && $3 > $2 || NF == 2 && $2 > 0' | wc -l)
+[ "$served" = 2 ] && ok "both denoisers served" || bad "$served denoiser(s) served: $(den_jobs | tr '\n' ' ')"
+no_dead_slabs "with 2 denoisers"
 
 # A second "stage pod": its own IPC namespace and /dev/shm (a Podman pod
 # shares one among its containers), on the compose network; the compose
@@ -246,8 +305,6 @@ ipc_enc=$(podman exec "$(c encoder)" readlink /proc/1/ns/ipc 2>/dev/null)
 [ -n "$ipc_pod" ] && [ "$ipc_pod" != "$ipc_enc" ] &&
   ok "pod2 has its own IPC namespace ($ipc_pod vs $ipc_enc)" || bad "pod2 IPC namespace"
 # The gateway drops the stopped replicas once their heartbeats stop (2 s).
-replicas() { curl -fsS "http://127.0.0.1:$port/metrics" |
-  sed -n "s/^kiln_replicas{stage=\"$1\"} \([0-9]*\).*/\1/p"; }
 until_=$(($(date +%s) + 60))
 while { [ "$(replicas denoise)" != 1 ] || [ "$(replicas decode)" != 1 ]; } &&
   [ "$(date +%s)" -lt "$until_" ]; do sleep 1; done
@@ -258,8 +315,14 @@ podman stop -t 20 kiln-pod2-denoiser >/dev/null
 fetched=$(podman logs kiln-pod2-denoiser 2>&1 | sed -n 's/.*by value: \([0-9]*\) input(s) fetched.*/\1/p' | tail -1)
 [ "${fetched:-0}" -ge 2 ] && ok "pod2 denoiser fetched $fetched inputs by value" ||
   bad "pod2 denoiser fetched '${fetched:-none}' inputs by value"
-slabs=$(podman exec "$(c encoder)" sh -c 'ls /dev/shm | wc -l' 2>/dev/null)
-echo "     (slabs left in the shared /dev/shm with only the encoder running: ${slabs:-?})"
+# The compose denoisers and decoder stopped: what is left in the shared
+# /dev/shm must be the running encoder's, every one held.
+s=$(slabs)
+if [ -n "$s" ] && ! grep -qv '^live kiln-encode-' <<<"$s"; then
+  ok "only the encoder's live slabs left in the shared /dev/shm ($(wc -l <<<"$s"))"
+else
+  bad "shared /dev/shm with only the encoder running: $(tr '\n' ' ' <<<"$s")"
+fi
 
 echo "logs: podman logs ${project}_<service>_1; work files in $work"
 finish
