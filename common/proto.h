@@ -50,7 +50,7 @@
 #define KILN_PROTO_MAX_REFS 64            /* references in one release / free */
 #define KILN_PROTO_MAX_PROMPTS 64         /* prompts of one encode job */
 #define KILN_PROTO_MAX_ROWS 256           /* images of one denoise / decode job */
-#define KILN_PROTO_MAX_TIMINGS 8
+#define KILN_PROTO_MAX_TIMINGS 12          /* named timings of one done */
 #define KILN_PROTO_MAX_EDIT_REFS 8        /* reference images of one encode job (KILN_MAX_REFS) */
 #define KILN_PROTO_MAX_STRING (1u << 20)  /* prompts, error messages */
 #define KILN_PROTO_MAX_SEQ 4096           /* encode max_seq */

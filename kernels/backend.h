@@ -201,6 +201,23 @@ typedef struct kiln_backend_ops {
      * NULL where the backend has no device memory (the CPU). */
     kiln_status (*mem_info)(kiln_backend *be, size_t *free_bytes, size_t *total_bytes);
 
+    /* --- device time (optional: NULL where the backend has no device
+     * clock, such as the CPU, whose wall times are its compute times) ------
+     * timer_mark: records a point in the backend's stream after the ops
+     * queued so far (CUDA: cudaEventRecord of one of the instance's pooled
+     * events; nothing waits) and returns its index, counting from 0 since
+     * the last timer_reset; -1 when the KILN_BE_TIMER_MARKS are taken,
+     * while ops are being recorded (graph_begin), or when recording the
+     * mark failed.  Device time is worth no failure: no sticky error.
+     * timer_ms: the device time from mark a to mark b in milliseconds
+     * (the span of the device's timeline between them, idle gaps
+     * included), waiting for mark b to be reached (so call it once the
+     * work is done or its results are needed anyway); -1 when unknown.
+     * timer_reset: forgets the marks (their events are reused). */
+    int (*timer_mark)(kiln_backend *be);
+    double (*timer_ms)(kiln_backend *be, int a, int b);
+    void (*timer_reset)(kiln_backend *be);
+
     void (*destroy)(kiln_backend *be);
 } kiln_backend_ops;
 
@@ -228,6 +245,31 @@ void kiln_backend_destroy(kiln_backend *be);
  * benchmarks; thread-safe for the CUDA backend (a driver query). */
 kiln_status kiln_backend_mem_info(kiln_backend *be, size_t *used_bytes, size_t *total_bytes,
                                   kiln_err *err);
+
+/* Device time between points of a stage's work (ops.timer_*): marks per
+ * timer_reset, enough for a setup mark, one per denoising step (up to the
+ * service's 200) and an end. */
+#define KILN_BE_TIMER_MARKS 256
+
+/* A mark in the backend's stream (see ops.timer_mark); -1 where the
+ * backend has no device clock or after a sticky error. */
+static inline int kiln_be_timer_mark(kiln_backend *be)
+{
+    return be->ops->timer_mark && !be->error.code ? be->ops->timer_mark(be) : -1;
+}
+
+/* Device milliseconds from mark a to mark b (waits for b); -1 when either
+ * mark is -1 or the time is unknown. */
+static inline double kiln_be_timer_ms(kiln_backend *be, int a, int b)
+{
+    return be->ops->timer_ms && a >= 0 && b >= 0 ? be->ops->timer_ms(be, a, b) : -1;
+}
+
+static inline void kiln_be_timer_reset(kiln_backend *be)
+{
+    if (be->ops->timer_reset)
+        be->ops->timer_reset(be);
+}
 
 /* Reports the sticky error (copying it into err) and clears it, unless the
  * backend is lost.  Returns KILN_OK when every op since the last check

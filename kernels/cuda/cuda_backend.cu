@@ -94,6 +94,7 @@ static void cuda_destroy(kiln_backend *be)
             cudaStreamSynchronize(c->stream);
         cuda_linear_fini(be);
         cuda_cudnn_fini(be);
+        cuda_timer_fini(be);
         if (c->lt)
             cublasLtDestroy(c->lt);
         cudaFree(c->lt_workspace);
@@ -139,6 +140,9 @@ static const kiln_backend_ops cuda_ops = {
     .graph_launch = cuda_graph_launch,
     .graph_destroy = cuda_graph_destroy,
     .mem_info = cuda_mem_info,
+    .timer_mark = cuda_timer_mark,
+    .timer_ms = cuda_timer_ms,
+    .timer_reset = cuda_timer_reset,
     .destroy = cuda_destroy,
 };
 

@@ -42,6 +42,10 @@ typedef struct cuda_impl {
     uint64_t scratch_epoch; /* bumped when scratch moves: recorded graphs go stale */
     struct cuda_cudnn *cudnn; /* NULL: cuDNN absent or disabled */
     int poison; /* KILN_CUDA_POISON=1: new device memory filled with NaN bytes (cuda_poison) */
+    /* Device time (cuda_timer.cu): events made on first use and kept;
+     * marks [0, n_marks) recorded since the last reset. */
+    cudaEvent_t timer_events[KILN_BE_TIMER_MARKS];
+    int n_timer_events, n_marks;
 } cuda_impl;
 
 static inline cuda_impl *cuda_of(kiln_backend *be) { return (cuda_impl *)be->impl; }
@@ -222,6 +226,11 @@ void cuda_graph_begin(kiln_backend *be);
 kiln_graph *cuda_graph_end(kiln_backend *be);
 int cuda_graph_launch(kiln_backend *be, kiln_graph *g);
 void cuda_graph_destroy(kiln_backend *be, kiln_graph *g);
+
+int cuda_timer_mark(kiln_backend *be);
+double cuda_timer_ms(kiln_backend *be, int a, int b);
+void cuda_timer_reset(kiln_backend *be);
+void cuda_timer_fini(kiln_backend *be);
 
 int cuda_conv_init(kiln_backend *be);
 void cuda_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,

@@ -212,11 +212,18 @@ static void dec_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     int width = kiln_worker_job_msg(live[0])->decode.width;
     int height = kiln_worker_job_msg(live[0])->decode.height;
     double t_vae = kiln_now_ms();
+    /* Device time of the VAE (CUDA events; none on the CPU): the images
+     * come back to the host, so reading it waits for nothing more. */
+    kiln_be_timer_reset(be);
+    int mark0 = kiln_be_timer_mark(be), mark1 = -1;
     kiln_worker_watch(w, live, m);
     if (!st)
         st = kiln_decode_run(s->dec, x, width, height, imgs, NULL, &err);
+    if (!st)
+        mark1 = kiln_be_timer_mark(be);
     kiln_worker_watch(w, NULL, 0);
     t_vae = kiln_now_ms() - t_vae;
+    double gpu_vae = st ? -1 : kiln_be_timer_ms(be, mark0, mark1);
     kiln_be_free(be, &lat);
     int64_t row = 0;
     for (int i = 0; i < m; i++) {
@@ -226,6 +233,8 @@ static void dec_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
             kiln_worker_done(w, live[i], st, &err);
         } else {
             kiln_worker_timing(live[i], "vae", t_vae);
+            if (gpu_vae >= 0)
+                kiln_worker_timing(live[i], "gpu_vae", gpu_vae);
             submit_images(s, w, live[i], imgs + row, rows);
         }
         row += rows;

@@ -166,13 +166,17 @@ typedef struct batch_ctx {
     prep *ps;
     int n;
     double t_first_step; /* when step 0 was queued: the end of the setup */
+    kiln_backend *be;
+    int mark_first_step; /* the device-time mark before step 0 (-1: none) */
 } batch_ctx;
 
 static void batch_step(void *user, int step)
 {
     batch_ctx *c = user;
-    if (step == 0)
+    if (step == 0) {
         c->t_first_step = kiln_now_ms();
+        c->mark_first_step = kiln_be_timer_mark(c->be);
+    }
     kiln_worker_step(c->w);
 }
 
@@ -244,7 +248,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
             lens[B + b] = ps[i].neg_len ? ps[i].neg_len[0] : 0;
         }
     }
-    batch_ctx ctx = {w, ps, live, 0};
+    batch_ctx ctx = {w, ps, live, 0, be, -1};
     kiln_denoise_job job = {
         .txt_len = lens, .neg_len = lens ? lens + B : NULL,
         .B = B, .embeds = own_emb ? &emb : &ps[0].emb,
@@ -262,11 +266,17 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     int run_steps = d->steps - (ps[0].mask ? kiln_denoise_first_step_inpaint(d->steps, d->strength)
                                            : kiln_denoise_first_step(d->steps, d->strength));
     double t_run = kiln_now_ms();
+    /* Device time (CUDA events; none on the CPU) beside the wall times:
+     * marks at the start, before step 0 and after the last step, read
+     * once the batch is done. */
+    kiln_be_timer_reset(be);
+    int mark_run = kiln_be_timer_mark(be), mark_end = -1;
     kiln_worker_job *watched[KILN_PROTO_MAX_ROWS];
     for (int i = 0; i < live; i++)
         watched[i] = ps[i].job;
     kiln_worker_watch(w, watched, live);
     if (!st && !(st = kiln_denoise_run(s->den, &job, &lat, &err))) {
+        mark_end = kiln_be_timer_mark(be);
         /* The outputs below wait for the GPU anyway; waiting here first
          * makes the step time the GPU's. */
         kiln_be_sync(be);
@@ -274,6 +284,8 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     }
     kiln_worker_watch(w, NULL, 0);
     double t_end = kiln_now_ms();
+    double gpu_setup = st ? -1 : kiln_be_timer_ms(be, mark_run, ctx.mark_first_step);
+    double gpu_steps = st ? -1 : kiln_be_timer_ms(be, ctx.mark_first_step, mark_end);
     kiln_be_free(be, &emb), kiln_be_free(be, &neg);
     int64_t row = 0;
     for (int i = 0; i < live; i++) {
@@ -287,6 +299,13 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         if (!jst && ctx.t_first_step > 0) {
             kiln_worker_timing(ps[i].job, "setup", ctx.t_first_step - t_run);
             kiln_worker_timing(ps[i].job, "step", (t_end - ctx.t_first_step) / run_steps);
+            /* the steps that ran (img2img and inpainting run fewer than
+             * asked): the gateway lays out one trace span per step */
+            kiln_worker_timing(ps[i].job, "steps", run_steps);
+            if (gpu_setup >= 0 && gpu_steps >= 0) {
+                kiln_worker_timing(ps[i].job, "gpu_setup", gpu_setup);
+                kiln_worker_timing(ps[i].job, "gpu_step", gpu_steps / run_steps);
+            }
         }
         kiln_worker_done(w, ps[i].job, jst, &jerr);
     }

@@ -161,10 +161,14 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
 }
 
 /* One kiln_encode_prompts call over the batch's rows: each job's prompts,
- * then its negative prompt; lens[row] gets each row's real tokens. */
+ * then its negative prompt; lens[row] gets each row's real tokens.  *ms
+ * gets its wall time and *gpu_ms its device time (CUDA events; -1 on the
+ * CPU or when unknown). */
 static kiln_status encode_batch(enc_state *s, kiln_worker *w, kiln_worker_job **jobs, int n,
-                                kiln_tensor *emb, int **lens, kiln_err *err)
+                                kiln_tensor *emb, int **lens, double *ms, double *gpu_ms,
+                                kiln_err *err)
 {
+    *ms = *gpu_ms = -1;
     int total = 0;
     for (int i = 0; i < n; i++)
         total += enc_rows(kiln_worker_job_msg(jobs[i]));
@@ -184,9 +188,18 @@ static kiln_status encode_batch(enc_state *s, kiln_worker *w, kiln_worker_job **
     }
     int max_seq = kiln_worker_job_msg(jobs[0])->encode.max_seq;
     kiln_worker_watch(w, jobs, n);
+    double t0 = kiln_now_ms();
+    kiln_be_timer_reset(s->be);
+    int mark0 = kiln_be_timer_mark(s->be);
     kiln_status st = kiln_encode_prompts(s->enc, rows, total, max_seq, emb, NULL, *lens, err);
+    int mark1 = st ? -1 : kiln_be_timer_mark(s->be);
     kiln_worker_watch(w, NULL, 0);
     free(rows);
+    if (!st) {
+        /* waits for the embeddings, as handing them on would */
+        *gpu_ms = kiln_be_timer_ms(s->be, mark0, mark1);
+        *ms = kiln_now_ms() - t0;
+    }
     return st;
 }
 
@@ -207,7 +220,8 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     kiln_prompt_cache_stats c0, c1;
     int *lens = NULL;
     kiln_encode_stage_cache_stats(s->enc, &c0);
-    kiln_status st = encode_batch(s, w, jobs, n, &emb, &lens, &err);
+    double text_ms, gpu_text_ms;
+    kiln_status st = encode_batch(s, w, jobs, n, &emb, &lens, &text_ms, &gpu_text_ms, &err);
     kiln_encode_stage_cache_stats(s->enc, &c1);
     if (st && st != KILN_ERR_CANCELLED && n > 1) {
         /* One bad prompt (say invalid UTF-8) must not fail its neighbours:
@@ -230,6 +244,10 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         const kiln_job_encode *e = &kiln_worker_job_msg(jobs[i])->encode;
         kiln_err jerr = err;
         kiln_status jst = st;
+        if (!jst && text_ms >= 0)
+            kiln_worker_timing(jobs[i], "text_encode", text_ms);
+        if (!jst && gpu_text_ms >= 0)
+            kiln_worker_timing(jobs[i], "gpu_text_encode", gpu_text_ms);
         if (!jst)
             jst = kiln_worker_output(w, jobs[i], "embeds", &emb, row, e->n_prompts, 0, &jerr);
         if (!jst && e->negative)

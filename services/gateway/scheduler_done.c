@@ -174,6 +174,13 @@ static void part(kiln_sched *s, kiln_part p, double ms)
         kiln_metrics_part(s->metrics, p, ms / 1000.0);
 }
 
+/* Gives a span the device time a replica measured (ms; < 0: none). */
+static void gpu(kiln_trace_span *sp, double ms)
+{
+    if (sp && ms >= 0)
+        sp->gpu_ms = ms;
+}
+
 /* The stage's spans: the whole stage on the gateway's track, and on the
  * replica's its queue, its run and the run's parts, laid out from the
  * durations it reports with the unaccounted time (bus, tensor hand-offs)
@@ -198,20 +205,33 @@ static void trace_stage(sched_job *j, const kiln_msg_done *d, double now)
     kiln_trace_span_add(t, rid, nm[1], j->t_dispatch, a);
     kiln_trace_span_add(t, rid, nm[2], a, b);
     kiln_trace_span_add(t, rid, nm[3], b, c);
-    if (j->stage == KILN_STAGE_DENOISE) {
+    if (j->stage == KILN_STAGE_ENCODE) {
+        double text = timing(d, "text_encode");
+        if (text >= 0)
+            gpu(kiln_trace_span_add(t, rid, "encode: text encoder", b, b + text),
+                timing(d, "gpu_text_encode"));
+    } else if (j->stage == KILN_STAGE_DENOISE) {
         double setup = timing(d, "setup"), step = timing(d, "step");
+        /* the steps that ran (fewer than asked under img2img); older
+         * replicas do not say */
+        double ran = timing(d, "steps");
+        int steps = ran >= 1 ? (int)ran : j->req.req.steps;
         if (setup >= 0)
-            kiln_trace_span_add(t, rid, "denoise: setup", b, b + setup);
+            gpu(kiln_trace_span_add(t, rid, "denoise: setup", b, b + setup),
+                timing(d, "gpu_setup"));
         if (setup >= 0 && step >= 0) {
-            /* one span per step: the replica reports their mean */
-            for (int k = 0; k < j->req.req.steps && t->n < KILN_TRACE_MAX_SPANS - 16; k++)
-                kiln_trace_span_add(t, rid, "denoise: step", b + setup + k * step,
-                                    b + setup + (k + 1) * step);
+            /* one span per step: the replica reports their mean, of wall
+             * and of device time */
+            double gpu_step = timing(d, "gpu_step");
+            for (int k = 0; k < steps && t->n < KILN_TRACE_MAX_SPANS - 16; k++)
+                gpu(kiln_trace_span_add(t, rid, "denoise: step", b + setup + k * step,
+                                        b + setup + (k + 1) * step),
+                    gpu_step);
         }
     } else if (j->stage == KILN_STAGE_DECODE) {
         double vae = timing(d, "vae"), img = timing(d, "image_encode");
         if (vae >= 0)
-            kiln_trace_span_add(t, rid, "decode: vae", b, b + vae);
+            gpu(kiln_trace_span_add(t, rid, "decode: vae", b, b + vae), timing(d, "gpu_vae"));
         if (vae >= 0 && img >= 0)
             kiln_trace_span_add(t, rid, "decode: image encode", b + vae, b + vae + img);
     }

@@ -17,15 +17,18 @@ struct kiln_traces {
     int cap, next;
 };
 
-void kiln_trace_span_add(kiln_trace *t, const char *track, const char *name, double t0, double t1)
+kiln_trace_span *kiln_trace_span_add(kiln_trace *t, const char *track, const char *name, double t0,
+                                     double t1)
 {
     if (t->n == KILN_TRACE_MAX_SPANS)
-        return;
+        return NULL;
     kiln_trace_span *s = &t->span[t->n++];
     snprintf(s->track, sizeof s->track, "%s", track);
     s->name = name;
     s->t0 = t0;
     s->t1 = t1 > t0 ? t1 : t0;
+    s->gpu_ms = -1;
+    return s;
 }
 
 kiln_traces *kiln_traces_create(int cap, kiln_err *err)
@@ -102,10 +105,14 @@ int kiln_traces_json(const kiln_traces *s, const char *id, kiln_buf *out, kiln_e
     }
     for (int i = 0; !st && i < t->n; i++) {
         const kiln_trace_span *sp = &t->span[i];
+        char args[64] = "";
+        if (sp->gpu_ms >= 0)
+            snprintf(args, sizeof args, ",\"args\":{\"gpu_ms\":%.3f}", sp->gpu_ms);
         int n = snprintf(line, sizeof line,
                          ",{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"kiln\",\"pid\":%d,\"tid\":1,"
-                         "\"ts\":%.0f,\"dur\":%.0f}",
-                         sp->name, pid[i], (sp->t0 - t0) * 1000.0, (sp->t1 - sp->t0) * 1000.0);
+                         "\"ts\":%.0f,\"dur\":%.0f%s}",
+                         sp->name, pid[i], (sp->t0 - t0) * 1000.0, (sp->t1 - sp->t0) * 1000.0,
+                         args);
         st = kiln_buf_append(out, line, (size_t)n, err);
     }
     if (!st) {

@@ -16,6 +16,10 @@
  * run and the run's parts) are laid out inside the stage's dispatch-to-done
  * interval, with the time the replica did not account for (bus messages
  * and tensor hand-offs) split evenly before and after as "handoff" spans.
+ * A span of work on a CUDA backend also carries the device time the
+ * replica measured with CUDA events (kernels/backend.h, timer_ms), beside
+ * its wall time: the denoiser's setup and steps, the decoder's VAE and the
+ * encoder's text encoder; in the JSON, the event's args.gpu_ms.
  *
  * Not thread-safe: the event loop thread alone uses a store.
  */
@@ -32,6 +36,7 @@ typedef struct kiln_trace_span {
     char track[KILN_PROTO_ID_MAX]; /* "gateway" or a replica id */
     const char *name;              /* a string constant */
     double t0, t1;                 /* ms, gateway clock */
+    double gpu_ms;                 /* device time inside it, ms; < 0: none measured */
 } kiln_trace_span;
 
 typedef struct kiln_trace {
@@ -39,8 +44,11 @@ typedef struct kiln_trace {
     int n; /* spans past the bound are dropped */
 } kiln_trace;
 
-/* Appends a span (t1 >= t0 enforced by clamping). */
-void kiln_trace_span_add(kiln_trace *t, const char *track, const char *name, double t0, double t1);
+/* Appends a span (t1 >= t0 enforced by clamping) without a device time,
+ * and returns it to set one; NULL when the trace is full (the span is
+ * dropped). */
+kiln_trace_span *kiln_trace_span_add(kiln_trace *t, const char *track, const char *name, double t0,
+                                     double t1);
 
 typedef struct kiln_traces kiln_traces;
 
@@ -53,8 +61,8 @@ void kiln_traces_put(kiln_traces *s, const char *id, int status, const kiln_trac
 
 /* Appends the trace of request `id` as Chrome trace-event JSON: one
  * process per track (gateway first), complete ("X") events in
- * microseconds from the request's first byte, and otherData
- * {request_id, status}.  KILN_OK, 1 when no such trace is kept, or
+ * microseconds from the request's first byte, args {gpu_ms} on those
+ * with a device time, and otherData {request_id, status}.  KILN_OK, 1 when no such trace is kept, or
  * KILN_ERR_NOMEM. */
 int kiln_traces_json(const kiln_traces *s, const char *id, kiln_buf *out, kiln_err *err);
 

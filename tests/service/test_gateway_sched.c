@@ -43,6 +43,7 @@ typedef struct world {
     int n_finished, last_status, last_images;
     char last_message[KILN_ERR_MSG_MAX];
     uint64_t last_seeds[16];
+    kiln_trace last_trace; /* the last finished request's spans */
     double now;
 } world;
 
@@ -72,6 +73,9 @@ static void fake_finish(void *ud, void *client, const kiln_sched_result *res)
     w->last_status = res->status;
     w->last_images = res->status == 200 ? res->n_images : 0;
     snprintf(w->last_message, sizeof w->last_message, "%s", res->message ? res->message : "");
+    w->last_trace.n = 0;
+    if (res->trace)
+        w->last_trace = *res->trace;
     for (int i = 0; i < res->n_images && i < 16; i++) {
         w->last_seeds[i] = res->seeds[i];
         CHECK(res->images[i].len == 3 && memcmp(res->images[i].data, "img", 3) == 0);
@@ -1380,6 +1384,110 @@ static void test_domains(void)
     world_free(&w);
 }
 
+/* A done carrying the timings a replica reports (names[i] = vals[i]). */
+static void done_timed(world *w, const char *from, uint64_t job, const char *name,
+                       const kiln_tensor_ref *ref, int n_images, const char *const *names,
+                       const double *vals, int n)
+{
+    kiln_msg *m = calloc(1, sizeof *m);
+    m->type = KILN_MSG_DONE;
+    m->done.job = job;
+    m->done.ok = 1;
+    if (ref)
+        kiln_ref_map_put(&m->done.out, name, ref, NULL);
+    m->done.n_images = n_images;
+    for (int i = 0; i < n_images; i++)
+        m->done.images[i] = (kiln_bytes){(const uint8_t *)"img", 3};
+    for (int i = 0; i < n; i++)
+        m->done.ms[m->done.n_ms++] = (kiln_timing){names[i], vals[i]};
+    deliver(w, from, m);
+    free(m);
+}
+
+static const kiln_trace_span *trace_span(const kiln_trace *t, const char *name, int k)
+{
+    for (int i = 0; i < t->n; i++)
+        if (!strcmp(t->span[i].name, name) && k-- == 0)
+            return &t->span[i];
+    return NULL;
+}
+
+/* The replicas' timings become the trace's spans: the device times (CUDA
+ * events) of the text encoder, the denoise setup and steps and the VAE
+ * ride on them (args.gpu_ms in the JSON), and the denoise steps are the
+ * ones the replica ran (an img2img job runs fewer than it asked for). */
+static void test_trace_device_times(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w);
+    uint64_t id;
+    CHECK(submit(&w, "{\"prompt\":\"a cat\",\"size\":\"64x64\",\"num_inference_steps\":4}",
+                 &id) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    w.now += 30;
+    kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
+    const char *en[] = {"queue", "run", "text_encode", "gpu_text_encode"};
+    done_timed(&w, "encode-a", id, "embeds", &emb, 0, en, (double[]){2, 20, 12, 9.5}, 4);
+    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
+    w.now += 100;
+    kiln_tensor_ref lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 0);
+    const char *dn[] = {"queue", "run", "setup", "step", "steps", "gpu_setup", "gpu_step"};
+    done_timed(&w, "denoise-a", id, "latents", &lat, 0, dn, (double[]){1, 90, 10, 40, 2, 4, 37.5},
+               7);
+    expect_free(&w, "encode-a", &emb);
+    expect_sent(&w, KILN_MSG_JOB, "decode-a");
+    w.now += 50;
+    const char *cn[] = {"queue", "run", "vae", "image_encode", "gpu_vae"};
+    done_timed(&w, "decode-a", id, NULL, NULL, 1, cn, (double[]){1, 40, 30, 8, 28.25}, 5);
+    CHECK(w.n_finished == 1 && w.last_status == 200);
+    const kiln_trace *t = &w.last_trace;
+    const kiln_trace_span *text = trace_span(t, "encode: text encoder", 0);
+    const kiln_trace_span *run = trace_span(t, "encode: run", 0);
+    CHECK(text && run && text->t0 >= run->t0 && text->t1 <= run->t1 && text->gpu_ms == 9.5);
+    const kiln_trace_span *setup = trace_span(t, "denoise: setup", 0);
+    CHECK(setup && setup->gpu_ms == 4 && setup->t1 - setup->t0 == 10);
+    CHECK(trace_span(t, "denoise: step", 1) && !trace_span(t, "denoise: step", 2));
+    for (int k = 0; k < 2; k++) {
+        const kiln_trace_span *st = trace_span(t, "denoise: step", k);
+        CHECK(st && st->gpu_ms == 37.5 && st->t1 - st->t0 == 40 &&
+              st->t0 == setup->t1 + 40 * k);
+    }
+    const kiln_trace_span *vae = trace_span(t, "decode: vae", 0);
+    CHECK(vae && vae->gpu_ms == 28.25);
+    /* what no device time was measured for carries none */
+    CHECK(trace_span(t, "decode: image encode", 0) &&
+          trace_span(t, "decode: image encode", 0)->gpu_ms < 0);
+    CHECK(run->gpu_ms < 0 && trace_span(t, "denoise", 0) && trace_span(t, "denoise", 0)->gpu_ms < 0);
+    /* in the JSON: args.gpu_ms on those spans alone */
+    kiln_err err = {0};
+    kiln_traces *store = kiln_traces_create(2, &err);
+    CHECK(store != NULL);
+    kiln_buf json = {0};
+    if (store) {
+        kiln_traces_put(store, "req_t", 200, t);
+        CHECK(kiln_traces_json(store, "req_t", &json, &err) == KILN_OK &&
+              kiln_buf_append(&json, "", 1, &err) == KILN_OK); /* a C string */
+        const char *js = json.data ? (const char *)json.data : "";
+        const char *want[] = {"\"name\":\"denoise: step\"", "\"name\":\"denoise: setup\"",
+                              "\"name\":\"decode: vae\"", "\"name\":\"encode: text encoder\""};
+        const char *gpu[] = {"{\"gpu_ms\":37.500}", "{\"gpu_ms\":4.000}", "{\"gpu_ms\":28.250}",
+                             "{\"gpu_ms\":9.500}"};
+        for (int i = 0; i < 4; i++) {
+            const char *at = strstr(js, want[i]), *end = at ? strchr(at, '}') : NULL;
+            const char *args = at ? strstr(at, "\"args\":") : NULL;
+            CHECKF(at && args && end && args < end && !strncmp(args + 7, gpu[i], strlen(gpu[i])),
+                   "%s without %s", want[i], gpu[i]);
+        }
+        const char *img = strstr(js, "\"name\":\"decode: image encode\"");
+        const char *close = img ? strchr(img, '}') : NULL, *args = img ? strstr(img, "\"args\"") : NULL;
+        CHECK(img && close && (!args || args > close));
+        kiln_buf_free(&json);
+        kiln_traces_destroy(store);
+    }
+    world_free(&w);
+}
+
 int main(void)
 {
     RUN(test_flow);
@@ -1401,5 +1509,6 @@ int main(void)
     RUN(test_cancel_in_live_batch);
     RUN(test_domains);
     RUN(test_shm_full);
+    RUN(test_trace_device_times);
     return test_finish();
 }

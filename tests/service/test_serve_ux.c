@@ -171,6 +171,15 @@ static void check_trace(int port, const char *id, int steps)
     CHECK(span(ev, "denoise: step", 0, steps - 1) && !span(ev, "denoise: step", 0, steps));
     CHECK(span(ev, "denoise: setup", 0, 0) && span(ev, "decode: vae", 0, 0) &&
           span(ev, "decode: image encode", 0, 0));
+    const cJSON *text = span(ev, "encode: text encoder", 0, 0), *erun = span(ev, "encode: run", 0, 0);
+    CHECK(text && erun && ts(text) >= ts(erun) - 1 && te(text) <= te(erun) + 1);
+    /* the CPU backend has no device clock: no span claims a GPU time */
+    cJSON_ArrayForEach(e, ev)
+    {
+        if (!strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+            CHECKF(!cJSON_GetObjectItem(e, "args"), "%s has args on the CPU",
+                   cJSON_GetObjectItem(e, "name")->valuestring);
+    }
     cJSON_Delete(j);
     CHECK(svc_get_status(port, "/v1/traces/req_0000000000000000") == 404);
     CHECK(svc_get_status(port, "/v1/traces/") == 404);

@@ -34,7 +34,10 @@
 #          its GPU's memory: used > 0, used <= total; the queue waits and
 #          stage durations counted) and its trace from /v1/traces/<id>
 #          (4 denoise steps; the replica spans of each stage add up to the
-#          stage; per-stage times printed; trace.json kept in the logs)
+#          stage; per-stage times printed; the text encoder, denoise setup,
+#          each step and the VAE carry a GPU time from CUDA events, printed
+#          beside their wall times and inside them; trace.json kept in the
+#          logs)
 #   devices  one service whose stages run on different backends: kiln-gateway
 #          with a CUDA encoder and decoder around a CPU denoiser, then a CPU
 #          encoder and decoder around a CUDA denoiser (tiny checkpoint): each
@@ -316,6 +319,20 @@ for stage in ("encode", "denoise", "decode"):
         bad.append("%s: replica spans %.0f us, stage %.0f us" % (stage, total_us, whole["dur"]))
 if len(spans("denoise: step")) != 4:
     bad.append("%d denoise steps in the trace" % len(spans("denoise: step")))
+# Device times (CUDA events, args.gpu_ms) beside the wall times: present on
+# the text encoder, the denoise setup, every step and the VAE; inside the
+# wall time where the replica's wall time ends after waiting for the work
+# (not the setup, whose queued work may run past its host side).
+for name in ("encode: text encoder", "denoise: setup", "denoise: step", "decode: vae"):
+    got = spans(name)
+    gpu = [e.get("args", {}).get("gpu_ms") for e in got]
+    if not got or any(g is None or g < 0 or (g == 0 and name != "denoise: setup") for g in gpu):
+        bad.append("%s: no GPU time (%s)" % (name, gpu))
+        continue
+    wall = got[0]["dur"] / 1e3
+    print("  %-22s wall %8.3f ms, GPU %8.3f ms" % (name, wall, gpu[0]))
+    if name != "denoise: setup" and any(g > e["dur"] / 1e3 * 1.01 + 0.05 for g, e in zip(gpu, got)):
+        bad.append("%s: GPU time %s past its wall time %.3f ms" % (name, gpu, wall))
 access = open(d + "/serve.log").read()
 if not re.search(r"access: %s POST /v1/images/generations 200 \d+ bytes 4 steps \d+ ms " % rid,
                  access):
