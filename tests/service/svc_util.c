@@ -880,6 +880,12 @@ int svc_shm_unlink_of(pid_t pid)
     return shm_scan(mid, 1);
 }
 
+int svc_namespaces_required(void)
+{
+    const char *v = getenv("KILN_REQUIRE_NAMESPACES");
+    return v && !strcmp(v, "1");
+}
+
 int svc_children(pid_t parent, const char *comm, pid_t *out, int max)
 {
     DIR *d = opendir("/proc");

@@ -243,5 +243,8 @@ int svc_shm_unlink_of(pid_t pid);
 /* Children of `parent` whose command name is `comm`, up to max; the
  * count. */
 int svc_children(pid_t parent, const char *comm, pid_t *out, int max);
+/* 1 when KILN_REQUIRE_NAMESPACES=1 (.ci/run sets it): a test that cannot
+ * make the namespaces it needs here must fail, not skip that part. */
+int svc_namespaces_required(void);
 
 #endif

@@ -11,7 +11,8 @@
  *   shared /dev/shm.  Every image is the CLI's bytes; the replicas' exit
  *   lines count what went by value.  Where namespaces cannot be made, the
  *   same runs with KILN_DOMAIN_HOST making the two stages look like
- *   another machine's (the by-value path is the real one either way).
+ *   another machine's (the by-value path is the real one either way);
+ *   with KILN_REQUIRE_NAMESPACES=1 (CI) that is a failure.
  * - a producer stage whose /dev/shm is the 64 MiB a container gets by
  *   default refuses to start (exit 78) and says what to do; one whose
  *   /dev/shm fills up later takes no work until there is room again, and
@@ -217,6 +218,9 @@ static void run_split(int namespaces)
 static void test_split_domains(void)
 {
     int ns = can_unshare();
+    CHECKF(ns || !svc_namespaces_required(),
+           "KILN_REQUIRE_NAMESPACES=1, but unshare --ipc --mount fails here: see %s",
+           svc_tmp("unshare-probe.log"));
     if (!ns)
         fprintf(stderr, "namespaces cannot be made here: running the split with "
                         "KILN_DOMAIN_HOST only\n");
@@ -229,6 +233,9 @@ static void test_split_domains(void)
 static void test_small_shm(void)
 {
     if (!can_unshare()) {
+        CHECKF(!svc_namespaces_required(),
+               "KILN_REQUIRE_NAMESPACES=1, but unshare --ipc --mount fails here: see %s",
+               svc_tmp("unshare-probe.log"));
         fprintf(stderr, "skipped: namespaces cannot be made here\n");
         return;
     }
@@ -282,6 +289,9 @@ static int wait_readyz(int want, int ms, kiln_buf *body)
 static void test_shm_fills(void)
 {
     if (!can_unshare()) {
+        CHECKF(!svc_namespaces_required(),
+               "KILN_REQUIRE_NAMESPACES=1, but unshare --ipc --mount fails here: see %s",
+               svc_tmp("unshare-probe.log"));
         fprintf(stderr, "skipped: namespaces cannot be made here\n");
         return;
     }

@@ -8,7 +8,7 @@
  *   slabs; one killed leaves its slabs until the next start-up, whose
  *   cleanup removes them (the owner lock is gone).  Where unshare needs a
  *   privilege this machine does not grant, this part is skipped, saying
- *   so; the same logic without namespaces is covered below and in
+ *   so (a failure with KILN_REQUIRE_NAMESPACES=1, as in CI); the same logic without namespaces is covered below and in
  *   test_transport (names unique per instance, locks not pids);
  * - a denoiser killed mid-batch and restarted at once under the same
  *   --replica-id (a StatefulSet pod, a container's PID 1): the gateway
@@ -172,6 +172,7 @@ static void test_pid_namespaces(void)
     char why[512];
     const char *const *ns = pid_namespace(why, sizeof why);
     if (!ns) {
+        CHECKF(!svc_namespaces_required(), "KILN_REQUIRE_NAMESPACES=1, but %s", why);
         fprintf(stderr, "SKIPPED test_pid_namespaces: %s\n", why);
         return;
     }
