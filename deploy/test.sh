@@ -35,6 +35,10 @@ die() {
 }
 
 [ "$(id -u)" -eq 0 ] || die "deploy/test.sh needs root (rootful Podman, debootstrap)"
+# One run at a time on a machine: runs share the project's container
+# names, the port and $work (CI and a developer's run, several worktrees).
+exec 9>"$work.lock"
+flock 9
 # Debian's packages for rootful Podman: runc (crun is not installed),
 # catatonit (a pod's infra container), netavark and aardvark-dns (the
 # compose network's DNS: without them Podman falls back to CNI, whose
@@ -82,11 +86,15 @@ fi
 ok "base image $base"
 
 # ---- 2. the images ----
+# The build's RUN steps (apt-get) use the host's network: Podman's default
+# bridge (10.88.0.0/16) is not always routable here (a CNI bridge left from
+# an earlier Podman setup holding the same subnet swallows the replies, so
+# nothing resolves), and the build needs nothing from a container network.
 t0=$(date +%s)
 for target in gateway encoder denoiser decoder kiln; do
   name=localhost/kiln-$target:latest
   [ "$target" = kiln ] && name=localhost/kiln:latest
-  podman build --format docker "${ulimits[@]}" -f "$src/deploy/Dockerfile" --target "$target" \
+  podman build --format docker --network host "${ulimits[@]}" -f "$src/deploy/Dockerfile" --target "$target" \
     --build-arg BASE="$base" --build-arg RUNTIME_BASE="$base" -t "$name" "$src" \
     >"$work/build-$target.log" 2>&1 || die "podman build --target $target (see $work/build-$target.log)"
 done
