@@ -31,9 +31,11 @@ kiln_status kiln_image_webp_add_text(kiln_buf *webp, size_t start, int width, in
  * filtered and deflated on its own on up to `threads` threads (0: up to 16;
  * never more than the CPUs online), joined into one zlib stream.  The bytes
  * depend on everything but `threads` and `stripe_ms`.  zstrategy is zlib's
- * (Z_RLE, Z_DEFAULT_STRATEGY, Z_FILTERED, Z_HUFFMAN_ONLY), level 1..9.
- * stripe_ms, when not NULL, receives each stripe's filter + deflate time
- * (one entry per stripe; for tools/bench/png_bench.c).  The text entries
+ * (Z_RLE, Z_DEFAULT_STRATEGY, Z_FILTERED, Z_HUFFMAN_ONLY), level 1..9;
+ * kiln_rle set deflates with kiln_image_png_deflate_rle instead of zlib
+ * (level and zstrategy then only set the zlib header's level field).
+ * stripe_ms, when not NULL, receives each stripe's filter + deflate CPU
+ * time (one entry per stripe; for tools/bench/png_bench.c).  The text entries
  * become iTXt chunks after IHDR, as kiln_image_png_add_text writes them.
  * kiln_image_encode's default PNG is KILN_PNG_STRIPE_DEFAULTS. */
 typedef struct kiln_png_stripe_opts {
@@ -42,16 +44,24 @@ typedef struct kiln_png_stripe_opts {
     int level;
     int zstrategy;
     kiln_png_filter filter;
+    int kiln_rle;
     double *stripe_ms;
 } kiln_png_stripe_opts;
 
 #define KILN_PNG_STRIPE_DEFAULTS                                                        \
     ((kiln_png_stripe_opts){.rows = 64, .level = 1, .zstrategy = Z_RLE,                \
-                            .filter = KILN_PNG_FILTER_PAETH})
+                            .filter = KILN_PNG_FILTER_PAETH, .kiln_rle = 1})
 
 kiln_status kiln_image_png_encode_stripes(const kiln_image *img, const kiln_png_stripe_opts *o,
                                           const kiln_image_text *text, int n_text, kiln_buf *out,
                                           kiln_err *err);
+/* Raw deflate of in[0..n) finding runs only (image_png_deflate.c), into
+ * `out` of at least kiln_image_png_deflate_bound(n) bytes; ends on a byte
+ * boundary with a final block when `last`, else with a sync flush, so that
+ * consecutive calls' outputs concatenate into one stream.  Returns the
+ * bytes written.  Thread-safe (about 35 KiB of stack). */
+size_t kiln_image_png_deflate_bound(size_t n);
+size_t kiln_image_png_deflate_rle(const uint8_t *in, size_t n, int last, uint8_t *out);
 /* Writes one filtered row: the filter type byte, then the n bytes of `cur`
  * filtered against `up` (NULL for the image's first row).  ADAPTIVE picks
  * per row as libpng does and needs n bytes of scratch (image_png_filter.c). */

@@ -87,16 +87,18 @@ static void test_options(void)
 {
     kiln_image src = make(203, 150);
     kiln_err err = {0};
-    static const int strategies[] = {Z_RLE, Z_DEFAULT_STRATEGY, Z_FILTERED, Z_HUFFMAN_ONLY};
+    /* -1: kiln's own run-only deflate instead of zlib */
+    static const int strategies[] = {Z_RLE, Z_DEFAULT_STRATEGY, Z_FILTERED, Z_HUFFMAN_ONLY, -1};
     static const int rows[] = {1, 7, 64, 1000};
     size_t paeth_len = 0, adaptive_len = 0;
     for (int f = KILN_PNG_FILTER_NONE; f <= KILN_PNG_FILTER_ADAPTIVE; f++)
-        for (int si = 0; si < 4; si++)
+        for (int si = 0; si < 5; si++)
             for (int level = 1; level <= 9; level += 4)
                 for (int ri = 0; ri < 4; ri++) {
                     kiln_png_stripe_opts o = {.rows = rows[ri], .threads = 1, .level = level,
-                                              .zstrategy = strategies[si],
-                                              .filter = (kiln_png_filter)f};
+                                              .zstrategy = strategies[si] < 0 ? Z_RLE : strategies[si],
+                                              .filter = (kiln_png_filter)f,
+                                              .kiln_rle = strategies[si] < 0};
                     kiln_buf a = {0}, b = {0};
                     CHECK(kiln_image_png_encode_stripes(&src, &o, NULL, 0, &a, &err) == KILN_OK);
                     o.threads = 3;

@@ -89,6 +89,13 @@
 #              the peak of 1024x1024 n=1, n=4, 2048x2048 n=1, n=4 requests,
 #              each "+X GiB over the peak before it" (bar for the issue: the
 #              2048x2048 n=1 line at most +6 GiB)
+#   pngbench   CPU only, on the GPU host's cores: tools/bench/kiln-pngbench
+#              --wall --quick on its generated 1024x1024 images (gradient,
+#              flat, noise): every file must decode to the source pixels
+#              (exit 0); compare the "all threads" row (the default PNG path
+#              on this host's cores, wall) with the single-thread row's "sim
+#              ms" (the same work list-scheduled on 16 cores): a large gap is
+#              time outside deflate (thread start-up, page faults, contention)
 # Add a section by writing a function sec_<name> and listing it in SECTIONS
 # (or only in OPTIONAL when it should run on request).
 #
@@ -101,7 +108,8 @@ build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
 SECTIONS=(env build ops pipeline replay ipc serve img2img zserve observe mixed devices)
-OPTIONAL=(devicefault mixedsan poison mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull)
+OPTIONAL=(devicefault mixedsan poison mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull
+          pngbench)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
           tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed tests/cuda/test_cuda_vae_band
           tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
@@ -660,6 +668,12 @@ PY
 sec_devices() {
   devices_run "$logs/devices/cuda-cpu-cuda" cuda cpu cuda || return 1
   devices_run "$logs/devices/cpu-cuda-cpu" cpu cuda cpu
+}
+
+sec_pngbench() {
+  [ -x "$build/tools/bench/kiln-pngbench" ] || ninja -C "$build" tools/bench/kiln-pngbench || return 1
+  echo "$(nproc) CPUs online: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+  "$build/tools/bench/kiln-pngbench" --wall --reps 11 --quick 2>&1 | tee "$logs/pngbench.log"
 }
 
 want=("$@")
