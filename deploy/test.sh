@@ -222,8 +222,10 @@ slabs() {
 no_dead_slabs() {
   local s
   s=$(slabs) || { bad "$1: cannot list /dev/shm"; return; }
-  if grep -qv '^live ' <<<"$s"; then
-    bad "$1: slabs left behind: $(grep -v '^live ' <<<"$s" | tr '\n' ' ')"
+  local dead
+  dead=$(grep -v '^live ' <<<"$s" | grep . | tr '\n' ' ')
+  if [ -n "$dead" ]; then
+    bad "$1: slabs left behind: $dead"
   else
     ok "$1: no slab left behind ($(grep -c '^live ' <<<"$s") live)"
   fi
