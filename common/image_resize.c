@@ -5,7 +5,12 @@
  * position is multiplied by 1/filterscale, not divided by filterscale) so
  * the double weights are the same bits: a one-ulp difference could move a
  * 22-bit fixed-point rounding.  spec/pipeline.md section 8 describes the
- * same algorithm. */
+ * same algorithm.  The pass order is Pillow 13's (python-pillow PR #9549,
+ * "If height is scaled down significantly more than width, resize
+ * vertically first"): the vertical pass first when the height shrinks by
+ * more than twice as many pixels as the width does, else the horizontal
+ * one; each pass rounds to 8 bits, so the order shows in the result.
+ * Pillow up to 12 always ran the horizontal pass first. */
 #include "image.h"
 
 #include <math.h>
@@ -157,6 +162,18 @@ kiln_status kiln_image_resize_lanczos(const kiln_image *src, int width, int heig
         goto done;
     if (need_v && (st = axis_init(&av, src->height, height, err)))
         goto done;
+
+    if (need_h && need_v && height < src->height &&
+        src->height - height > 2 * (src->width - width)) {
+        /* Pillow 13's vertical-first order: the whole width, then the rows. */
+        if ((st = kiln_image_alloc(&tmp, src->width, height, err)) ||
+            (st = kiln_image_alloc(&out, width, height, err)))
+            goto done;
+        pass_vertical(tmp.pixels, height, src->pixels, src->width, 0, &av);
+        pass_horizontal(out.pixels, width, tmp.pixels, src->width, 0, height, &ah);
+        *dst = out;
+        goto done;
+    }
 
     /* `cur` holds source rows row0.. of the image the vertical pass reads.
      * The horizontal pass computes only rows the vertical taps touch: from

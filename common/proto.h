@@ -243,6 +243,11 @@ typedef struct kiln_job_encode {
      * reference, which is then prepared as engine/inpaint.h says and the
      * job also outputs "mask" (N floats); len 0: none. */
     kiln_bytes mask;
+    /* Image-to-image (strength, no mask): the one reference is the start
+     * image, prepared as inpainting's (resized, not cropped:
+     * engine/inpaint.h); 0: an edit reference (also when absent on the
+     * wire, as from an older gateway). */
+    int start;
 } kiln_job_encode;
 
 typedef struct kiln_job_denoise {

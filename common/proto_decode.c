@@ -458,6 +458,10 @@ static kiln_status job_encode(dec *d, const msgpack_object *o, kiln_job_encode *
         return KILN_ERR_INVALID;
     if (e->mask.len && e->n_refs != 1)
         return bad(d, "mask", "needs exactly one reference");
+    if (get(o, "start") && get_bool(d, o, "start", &e->start))
+        return KILN_ERR_INVALID;
+    if (e->start && e->n_refs != 1)
+        return bad(d, "start", "needs exactly one reference");
     return KILN_OK;
 }
 

@@ -170,7 +170,7 @@ static void done(msgpack_packer *pk, const kiln_msg *m)
 static void job(msgpack_packer *pk, const kiln_msg *m)
 {
     const kiln_msg_job *j = &m->job;
-    static const int fields[KILN_STAGE_COUNT] = {5, 8, 4};
+    static const int fields[KILN_STAGE_COUNT] = {6, 8, 4};
     head(pk, m, (size_t)(5 + fields[j->stage]));
     kv_u64(pk, "job", j->job);
     kv_str(pk, "stage", kiln_stage_name(j->stage));
@@ -199,6 +199,7 @@ static void job(msgpack_packer *pk, const kiln_msg *m)
             bin(pk, e->refs[i].data, e->refs[i].len);
         key(pk, "mask"); /* empty: none */
         bin(pk, e->mask.data, e->mask.len);
+        kv_bool(pk, "start", e->start);
         break;
     }
     case KILN_STAGE_DENOISE: {

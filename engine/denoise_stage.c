@@ -250,29 +250,12 @@ static void release(loop_ctx *c)
 
 int kiln_denoise_first_step(int steps, double strength)
 {
-    if (!(strength > 0))
-        return 0;
-    /* Python's int(num_inference_steps * strength), in double as Python
-     * computes it. */
-    double init = floor((double)steps * strength);
-    if (init > steps)
-        init = steps;
-    return steps - (int)init;
-}
-
-int kiln_denoise_first_step_inpaint(int steps, double strength)
-{
-    if (!(strength > 0))
-        return 0;
-    double init = (double)steps * strength < steps ? (double)steps * strength : steps;
-    double start = steps - init > 0 ? steps - init : 0;
-    return (int)start;
+    return kiln_request_first_step(steps, strength);
 }
 
 static int first_step(const kiln_denoise_job *job)
 {
-    return job->mask ? kiln_denoise_first_step_inpaint(job->steps, job->strength)
-                     : kiln_denoise_first_step(job->steps, job->strength);
+    return kiln_denoise_first_step(job->steps, job->strength);
 }
 
 /* Inpainting's blend after a step (prepare_mask_latents' mask over the
@@ -347,11 +330,12 @@ kiln_status kiln_denoise_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
     else
         st = kiln_denoise_noise(s, job, x0, err);
     /* img2img starts at `first`: its sigma noises the image, and the
-     * remaining steps take their own timesteps and sigmas (as diffusers'
-     * Flux2KleinInpaintPipeline steps them, from the scheduler's begin
-     * index; its Img2Img pipeline at diffusers 4369be3 resets that index to
-     * 0 before its loop, stepping with the schedule's first sigmas while
-     * the model sees the later timesteps: kiln follows the former). */
+     * remaining steps take their own timesteps and sigmas, as diffusers'
+     * FluxImg2ImgPipeline and Flux2KleinInpaintPipeline step them from the
+     * scheduler's begin index.  (An unreleased Flux2KleinImg2ImgPipeline
+     * draft, diffusers 4369be3, resets that index to 0 before its loop,
+     * stepping with the schedule's first sigmas while the model sees the
+     * later timesteps; kiln does not follow it.) */
     int first = first_step(job);
     /* Inpainting keeps the noise and the image for its blends. */
     float *keep_noise = NULL, *keep_img = NULL, *host_x = NULL;

@@ -45,21 +45,24 @@ typedef struct kiln_denoise_job {
     int batch_noise;               /* one draw for all rows from seeds[0] */
     int fp32_noise;                /* draw fp32 noise even on a bf16 backend (oracle runs) */
     const float *latents_in;       /* optional host (B, N, C) initial latents instead of noise */
-    /* Image-to-image, as diffusers' Flux2KleinImg2ImgPipeline: with
-     * strength in (0, 1], init_tokens (1, N, C) (the input image encoded,
-     * patchified, BN-normalised and packed, as an edit reference is) are
+    /* Image-to-image, as diffusers' FluxImg2ImgPipeline does it (diffusers
+     * releases no FLUX.2 klein img2img pipeline; Flux2KleinInpaintPipeline
+     * starts the same way): with strength in (0, 1], init_tokens (1, N, C)
+     * (the input image resized to W x H, engine/inpaint.h, then encoded,
+     * patchified, BN-normalised and packed as an edit reference is) are
      * noised to the schedule's sigma at step kiln_denoise_first_step (the
      * scheduler's scale_noise: sigma * noise + (1 - sigma) * image, the
-     * noise drawn as for text-to-image) and only the steps from there run.
-     * strength 1 is text-to-image from the same noise.  0: not img2img. */
+     * noise drawn as for text-to-image) and only the steps from there run,
+     * each with its own sigma.  strength 1 is text-to-image from the same
+     * noise.  0: not img2img. */
     const kiln_tensor *init_tokens;
     double strength;
     /* Inpainting, as diffusers' Flux2KleinInpaintPipeline: with mask (N
      * floats, 1 repaint .. 0 keep, engine/inpaint.h; shared by the rows),
-     * init_tokens and strength start the run as above but from
-     * kiln_denoise_first_step_inpaint, and after every step the latents are
-     * (1 - mask) x the image noised to the next step's sigma (the image
-     * itself after the last step) + mask x the latents.  The caller passes
+     * init_tokens and strength start the run as above, and after every
+     * step the latents are (1 - mask) x the image noised to the next step's
+     * sigma (the image itself after the last step) + mask x the latents.
+     * The caller passes
      * the image as the edit reference too (ref_tokens, ids t = 10): the
      * pipeline conditions on it.  Not with the reference K/V cache. */
     const float *mask;
@@ -110,16 +113,11 @@ int64_t kiln_denoise_stage_channels(const kiln_denoise_stage *s);
 kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_job *job,
                                float *out, kiln_err *err);
 
-/* The step img2img starts at: steps - min(floor(steps * strength), steps),
- * diffusers' get_timesteps (0 when strength <= 0: text-to-image).  The run
- * takes steps - kiln_denoise_first_step steps; none when strength * steps
- * < 1, which kiln_request_resolve refuses. */
+/* The step img2img and inpainting start at: kiln_request_first_step
+ * (diffusers' get_timesteps of FluxImg2ImgPipeline and
+ * Flux2KleinInpaintPipeline; 0 when strength <= 0: text-to-image).  The
+ * run takes steps - kiln_denoise_first_step steps, at least one. */
 int kiln_denoise_first_step(int steps, double strength);
-
-/* The inpaint pipeline's own get_timesteps (its SD3 copy): steps -
- * min(steps x strength, steps) in double, then truncated; at least one
- * step runs for any strength > 0. */
-int kiln_denoise_first_step_inpaint(int steps, double strength);
 
 /* Runs the whole loop.  `out` is allocated here as (B, N, C) of
  * be->act_dtype (caller frees with kiln_be_free); Z-Image's latents stay

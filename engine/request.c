@@ -120,8 +120,8 @@ double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model
     double all = img + text + refs;
     double forward = all * (1 + all / KILN_COST_ATTN_TOKENS);
     double steps = req->steps > 0 ? req->steps : 1;
-    if (req->strength > 0 && req->strength <= 1 && !req->mask && floor(steps * req->strength) >= 1)
-        steps = floor(steps * req->strength); /* the steps img2img runs */
+    if (req->strength > 0 && req->strength <= 1) /* the steps img2img and inpainting run */
+        steps -= kiln_request_first_step((int)steps, req->strength);
     double per_row;
     if (model->kv_cache && refs > 0)
         per_row = forward + (steps - 1) * (img + text) * (1 + all / KILN_COST_ATTN_TOKENS);
@@ -177,13 +177,16 @@ static kiln_status check_strength(const kiln_request *req, kiln_err *err)
                             "size must be the image's prepared size %dx%d with strength "
                             "(image-to-image starts from the image; got %dx%d)",
                             w, h, req->width, req->height);
-    /* diffusers' get_timesteps: int(steps * strength) steps run (the
-     * inpaint pipeline's arithmetic always runs one). */
-    if (!req->mask && floor((double)req->steps * req->strength) < 1)
-        return kiln_err_set(err, KILN_ERR_INVALID,
-                            "strength %g x num_inference_steps %d is below 1: no step would run",
-                            req->strength, req->steps);
     return KILN_OK;
+}
+
+int kiln_request_first_step(int steps, double strength)
+{
+    if (!(strength > 0))
+        return 0;
+    double init = (double)steps * strength < steps ? (double)steps * strength : steps;
+    double start = steps - init > 0 ? steps - init : 0;
+    return (int)start;
 }
 
 kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *model,

@@ -90,10 +90,10 @@ typedef struct kiln_request {
     int max_sequence_length;     /* 0 = 512 */
     int batch_noise;             /* draw one noise tensor for the batch, as diffusers does
                                     with a single generator */
-    /* Image-to-image (diffusers' Flux2KleinImg2ImgPipeline): in (0, 1], the
-     * one image is the starting point, noised to this fraction of the
-     * schedule (engine/denoise_stage.h), instead of a reference; 0: not
-     * img2img. */
+    /* Image-to-image (diffusers' FluxImg2ImgPipeline algorithm on klein,
+     * engine/denoise_stage.h): in (0, 1], the one image is the starting
+     * point, noised to this fraction of the schedule, instead of a
+     * reference; 0: not img2img. */
     double strength;
     /* Inpainting (Flux2KleinInpaintPipeline): the decoded mask
      * (kiln_image_decode_mask) of the one image, of its size; strength
@@ -113,9 +113,9 @@ void kiln_request_init(kiln_request *req);
  * the limits.  For an edit without a size the output size is the first
  * reference's prepared size (shared/spec/pipeline.md section 8,
  * kiln_image_flux2_ref_size).  With a strength: exactly one image, the
- * output at its prepared size (diffusers' img2img latents are the image's),
- * and floor(steps x strength) >= 1 so that a step runs.  With a mask: one
- * image of the mask's size, strength 0.8 unless given, not on the
+ * output at its prepared size (diffusers' img2img latents are the
+ * image's).  With a mask: one image of the mask's size, strength 0.8
+ * unless given, not on the
  * reference K/V cache checkpoints (diffusers has no such pipeline).  Returns KILN_ERR_INVALID with a message naming
  * the field. */
 kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *model,
@@ -136,6 +136,14 @@ kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *mod
  * (decoded sizes), or n_refs = 0.  `cfg`: classifier-free guidance runs. */
 #define KILN_COST_ATTN_TOKENS 16384.0
 double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model, int cfg);
+
+/* The schedule step image-to-image and inpainting start at, as diffusers'
+ * get_timesteps of FluxImg2ImgPipeline and Flux2KleinInpaintPipeline (both
+ * copies of StableDiffusion3Img2ImgPipeline's) computes it in Python
+ * floats: int(max(steps - min(steps x strength, steps), 0)); 0 when
+ * strength <= 0.  steps - this many steps run: at least one for any
+ * strength > 0 (4 steps: 0.6 runs 3, 0.1 runs 1). */
+int kiln_request_first_step(int steps, double strength);
 
 /* 1 when s[0..len) is well-formed UTF-8 (no overlongs, surrogates or code
  * points past U+10FFFF). */

@@ -39,8 +39,9 @@ static void usage(FILE *f, int edit)
             edit ? "edit" : "generate", edit ? " --image A.png [--image B.jpg ...]" : "",
             edit ? " [--strength S] [--mask M.png]" : "",
             edit ? "\n--strength S (0 < S <= 1): image-to-image from the one --image (diffusers'\n"
-                   "Flux2KleinImg2ImgPipeline): it is noised to fraction S of the schedule and the\n"
-                   "last floor(steps x S) steps run; the output has the image's prepared size.\n"
+                   "FluxImg2ImgPipeline algorithm): it is resized to its prepared size, noised to\n"
+                   "fraction S of the schedule and the last steps - int(steps - steps x S) steps\n"
+                   "run; the output has the image's prepared size.\n"
                    "--mask M.png: inpainting (Flux2KleinInpaintPipeline, strength 0.8 unless\n"
                    "given) of the one --image, of its size: with alpha, transparent pixels are\n"
                    "repainted (OpenAI's masks); without, white ones (diffusers' masks)."
@@ -375,12 +376,15 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     for (int64_t b = 0; b < r->B; b++)
         r->lens[b] = lens_p[b / q->n], r->lens[r->B + b] = neg_len;
     int64_t R = 0;
-    if (o->mask) { /* the image as the inpaint pipeline prepares it: resized, not cropped */
+    /* img2img and inpainting: the image as FluxImg2ImgPipeline and
+     * Flux2KleinInpaintPipeline prepare it, resized (not cropped). */
+    if (q->strength > 0 && kiln_inpaint_prepare_image(&r->refs[0], err))
+        return err->code;
+    if (o->mask) {
         r->mask_grid = malloc((size_t)(q->width / 16) * (q->height / 16) * sizeof *r->mask_grid);
         if (!r->mask_grid)
             return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
-        if (kiln_inpaint_prepare_image(&r->refs[0], err) ||
-            kiln_inpaint_mask(&r->mask, q->width, q->height, r->mask_grid, err))
+        if (kiln_inpaint_mask(&r->mask, q->width, q->height, r->mask_grid, err))
             return err->code;
     }
     if (o->n_images &&
@@ -417,9 +421,7 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     else if (q->strength > 0) /* img2img: the one image is the start, not a reference */
         job.init_tokens = &r->ref_tokens, job.strength = q->strength, job.ref_tokens = NULL,
         job.R = 0;
-    cli_progress_stage(&prog, "denoise",
-                       q->steps - (o->mask ? kiln_denoise_first_step_inpaint(q->steps, q->strength)
-                                           : kiln_denoise_first_step(q->steps, q->strength)));
+    cli_progress_stage(&prog, "denoise", q->steps - kiln_denoise_first_step(q->steps, q->strength));
     if (kiln_denoise_run(r->den, &job, &r->latents, err))
         return err->code;
     double t2 = kiln_now_ms();

@@ -263,8 +263,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     else if (d->strength > 0) /* img2img: the job's one image is its start (never batched) */
         job.init_tokens = job.ref_tokens, job.strength = d->strength, job.ref_tokens = NULL,
         job.R = 0;
-    int run_steps = d->steps - (ps[0].mask ? kiln_denoise_first_step_inpaint(d->steps, d->strength)
-                                           : kiln_denoise_first_step(d->steps, d->strength));
+    int run_steps = d->steps - kiln_denoise_first_step(d->steps, d->strength);
     double t_run = kiln_now_ms();
     /* Device time (CUDA events; none on the CPU) beside the wall times:
      * marks at the start, before step 0 and after the last step, read

@@ -120,8 +120,13 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
         st = take_reference(job, i, &imgs[i], &one, &w0, &h0, err);
         mp += one;
     }
-    /* Inpainting: the one image resized (not cropped) and the mask at the
-     * latent grid, as kiln edit --mask makes them (engine/inpaint.h). */
+    /* img2img's and inpainting's image: resized to its prepared size, not
+     * cropped, as FluxImg2ImgPipeline and Flux2KleinInpaintPipeline
+     * preprocess it (engine/inpaint.h); the sizes kiln_request_resolve
+     * checked are the image's as uploaded (w0 x h0). */
+    if (!st && (e->mask.len || e->start))
+        st = kiln_inpaint_prepare_image(&imgs[0], err);
+    /* Inpainting: the mask at the latent grid, as kiln edit --mask makes it. */
     float *grid = NULL;
     int64_t N = 0;
     if (!st && e->mask.len) {
@@ -130,8 +135,6 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
         if (!st && (mask.width != w0 || mask.height != h0))
             st = kiln_err_set(err, KILN_ERR_INVALID, "mask must have the image's size %dx%d",
                               w0, h0);
-        if (!st)
-            st = kiln_inpaint_prepare_image(&imgs[0], err);
         if (!st) {
             N = (int64_t)(imgs[0].width / 16) * (imgs[0].height / 16);
             grid = malloc((size_t)N * sizeof *grid);

@@ -274,6 +274,7 @@ static void build_job(kiln_sched *s, const sched_job *j, const sched_replica *r,
         for (int i = 0; i < j->req.n_images; i++)
             mj->encode.refs[i] = (kiln_bytes){j->req.images[i].data, j->req.images[i].len};
         mj->encode.mask = (kiln_bytes){j->req.mask.data, j->req.mask.len};
+        mj->encode.start = q->strength > 0 && !j->req.mask.len;
         break;
     case KILN_STAGE_DENOISE:
         mj->denoise.n = q->n;

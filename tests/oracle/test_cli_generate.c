@@ -1,6 +1,7 @@
 /* End to end: the real `kiln generate` / `kiln edit` binaries against the
  * diffusers oracle images, determinism (same command, same bytes; image i
- * of seed S equals image 0 of seed S + i), --latents-in/--latents-out,
+ * of seed S equals image 0 of seed S + i), --strength and --mask against
+ * their diffusers cases, --latents-in/--latents-out,
  * the Z-Image cases, refusal of bad input with a clear message, and what
  * the user sees (paths, seeds, progress, PNG text). */
 #include <stdio.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/image.h"
+#include "common/json.h"
 #include "oracle_util.h"
 #include "tests/run_util.h"
 #include "tests/test.h"
@@ -157,6 +159,56 @@ static void test_edit_and_cfg_cases(void)
                          "--text-encoder-out-layers", "1,2,3", "--out", io_path("cfg.png"), NULL};
     CHECK(run(cfg) == 0);
     CHECK(psnr_vs_oracle(io_path("cfg.png"), "klein_base_cfg_256", 0) >= 50.0);
+}
+
+/* kiln edit --strength / --mask on the diffusers cases of tests/data/oracle
+ * (tests/oracle/gen_edit_oracle.py): the binary's own preparation of the
+ * image and mask, its step arithmetic and its output, >= 50 dB. */
+static void test_strength_and_mask_cases(void)
+{
+    static const char *const cases[] = {"klein_img2img_128", "klein_img2img_100x76",
+                                        "klein_inpaint_128", "klein_inpaint_100x76"};
+    const char *root = getenv("KILN_SOURCE_ROOT");
+    CHECK(root != NULL);
+    for (size_t c = 0; root && c < sizeof cases / sizeof *cases; c++) {
+        char dir[1024], meta_path[1100], image[1100], mask[1100], want[1100], model[512];
+        char steps[16], seed[32], strength[32], maxseq[16];
+        snprintf(dir, sizeof dir, "%s/tests/data/oracle/%s", root, cases[c]);
+        snprintf(meta_path, sizeof meta_path, "%s/meta.json", dir);
+        kiln_err err = {0};
+        cJSON *meta = kiln_json_load(meta_path, "meta.json", &err);
+        CHECKF(meta, "%s", err.msg);
+        if (!meta)
+            continue;
+        snprintf(model, sizeof model, "%s",
+                 oracle_path(cJSON_GetObjectItem(meta, "checkpoint")->valuestring));
+        snprintf(image, sizeof image, "%s/input.png", dir);
+        snprintf(mask, sizeof mask, "%s/mask.png", dir);
+        snprintf(want, sizeof want, "%s/image.png", dir);
+        snprintf(steps, sizeof steps, "%d", cJSON_GetObjectItem(meta, "steps")->valueint);
+        snprintf(seed, sizeof seed, "%.0f", cJSON_GetObjectItem(meta, "seed")->valuedouble);
+        snprintf(strength, sizeof strength, "%.17g",
+                 cJSON_GetObjectItem(meta, "strength")->valuedouble);
+        snprintf(maxseq, sizeof maxseq, "%d", cJSON_GetObjectItem(meta, "max_seq")->valueint);
+        int inpaint = !strcmp(cJSON_GetObjectItem(meta, "mode")->valuestring, "inpaint");
+        const char *argv[] = {NULL, "edit", "--model", model, "--image", image, "--prompt",
+                              cJSON_GetObjectItem(meta, "prompt")->valuestring, "--seed", seed,
+                              "--steps", steps, "--strength", strength, "--max-sequence-length",
+                              maxseq, "--text-encoder-out-layers", "1,2,3", "--out",
+                              io_path("strength.png"), inpaint ? "--mask" : NULL, mask, NULL};
+        CHECK(run(argv) == 0);
+        kiln_image got = {0}, ref = {0};
+        if (!kiln_image_read_file(io_path("strength.png"), NULL, &got, &err) &&
+            !kiln_image_read_file(want, NULL, &ref, &err) && got.width == ref.width &&
+            got.height == ref.height) {
+            double p = oracle_psnr_u8(got.pixels, ref.pixels, (size_t)got.width * got.height * 3);
+            fprintf(stderr, "  %s: PSNR %.2f dB\n", cases[c], p);
+            CHECK(p >= 50.0);
+        } else
+            CHECKF(0, "%s: no image of the reference's size (%s)", cases[c], err.msg);
+        kiln_image_free(&got), kiln_image_free(&ref);
+        cJSON_Delete(meta);
+    }
 }
 
 /* The value of PNG iTXt entry `key` in the file (into out), or -1. */
@@ -321,6 +373,7 @@ int main(void)
     RUN(test_batch_case);
     RUN(test_seed_per_image);
     RUN(test_edit_and_cfg_cases);
+    RUN(test_strength_and_mask_cases);
     RUN(test_bad_input);
     RUN(test_cli_outputs);
     RUN(test_zimage_cases);

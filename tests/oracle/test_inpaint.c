@@ -10,7 +10,6 @@
  *   bit (the blend is an identity), an all-keep mask returns the image's
  *   latents exactly (the last blend puts the image back), and with one
  *   step and a mixed mask each token is the one or the other;
- * - the inpaint pipeline's own get_timesteps arithmetic;
  * - kiln_request_resolve's rules for masks. */
 #include <math.h>
 #include <stdio.h>
@@ -142,17 +141,6 @@ static void test_prepare_image(void)
     kiln_image_free(&im), kiln_image_free(&want);
 }
 
-static void test_first_step(void)
-{
-    CHECK(kiln_denoise_first_step_inpaint(4, 1.0) == 0);
-    CHECK(kiln_denoise_first_step_inpaint(4, 0.8) == 0); /* int(4 - 3.2) */
-    CHECK(kiln_denoise_first_step_inpaint(4, 0.5) == 2);
-    CHECK(kiln_denoise_first_step_inpaint(4, 0.1) == 3); /* one step, unlike img2img */
-    CHECK(kiln_denoise_first_step_inpaint(4, 0.3) == 2); /* img2img: 3 */
-    CHECK(kiln_denoise_first_step(4, 0.3) == 3);
-    CHECK(kiln_denoise_first_step_inpaint(50, 0.8) == 10);
-}
-
 static void setup(void)
 {
     kiln_err err = {0};
@@ -261,7 +249,6 @@ int main(void)
     RUN(test_mask_decode);
     RUN(test_mask_grid);
     RUN(test_prepare_image);
-    RUN(test_first_step);
     setup();
     RUN(test_blends);
     RUN(test_request_rules);

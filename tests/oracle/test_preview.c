@@ -164,7 +164,7 @@ static void test_klein(void)
                             .guidance = 1.0f, .seeds = seeds, .init_tokens = &img,
                             .strength = 0.75, .mask = mask, .ref_tokens = &img, .ref_ids = ids,
                             .R = R};
-    check_job("klein inpaint", den, &inp, 4 - kiln_denoise_first_step_inpaint(4, 0.75));
+    check_job("klein inpaint", den, &inp, 4 - kiln_denoise_first_step(4, 0.75));
     free(ids);
     kiln_be_free(be, &emb), kiln_be_free(be, &img);
     kiln_denoise_stage_destroy(den);

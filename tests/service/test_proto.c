@@ -142,7 +142,13 @@ static void test_jobs(void)
     kiln_msg_free(d);
     m->job.encode.negative = NULL;
     d = roundtrip(m);
-    CHECK(d && d->job.encode.negative == NULL);
+    CHECK(d && d->job.encode.negative == NULL && d->job.encode.start == 0);
+    kiln_msg_free(d);
+    /* Image-to-image's start image (no mask): the flag round-trips. */
+    m->job.encode.mask = (kiln_bytes){0};
+    m->job.encode.start = 1;
+    d = roundtrip(m);
+    CHECK(d && d->job.encode.start == 1 && d->job.encode.mask.len == 0);
     kiln_msg_free(d);
 
     memset(m, 0, sizeof *m);

@@ -21,6 +21,11 @@
 #          identical to kiln generate --device cuda (same seed); strength 0.5
 #          on CUDA against the CPU (both fp32 noise): image PSNR >= 40 dB; the
 #          same for kiln edit --mask (inpainting)
+#   editoracle  kiln edit --strength / --mask on every diffusers case in
+#          tests/data/oracle (tests/oracle/gen_edit_oracle.py: img2img and
+#          inpainting, klein-tiny), --fp32-noise: each image against
+#          diffusers' >= 40 dB (KILN_EDIT_DEVICE=cpu runs it on the CPU, bar
+#          50 dB; EDIT_ORACLE_CASES=dir... checks other case folders)
 #   zserve kiln serve --device cuda on the tiny Z-Image checkpoint, one HTTP
 #          request (256x256, 8 steps), its image compared with kiln generate
 #          --device cuda (must be identical)
@@ -107,7 +112,7 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline replay ipc serve img2img zserve observe mixed devices)
+SECTIONS=(env build ops pipeline replay ipc serve img2img editoracle zserve observe mixed devices)
 OPTIONAL=(devicefault mixedsan poison mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull
           pngbench)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
@@ -263,6 +268,40 @@ sec_img2img() {
   done
   echo "inpainting (mask, strength 0.8), CUDA vs CPU:"
   "$build/tests/cuda/compare_outputs" --image "$d/mask-cuda.png" "$d/mask-cpu.png" --min-psnr 40
+}
+
+# The diffusers img2img / inpaint cases through the real kiln edit: its own
+# image and mask preparation, step arithmetic and denoise loop on the device.
+sec_editoracle() {
+  local d=$logs/editoracle kiln=$build/tools/kiln dev=${KILN_EDIT_DEVICE:-cuda} bar=40 rc=0 c name
+  [ "$dev" = cpu ] && bar=50
+  mkdir -p "$d"
+  local cases=(${EDIT_ORACLE_CASES:-tests/data/oracle/*/})
+  for c in "${cases[@]}"; do
+    c=${c%/}
+    name=$(basename "$c")
+    local args=()
+    mapfile -t args < <(python3 - "$c" "$(oracle_root)" <<'PY'
+import json, sys
+case, shared = sys.argv[1:3]
+m = json.load(open(case + "/meta.json"))
+a = ["--model", shared + "/oracle/" + m["checkpoint"], "--image", case + "/input.png",
+     "--prompt", m["prompt"], "--seed", str(m["seed"]), "--steps", str(m["steps"]),
+     "--strength", repr(m["strength"]), "--max-sequence-length", str(m["max_seq"]),
+     "--text-encoder-out-layers", ",".join(str(x) for x in m["text_encoder_out_layers"])]
+if m["mode"] == "inpaint":
+    a += ["--mask", case + "/mask.png"]
+print("\n".join(a))
+PY
+    )
+    [ ${#args[@]} -gt 0 ] || { echo "$name: unreadable meta.json"; rc=1; continue; }
+    "$kiln" edit "${args[@]}" --device "$dev" --fp32-noise --out "$d/$name.png" \
+      >"$d/$name.log" 2>&1 || { tail -5 "$d/$name.log"; rc=1; continue; }
+    echo "$name, $dev vs diffusers:"
+    "$build/tests/cuda/compare_outputs" --image "$d/$name.png" "$c/image.png" --min-psnr "$bar" ||
+      rc=1
+  done
+  return $rc
 }
 
 # What an operator sees of a CUDA service: the ready line, the access log,

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""Writes a diffusers reference case for kiln's image-to-image (strength) and
+inpainting (mask) on the tiny klein checkpoint, for tests/oracle/test_edit_oracle.c.
+Run by hand (not in CI) in a virtualenv with torch (CPU is enough), diffusers,
+transformers, safetensors, numpy and Pillow:
+
+    python3 -m venv venv && venv/bin/pip install torch diffusers transformers safetensors pillow
+    venv/bin/python tests/oracle/gen_edit_oracle.py --mode inpaint --out tests/data/oracle/klein_inpaint_128
+    build-test/tests/oracle/test_edit_oracle tests/data/oracle/klein_inpaint_128
+
+Any size, strength, step count, seed, prompt or mask makes a new case that the
+same test program checks (meta.json says everything it needs).
+
+What computes the reference:
+- inpaint: diffusers' Flux2KleinInpaintPipeline, as released, called with the
+  image, the mask and the strength (no image_reference, no padding_mask_crop).
+  kiln takes OpenAI's mask form (RGBA, alpha 0 = repaint); the pipeline gets
+  the same mask as diffusers reads masks (an "L" image, white = repaint).
+- img2img: diffusers has no released FLUX.2 klein img2img pipeline (0.42.1
+  ships Flux2KleinInpaintPipeline only), so the reference is FLUX.1's
+  FluxImg2ImgPipeline algorithm on klein's own pipeline: the image resized
+  (not cropped) to its floored multiple-of-16 size (image_processor.preprocess,
+  resize_mode "default"; over 1024^2 pixels first scaled down as the inpaint
+  pipeline scales its image), VAE-encoded as klein encodes images
+  (_encode_vae_image: argmax, patchify, BN), noised with the scheduler's
+  scale_noise at the start sigma of FluxImg2ImgPipeline.get_timesteps
+  (t_start = int(max(n - n * strength, 0)), set_begin_index(t_start)), then
+  Flux2KleinPipeline itself runs the remaining steps: latents= that start and
+  sigmas= the schedule's unshifted tail (set_timesteps shifts it with the mu of
+  the full step count, giving exactly the full schedule's tail; asserted
+  below).  No reference conditioning, as FluxImg2ImgPipeline has none.
+  (An unreleased Flux2KleinImg2ImgPipeline draft floors n * strength, crops
+  the image and resets the scheduler's begin index to 0 before its loop,
+  stepping with the schedule's first sigmas; kiln does not follow it.)
+
+Files written to --out (small: a few tens of KB at 128x128):
+  meta.json         parameters, sigmas, the steps run, versions
+  input.png         the input image (RGB, deterministic from --image-seed)
+  mask.png          inpaint: OpenAI's form, RGBA with alpha 0 where repainted
+  ref.safetensors   prompt_embeds (1, T, 3H); image_latents_packed (1, N, C)
+                    (the image encoded); noise_packed (1, N, C) (the draw);
+                    mask_packed (N) (inpaint: at the latent grid);
+                    latents_final (1, N, C) (after the last step, and for
+                    inpaint its blend)
+  image.png         the pipeline's output image
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import PIL
+import torch
+from PIL import Image, ImageDraw
+from safetensors.torch import save_file
+
+import diffusers
+import transformers
+from diffusers import Flux2KleinInpaintPipeline, Flux2KleinPipeline
+from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
+from diffusers.utils.torch_utils import randn_tensor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED = os.environ.get("KILN_SHARED", os.path.join(HERE, "..", "..", "..", "shared"))
+
+
+def checkpoint_copy(src):
+    """A folder diffusers can load: the shared checkpoint's files linked, and
+    the tokenizer files that are stored as relative-path text (symbolic links
+    flattened) replaced by links to what they name."""
+    dst = tempfile.mkdtemp(prefix="kiln-oracle-ckpt-")
+    for root, _, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        os.makedirs(os.path.join(dst, rel), exist_ok=True)
+        for f in files:
+            p = os.path.join(root, f)
+            target = p
+            if os.path.getsize(p) < 256 and f in ("vocab.json", "merges.txt"):
+                with open(p) as fh:
+                    text = fh.read().strip()
+                if text.startswith(".."):
+                    target = os.path.normpath(os.path.join(root, text))
+            os.symlink(os.path.abspath(target), os.path.join(dst, rel, f))
+    return dst
+
+
+def make_image(w, h, seed):
+    """Smooth colour fields and a few flat shapes: compresses well, and has
+    edges for the VAE to see."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    img = np.zeros((h, w, 3))
+    for c in range(3):
+        fx, fy, ph = rng.uniform(0.5, 3.0), rng.uniform(0.5, 3.0), rng.uniform(0, 2 * math.pi)
+        img[..., c] = 127.5 + 100 * np.sin(2 * math.pi * (fx * x / w + fy * y / h) + ph)
+    im = Image.fromarray(np.clip(np.rint(img), 0, 255).astype(np.uint8), "RGB")
+    d = ImageDraw.Draw(im)
+    for _ in range(4):
+        x0, y0 = int(rng.integers(0, w - 8)), int(rng.integers(0, h - 8))
+        x1, y1 = x0 + int(rng.integers(6, w // 2)), y0 + int(rng.integers(6, h // 2))
+        d.rectangle([x0, y0, x1, y1], fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    return im
+
+
+def make_mask(w, h, spec):
+    """spec: 'rect:x0,y0,x1,y1' or 'ellipse:x0,y0,x1,y1' (pixels, inclusive
+    box) marks the repainted region.  Returns (OpenAI RGBA mask, diffusers L
+    mask): alpha 0 and white where repainted."""
+    kind, coords = spec.split(":")
+    box = [int(v) for v in coords.split(",")]
+    region = Image.new("L", (w, h), 0)
+    d = ImageDraw.Draw(region)
+    (d.rectangle if kind == "rect" else d.ellipse)(box, fill=255)
+    r = np.asarray(region)
+    rgba = np.zeros((h, w, 4), np.uint8)
+    rgba[..., :3] = 255
+    rgba[..., 3] = np.where(r == 255, 0, 255)
+    # As kiln_image_decode_mask reads OpenAI masks: 255 (repaint) where alpha is 0.
+    l_mask = Image.fromarray(np.where(rgba[..., 3] == 0, 255, 0).astype(np.uint8), "L")
+    return Image.fromarray(rgba, "RGBA"), l_mask
+
+
+def packed(x):
+    """(B, C, h, w) -> (B, h*w, C), diffusers' _pack_latents."""
+    b, c, h, w = x.shape
+    return x.reshape(b, c, h * w).permute(0, 2, 1).contiguous()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mode", choices=["inpaint", "img2img"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", default="128x128", help="input image WxH (any; floored to 16)")
+    ap.add_argument("--strength", type=float, default=0.6)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--image-seed", type=int, default=1)
+    ap.add_argument("--prompt", default="a red boat on a lake")
+    ap.add_argument("--mask", default=None, help="rect:x0,y0,x1,y1 or ellipse:...; default: the middle")
+    ap.add_argument("--max-seq", type=int, default=64)
+    ap.add_argument("--checkpoint", default="ckpt/klein-tiny", help="relative to shared/oracle")
+    a = ap.parse_args()
+    w, h = (int(v) for v in a.size.lower().split("x"))
+    strength = a.strength
+    torch.manual_seed(0)
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+    ckpt = checkpoint_copy(os.path.join(SHARED, "oracle", a.checkpoint))
+    os.makedirs(a.out, exist_ok=True)
+    image = make_image(w, h, a.image_seed)
+    image.save(os.path.join(a.out, "input.png"), optimize=True)
+    layers = (1, 2, 3)  # the tiny Qwen3's stacked layers (shared/oracle/README.md)
+    # Flux2KleinInpaintPipeline's step 2: over 1024^2 pixels the image is
+    # first LANCZOS-resized to int(side x sqrt(1024^2 / area)), then both
+    # modes work at the floored multiple-of-16 size (img2img prepares its
+    # image the same way; the inpaint pipeline does all of this itself).
+    sized = image
+    if w * h > 1024 * 1024:
+        scale = math.sqrt(1024 * 1024 / (h * w))
+        sized = image.resize((int(w * scale), int(h * scale)), Image.Resampling.LANCZOS)
+    W, H = sized.width // 16 * 16, sized.height // 16 * 16
+    n = a.steps
+    gen = torch.Generator("cpu").manual_seed(a.seed)
+    steps_out = {}
+
+    def on_step(pipe, i, t, kw):
+        steps_out[i] = kw["latents"].detach().clone()
+        return {}
+
+    tensors = {}
+    meta = {"mode": a.mode, "checkpoint": a.checkpoint, "prompt": a.prompt, "seed": a.seed,
+            "steps": n, "strength": strength, "max_seq": a.max_seq,
+            "text_encoder_out_layers": list(layers), "input_wh": [w, h], "output_wh": [W, H],
+            "image_seed": a.image_seed}
+    if a.mode == "inpaint":
+        spec = a.mask or f"rect:{w // 4},{h // 4},{w * 5 // 8},{h * 3 // 4}"
+        rgba, l_mask = make_mask(w, h, spec)
+        rgba.save(os.path.join(a.out, "mask.png"), optimize=True)
+        meta["mask"] = spec
+        pipe = Flux2KleinInpaintPipeline.from_pretrained(ckpt, torch_dtype=torch.float32)
+        meta["pipeline_class"] = "Flux2KleinInpaintPipeline"
+        got = {}
+        prep_latents, prep_mask = pipe.prepare_latents, pipe.prepare_mask_latents
+
+        def prepare_latents(*args, **kw):
+            r = prep_latents(*args, **kw)
+            got["noise"], got["image"] = r[1], r[2]
+            return r
+
+        def prepare_mask_latents(*args, **kw):
+            got["mask"] = prep_mask(*args, **kw)
+            return got["mask"]
+
+        pipe.prepare_latents, pipe.prepare_mask_latents = prepare_latents, prepare_mask_latents
+        out = pipe(prompt=a.prompt, image=image, mask_image=l_mask, strength=strength,
+                   num_inference_steps=n, guidance_scale=1.0, generator=gen,
+                   max_sequence_length=a.max_seq, text_encoder_out_layers=layers,
+                   callback_on_step_end=on_step).images[0]
+        tensors["image_latents_packed"] = got["image"]
+        tensors["noise_packed"] = got["noise"]
+        tensors["mask_packed"] = got["mask"].reshape(-1)
+        sigmas = pipe.scheduler.sigmas
+        t_start = pipe.scheduler.begin_index
+    else:
+        pipe = Flux2KleinPipeline.from_pretrained(ckpt, torch_dtype=torch.float32)
+        meta["pipeline_class"] = "Flux2KleinPipeline (FluxImg2ImgPipeline's algorithm, see above)"
+        init = pipe.image_processor.preprocess(sized, height=H, width=W).to(torch.float32)
+        image_latents = pipe._encode_vae_image(init, generator=gen)
+        N = (H // 16) * (W // 16)
+        mu = compute_empirical_mu(image_seq_len=N, num_steps=n)
+        base = np.linspace(1.0, 1 / n, n)
+        sched = pipe.scheduler
+        sched.set_timesteps(sigmas=base, mu=mu)
+        full = sched.sigmas.clone()
+        # FluxImg2ImgPipeline.get_timesteps
+        init_timestep = min(n * strength, n)
+        t_start = int(max(n - init_timestep, 0))
+        sched.set_begin_index(t_start)
+        latent_timestep = sched.timesteps[t_start:t_start + 1]
+        noise = randn_tensor(image_latents.shape, generator=gen, dtype=torch.float32)
+        start = sched.scale_noise(image_latents, latent_timestep, noise)
+        sched._begin_index = None  # the pipeline call below sets its own schedule
+        out = pipe(prompt=a.prompt, height=H, width=W, num_inference_steps=n,
+                   sigmas=list(base[t_start:]), latents=start, guidance_scale=1.0,
+                   max_sequence_length=a.max_seq, text_encoder_out_layers=layers,
+                   callback_on_step_end=on_step).images[0]
+        sigmas = sched.sigmas
+        assert torch.equal(sigmas, full[t_start:]), (sigmas, full)
+        tensors["image_latents_packed"] = packed(image_latents)
+        tensors["noise_packed"] = packed(noise)
+        sigmas = full
+
+    pe = pipe._get_qwen3_prompt_embeds(pipe.text_encoder, pipe.tokenizer, [a.prompt],
+                                       max_sequence_length=a.max_seq, hidden_states_layers=layers)
+    tensors["prompt_embeds"] = pe
+    assert sorted(steps_out) == list(range(n - t_start)), sorted(steps_out)
+    tensors["latents_final"] = steps_out[n - t_start - 1]
+    save_file({k: v.contiguous().to(torch.float32) for k, v in tensors.items()},
+              os.path.join(a.out, "ref.safetensors"))
+    out.save(os.path.join(a.out, "image.png"), optimize=True)
+    meta.update({
+        "t_start": int(t_start), "steps_run": n - int(t_start),
+        "sigmas": [float(s) for s in sigmas],
+        "tensors": {k: list(v.shape) for k, v in tensors.items()},
+        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
+                     "transformers": transformers.__version__, "numpy": np.__version__,
+                     "pillow": PIL.__version__, "python": sys.version.split()[0]},
+    })
+    with open(os.path.join(a.out, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+    shutil.rmtree(ckpt)
+    print(f"{a.out}: {a.mode} {w}x{h} -> {W}x{H}, strength {strength}, {n - t_start} of {n} steps")
+
+
+if __name__ == "__main__":
+    main()
