@@ -37,6 +37,7 @@ Files written to --out (small: a few tens of KB at 128x128):
   meta.json         parameters, sigmas, the steps run, versions
   input.png         the input image (RGB, deterministic from --image-seed)
   mask.png          inpaint: OpenAI's form, RGBA with alpha 0 where repainted
+                    (--mask-form diffusers: grayscale, white repaints)
   ref.safetensors   prompt_embeds (1, T, 3H); image_latents_packed (1, N, C)
                     (the image encoded); noise_packed (1, N, C) (the draw);
                     mask_packed (N) (inpaint: at the latent grid);
@@ -55,7 +56,7 @@ import tempfile
 import numpy as np
 import PIL
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFilter
 from safetensors.torch import save_file
 
 import diffusers
@@ -106,15 +107,23 @@ def make_image(w, h, seed):
     return im
 
 
-def make_mask(w, h, spec):
+def make_mask(w, h, spec, form, blur):
     """spec: 'rect:x0,y0,x1,y1' or 'ellipse:x0,y0,x1,y1' (pixels, inclusive
-    box) marks the repainted region.  Returns (OpenAI RGBA mask, diffusers L
-    mask): alpha 0 and white where repainted."""
+    box) marks the repainted region.  Returns (the mask file kiln reads, the
+    "L" mask diffusers gets), white where repainted.  form "openai": the
+    file is RGBA, alpha 0 where repainted (OpenAI's masks).  form
+    "diffusers": the file is that grayscale image itself (kiln reads masks
+    without alpha as diffusers does), blurred with the mask processor's blur
+    (GaussianBlur(blur)) when blur > 0, so it has grey edges."""
     kind, coords = spec.split(":")
     box = [int(v) for v in coords.split(",")]
     region = Image.new("L", (w, h), 0)
     d = ImageDraw.Draw(region)
     (d.rectangle if kind == "rect" else d.ellipse)(box, fill=255)
+    if form == "diffusers":
+        if blur > 0:
+            region = region.filter(ImageFilter.GaussianBlur(blur))
+        return region, region
     r = np.asarray(region)
     rgba = np.zeros((h, w, 4), np.uint8)
     rgba[..., :3] = 255
@@ -141,6 +150,8 @@ def main():
     ap.add_argument("--image-seed", type=int, default=1)
     ap.add_argument("--prompt", default="a red boat on a lake")
     ap.add_argument("--mask", default=None, help="rect:x0,y0,x1,y1 or ellipse:...; default: the middle")
+    ap.add_argument("--mask-form", choices=["openai", "diffusers"], default="openai")
+    ap.add_argument("--mask-blur", type=float, default=0, help="diffusers form: GaussianBlur radius")
     ap.add_argument("--max-seq", type=int, default=64)
     ap.add_argument("--checkpoint", default="ckpt/klein-tiny", help="relative to shared/oracle")
     a = ap.parse_args()
@@ -178,9 +189,9 @@ def main():
             "image_seed": a.image_seed}
     if a.mode == "inpaint":
         spec = a.mask or f"rect:{w // 4},{h // 4},{w * 5 // 8},{h * 3 // 4}"
-        rgba, l_mask = make_mask(w, h, spec)
-        rgba.save(os.path.join(a.out, "mask.png"), optimize=True)
-        meta["mask"] = spec
+        mask_file, l_mask = make_mask(w, h, spec, a.mask_form, a.mask_blur)
+        mask_file.save(os.path.join(a.out, "mask.png"), optimize=True)
+        meta.update({"mask": spec, "mask_form": a.mask_form, "mask_blur": a.mask_blur})
         pipe = Flux2KleinInpaintPipeline.from_pretrained(ckpt, torch_dtype=torch.float32)
         meta["pipeline_class"] = "Flux2KleinInpaintPipeline"
         got = {}
