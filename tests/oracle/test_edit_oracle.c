@@ -6,7 +6,9 @@
  * grid, the image encoded, the noise, the denoise loop, the VAE decode.
  *
  * Checked: prompt embeddings, the image's latents and the final latents to
- * a relative error < 1e-4, the latent-grid mask and the noise bit for bit,
+ * a relative error < 1e-4 (the latents: or twice diffusers' own fp32 error
+ * in the image latents, meta.json image_latents_fp32_vs_fp64, where that is
+ * larger: large images), the latent-grid mask and the noise bit for bit,
  * the steps run, and the 8-bit image >= 50 dB PSNR against diffusers'.
  *
  * Usage: test_edit_oracle CASE   (a folder; a bare name is looked up in
@@ -38,8 +40,8 @@ static const char *in_case(const char *file)
     return path;
 }
 
-/* Downloads t and checks it against `ref` (relative error < 1e-4). */
-static void check_dev(const kiln_tensor *t, const kiln_st *ref, const char *key)
+/* Downloads t and checks it against `ref` (relative error < tol). */
+static void check_dev(const kiln_tensor *t, const kiln_st *ref, const char *key, double tol)
 {
     int64_t n = kiln_tensor_numel(t), m = 0;
     float *want = oracle_check_f32(ref, key, &m);
@@ -48,7 +50,7 @@ static void check_dev(const kiln_tensor *t, const kiln_st *ref, const char *key)
     float *host = malloc((size_t)n * sizeof *host);
     kiln_be_download(be, t, host);
     if (want && m == n)
-        oracle_check_close(key, host, want, (size_t)n, 1e-4);
+        oracle_check_close(key, host, want, (size_t)n, tol);
     free(host), free(want);
 }
 
@@ -110,7 +112,15 @@ static void run_case(cJSON *meta)
     int64_t R = 0, N = (int64_t)(W / 16) * (H / 16);
     CHECKF(kiln_encode_prompts(enc, &prompt, 1, max_seq, &emb, NULL, NULL, &err) == KILN_OK, "%s",
            err.msg);
-    check_dev(&emb, ref, "prompt_embeds");
+    check_dev(&emb, ref, "prompt_embeds", 1e-4);
+    /* The latents' bar: 1e-4, or twice the reference's own fp32 error in
+     * the image latents where that is larger (the tiny random VAE is
+     * ill-conditioned on large images: 6e-4 at 1072x976). */
+    cJSON *drift = cJSON_GetObjectItem(meta, "image_latents_fp32_vs_fp64");
+    double lat_tol = drift && 2 * drift->valuedouble > 1e-4 ? 2 * drift->valuedouble : 1e-4;
+    if (drift)
+        fprintf(stderr, "  diffusers' own fp32 error in the image latents %.3g: bar %.3g\n",
+                drift->valuedouble, lat_tol);
 
     /* Both modes start from the image resized (not cropped) to W x H. */
     CHECKF(kiln_inpaint_prepare_image(&img, &err) == KILN_OK, "%s", err.msg);
@@ -128,7 +138,7 @@ static void run_case(cJSON *meta)
     }
     CHECKF(kiln_encode_references(enc, &img, 1, &tokens, &ids, &R, &err) == KILN_OK, "%s", err.msg);
     CHECK(R == N);
-    check_dev(&tokens, ref, "image_latents_packed");
+    check_dev(&tokens, ref, "image_latents_packed", lat_tol);
 
     kiln_denoise_stage *den = kiln_denoise_stage_create(be, ck, &err);
     CHECKF(den != NULL, "%s", err.msg);
@@ -147,7 +157,7 @@ static void run_case(cJSON *meta)
            "the noise is not diffusers' draw bit for bit");
     free(want), free(noise);
     CHECKF(kiln_denoise_run(den, &job, &lat, &err) == KILN_OK, "%s", err.msg);
-    check_dev(&lat, ref, "latents_final");
+    check_dev(&lat, ref, "latents_final", lat_tol);
 
     kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
     CHECKF(dec != NULL, "%s", err.msg);

@@ -383,6 +383,32 @@ static void test_edit_matches_cli(void)
     compare_cli("edit", args3, &im, "png", "img2img strength 0.5");
     images_free(&im);
 
+    /* A 100x76 image: img2img resizes it to 96x64 (not the edit
+     * references' center crop), in the encoder (the job's `start`) as in
+     * kiln edit. */
+    char odd[1024];
+    snprintf(odd, sizeof odd, "%s/tests/data/oracle/klein_img2img_100x76/input.png",
+             getenv("KILN_SOURCE_ROOT") ? getenv("KILN_SOURCE_ROOT") : "..");
+    kiln_buf oddf = {0}, eo = {0};
+    CHECK(read_file(odd, &oddf) == 0);
+    kiln_base64_encode(oddf.data, oddf.len, &eo, NULL);
+    kiln_buf_clear(&json);
+    const char *p5 = "{\"prompt\":\"a blue fox\",\"seed\":9,\"strength\":0.6,"
+                     "\"num_inference_steps\":2,\"images\":[{\"image_url\":\"";
+    kiln_buf_append(&json, p5, strlen(p5), NULL);
+    kiln_buf_append(&json, eo.data, eo.len, NULL);
+    kiln_buf_append(&json, "\"}]}", 4, NULL);
+    CHECK(gwc_request(port, "POST", "/v1/images/edits", "application/json", json.data, json.len, &r,
+                      T_REQ) == 0);
+    CHECKF(r.status == 200, "status %d: %.*s", r.status, (int)r.body.len, (char *)r.body.data);
+    CHECK(parse_images(&r, &im) == 0 && im.n == 1 && !strcmp(im.size, "96x64"));
+    gwc_response_free(&r);
+    const char *args5[] = {"--image", odd, "--prompt", "a blue fox", "--seed", "9", "--steps", "2",
+                           "--strength", "0.6", NULL};
+    compare_cli("edit", args5, &im, "png", "img2img of a 100x76 image");
+    images_free(&im);
+    kiln_buf_free(&oddf), kiln_buf_free(&eo);
+
     /* Inpainting: a multipart mask (ref1, read by its luminance) over
      * HTTP is kiln edit --mask. */
     kiln_buf mp = {0};
