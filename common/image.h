@@ -117,7 +117,7 @@ typedef struct kiln_image_encode_opts {
      * Huffman-only would be 20% faster on photos but 12x larger on flat
      * images.  The default (PAETH + RLE, level >= 1) is encoded in stripes
      * of 64 rows on up to 16 threads (image_png_striped.c) by kiln's own
-     * run-only deflate (image_png_deflate.c, zlib's Z_RLE parse at 38% less
+     * run-only deflate (image_png_deflate.c, zlib's Z_RLE parse at 44% less
      * CPU): the same pixels in a file within a few bytes of the single
      * stream's size, 1024x1024 in 7.9 ms on 16 cores before kiln's deflate
      * (docs/PERFORMANCE.md, PNG encoder options, for the option sweep); the

@@ -4,7 +4,7 @@
  * default memLevel) each get their own Huffman codes, or are stored when
  * that is smaller (noise-like images).  It exists because zlib 1.2.13's
  * deflate_rle, a byte-at-a-time loop with per-symbol bookkeeping, was about
- * three quarters of the striped encoder's time, and neither zlib-ng nor a
+ * two thirds of the striped encoder's CPU (perf), and neither zlib-ng nor a
  * joinable libdeflate stream is available on Debian 12: here a run is found
  * 8 bytes at a time and the symbols are coded from tables in one pass.  The
  * parse equals zlib's Z_RLE, so files are within a few bytes of zlib's.

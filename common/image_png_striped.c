@@ -7,7 +7,8 @@
  * cutting the stream costs a few bytes per stripe; every filter reads at
  * most the row above, which every stripe has (the source image is whole).
  * The default deflate is kiln's (image_png_deflate.c: the same parse as
- * zlib's Z_RLE, the same sizes, 38% less CPU per image than zlib 1.2.13);
+ * zlib's Z_RLE, the same sizes, 44% less CPU than zlib 1.2.13 over seven
+ * 1024x1024 images);
  * zlib at any level and strategy remains an option for measurement.
  *
  * Each worker also writes its stripe's whole IDAT chunk (length, type, CRC),

@@ -25,7 +25,9 @@
  * stripe's measured time is list-scheduled on N workers in stripe order (as
  * the workers take them), plus the encoder's serial remainder, from CPU
  * times.  It ignores memory-bandwidth contention and thread start-up, so it
- * is a lower bound for the real run on an N-core host.  "2thr" is a real
+ * is a lower bound for the real run on an N-core host (with --wall its
+ * serial part is wall time less the stripes' CPU time: exact only on an
+ * idle host).  "2thr" is a real
  * run on 2 threads and "all threads" the default (up to 16, at most the
  * CPUs online): compare them with --wall on an idle host.
  * Numbers are printed as "ms/KB" per image, then the sums.  --quick runs a

@@ -19,7 +19,7 @@ targets=("$@")
                                      tests/cuda/test_cuda_replay tests/cuda/test_cuda_mixed
                                      tests/cuda/test_cuda_vae_band
                                      tests/cuda/test_cuda_ipc tests/cuda/compare_outputs tools/kiln
-                                     tools/bench/kiln-soak
+                                     tools/bench/kiln-soak tools/bench/kiln-pngbench
                                      services/gateway/kiln-gateway services/kiln-encoder
                                      services/kiln-denoiser services/kiln-decoder)
 
