@@ -357,6 +357,23 @@ static kiln_status check_done(const kiln_msg_done *d, kiln_err *err)
     return check_map(&d->out, "out", err);
 }
 
+static kiln_status check_traits(const kiln_model_traits *t, kiln_err *err)
+{
+    size_t n = strnlen(t->family, sizeof t->family);
+    int ok = n > 0 && n < sizeof t->family;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = !!strchr("abcdefghijklmnopqrstuvwxyz0123456789_-", t->family[i]);
+    if (!ok)
+        return kiln_err_set(err, KILN_ERR_INVALID, "traits: bad family name");
+    if (t->default_steps < 1 || t->default_steps > KILN_PROTO_MAX_STEPS ||
+        !isfinite(t->default_guidance) || t->default_guidance < 0 || t->default_guidance > 100)
+        return kiln_err_set(err, KILN_ERR_INVALID, "traits: default steps or guidance out of range");
+    if (t->text_width < 1 || t->text_width > KILN_TRAITS_WIDEST_TEXT || t->latent_channels < 1 ||
+        t->latent_channels > KILN_TRAITS_WIDEST_LATENT)
+        return kiln_err_set(err, KILN_ERR_INVALID, "traits: widths out of range");
+    return KILN_OK;
+}
+
 static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
 {
     if (!m->epoch)
@@ -379,6 +396,8 @@ static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
         if ((h->data && h->data[0] && !endpoint_valid(h->data)) ||
             (h->data_key && !key_valid(h->data_key)))
             return kiln_err_set(err, KILN_ERR_INVALID, "hello: bad data endpoint or key");
+        if (check_traits(&h->traits, err))
+            return kiln_err_wrap(err, "hello");
         return check_domain(&h->domain, err) ? kiln_err_wrap(err, "hello") : KILN_OK;
     }
     case KILN_MSG_READY:

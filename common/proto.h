@@ -37,8 +37,9 @@
 #include "error.h"
 #include "image.h"
 #include "tensor.h"
+#include "traits.h"
 
-#define KILN_PROTO_VERSION 3
+#define KILN_PROTO_VERSION 4 /* 4: hello carries the model's traits */
 
 #define KILN_PROTO_MAX_FRAME (512u << 20) /* bytes in one message */
 #define KILN_PROTO_ID_MAX 128             /* replica ids, host and model names, with the NUL */
@@ -197,6 +198,13 @@ typedef struct kiln_msg_hello {
      * by value), "tcp://host:port"; "" or NULL when it has none.  With
      * CURVE, data_key is its public key (Z85), else "" or NULL. */
     const char *data, *data_key;
+    /* What the checkpoint it serves implies for requests (common/traits.h,
+     * engine/family.h): the gateway resolves requests with the traits of
+     * the replicas' hellos, never opening the checkpoint itself, and
+     * refuses a replica whose traits differ from those it took first.
+     * Validated: a family name of [a-z0-9_-], steps 1..1000, guidance
+     * 0..100, widths 1..KILN_TRAITS_WIDEST_*. */
+    kiln_model_traits traits;
 } kiln_msg_hello;
 
 typedef struct kiln_msg_ready {

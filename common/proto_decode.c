@@ -364,11 +364,30 @@ static kiln_status domain(dec *d, const msgpack_object *map, kiln_domain *dom)
     return KILN_OK;
 }
 
+static kiln_status traits(dec *d, const msgpack_object *o, kiln_model_traits *t)
+{
+    const msgpack_object *m, *g;
+    double guidance = 0;
+    if (need(d, o, "traits", MSGPACK_OBJECT_MAP, &m) ||
+        get_name(d, m, "family", t->family, sizeof t->family) || get_bool(d, m, "cfg", &t->cfg) ||
+        get_bool(d, m, "cfg_above_zero", &t->cfg_above_zero) ||
+        get_bool(d, m, "kv_cache", &t->kv_cache) || get_bool(d, m, "no_edits", &t->no_edits) ||
+        get_int(d, m, "steps", &t->default_steps) ||
+        get_int(d, m, "text_width", &t->text_width) ||
+        get_int(d, m, "latent_channels", &t->latent_channels))
+        return kiln_err_wrap(d->err, "traits");
+    g = get(m, "guidance");
+    if (!g || num_of(d, g, "guidance", &guidance))
+        return bad(d, "traits.guidance", "missing or not a number");
+    t->default_guidance = (float)guidance;
+    return KILN_OK;
+}
+
 static kiln_status hello(dec *d, const msgpack_object *o, kiln_msg_hello *h)
 {
     const char *stage;
     const msgpack_object *tr;
-    if (domain(d, o, &h->domain) || get_str(d, o, "data", &h->data) ||
+    if (traits(d, o, &h->traits) || domain(d, o, &h->domain) || get_str(d, o, "data", &h->data) ||
         get_str(d, o, "dkey", &h->data_key))
         return KILN_ERR_INVALID;
     if (get_str(d, o, "stage", &stage) || get_str(d, o, "replica", &h->replica) ||

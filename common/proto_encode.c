@@ -119,10 +119,27 @@ static void domain(msgpack_packer *pk, const kiln_domain *d)
     kv_int(pk, "gpu", d->gpu);
 }
 
+static void traits(msgpack_packer *pk, const kiln_model_traits *t)
+{
+    key(pk, "traits");
+    msgpack_pack_map(pk, 9);
+    kv_str(pk, "family", t->family);
+    kv_bool(pk, "cfg", t->cfg);
+    kv_bool(pk, "cfg_above_zero", t->cfg_above_zero);
+    kv_bool(pk, "kv_cache", t->kv_cache);
+    kv_bool(pk, "no_edits", t->no_edits);
+    kv_int(pk, "steps", t->default_steps);
+    key(pk, "guidance");
+    msgpack_pack_float(pk, t->default_guidance);
+    kv_int(pk, "text_width", t->text_width);
+    kv_int(pk, "latent_channels", t->latent_channels);
+}
+
 static void hello(msgpack_packer *pk, const kiln_msg *m)
 {
     const kiln_msg_hello *h = &m->hello;
-    head(pk, m, 10);
+    head(pk, m, 11);
+    traits(pk, &h->traits);
     domain(pk, &h->domain);
     kv_str(pk, "data", h->data ? h->data : "");
     kv_str(pk, "dkey", h->data_key ? h->data_key : "");

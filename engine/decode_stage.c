@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "family.h"
 #include "models/latents.h"
 #include "models/vae.h"
 #include "models/zimage_dit.h"
@@ -31,7 +32,7 @@ kiln_decode_stage *kiln_decode_stage_create(kiln_backend *be, const kiln_checkpo
     if (!s->vae)
         goto fail;
     const kiln_vae_info *info = kiln_vae_get_info(s->vae);
-    int zimage = kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE;
+    int zimage = kiln_family_of(ck)->id == KILN_FAMILY_ZIMAGE;
     if (info->kind != (zimage ? KILN_VAE_KL : KILN_VAE_FLUX2)) {
         kiln_err_set(err, KILN_ERR_UNSUPPORTED, "vae: the %s pipeline needs %s",
                      zimage ? "Z-Image" : "klein", zimage ? "AutoencoderKL" : "AutoencoderKLFlux2");

@@ -15,6 +15,7 @@ struct kiln_denoise_stage {
     kiln_flux2_kv_cache *kv;
     kiln_sched_config sched;
     kiln_model_traits traits;
+    kiln_model_family family;
     int64_t channels;
 };
 

@@ -23,7 +23,8 @@ kiln_denoise_stage *kiln_denoise_stage_create(kiln_backend *be, const kiln_check
     if (!sched_json || kiln_sched_config_parse(sched_json, &s->sched, err))
         goto fail;
     s->traits = kiln_model_traits_of(ck);
-    if (s->traits.family == KILN_FAMILY_ZIMAGE) {
+    s->family = kiln_family_of(ck)->id;
+    if (s->family == KILN_FAMILY_ZIMAGE) {
         s->zdit = kiln_zimage_dit_load(be, ck, err);
         if (!s->zdit)
             goto fail;
@@ -63,7 +64,7 @@ kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_j
                                float *out, kiln_err *err)
 {
     int64_t h = job->height / 16, w = job->width / 16, c = s->channels;
-    int zimage = s->traits.family == KILN_FAMILY_ZIMAGE;
+    int zimage = s->family == KILN_FAMILY_ZIMAGE;
     size_t per_row = (size_t)(c * h * w);
     /* klein draws in the pipeline dtype, Z-Image always in fp32
      * (spec/pipeline.md section 3, z-image-turbo.md §4 item 2). */
@@ -256,6 +257,32 @@ int kiln_denoise_first_step(int steps, double strength)
 static int first_step(const kiln_denoise_job *job)
 {
     return kiln_denoise_first_step(job->steps, job->strength);
+}
+
+void kiln_denoise_job_image(kiln_denoise_job *job, const kiln_tensor *tokens,
+                            const int32_t *ids, int64_t R, double strength, const float *mask)
+{
+    job->ref_tokens = tokens, job->ref_ids = ids, job->R = tokens ? R : 0;
+    if (!tokens || !(strength > 0))
+        return;
+    job->init_tokens = tokens, job->strength = strength;
+    if (mask) /* inpainting: the image is the start and the reference */
+        job->mask = mask;
+    else /* img2img: the one image is the start, not a reference */
+        job->ref_tokens = NULL, job->ref_ids = NULL, job->R = 0;
+}
+
+void kiln_denoise_expand_rows(kiln_backend *be, kiln_tensor *dst, int64_t row0,
+                              const kiln_tensor *src, int64_t rows, int n)
+{
+    size_t row = kiln_tensor_nbytes(src) / (size_t)src->shape[0];
+    for (int64_t b = 0; b < rows; b++) {
+        kiln_tensor d = *dst, s = *src;
+        d.shape[0] = s.shape[0] = 1;
+        d.data = (char *)dst->data + (size_t)(row0 + b) * row;
+        s.data = (char *)src->data + (size_t)kiln_plan_row_prompt(b, n) * row;
+        kiln_be_copy(be, &d, &s);
+    }
 }
 
 /* Inpainting's blend after a step (prepare_mask_latents' mask over the

@@ -26,7 +26,8 @@
 
 #include "common/checkpoint.h"
 #include "kernels/backend.h"
-#include "request.h"
+#include "family.h"
+#include "plan.h"
 
 typedef struct kiln_denoise_stage kiln_denoise_stage;
 
@@ -101,6 +102,21 @@ void kiln_denoise_stage_destroy(kiln_denoise_stage *s);
 
 /* The request defaults this checkpoint implies (CFG, KV cache, steps). */
 kiln_model_traits kiln_denoise_stage_traits(const kiln_denoise_stage *s);
+
+/* The role of a job's one input image by the request's strength and mask
+ * (the front ends' shared rule): with neither, `tokens` (1, R, C) and
+ * `ids` are edit references; with a strength (kiln_plan), image-to-image
+ * starts from them (no reference); with a mask too, inpainting starts from
+ * them and keeps them as the reference.  tokens NULL: text-to-image. */
+void kiln_denoise_job_image(kiln_denoise_job *job, const kiln_tensor *tokens,
+                            const int32_t *ids, int64_t R, double strength, const float *mask);
+
+/* dst's rows [row0, row0 + rows) from src's in the plan's row layout: row
+ * row0 + b gets src row kiln_plan_row_prompt(b, n) (n = rows: the one
+ * negative on every row).  dst (B, T, J) and src (P, T, J) of one dtype in
+ * backend memory; errors through kiln_be_check. */
+void kiln_denoise_expand_rows(kiln_backend *be, kiln_tensor *dst, int64_t row0,
+                              const kiln_tensor *src, int64_t rows, int n);
 /* Features per latent token C: the DiT's in_channels for klein (packed
  * latents), in_channels x patch^2 for Z-Image (its patch tokens). */
 int64_t kiln_denoise_stage_channels(const kiln_denoise_stage *s);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "family.h"
 #include "models/latents.h"
 #include "models/qwen3.h"
 #include "models/tokenizer.h"
@@ -36,7 +37,7 @@ kiln_status kiln_encode_layers_of(const kiln_checkpoint *ck, int *out, int *n, k
             out[i] = (int)v[i];
         }
         *n = count;
-    } else if (kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE) {
+    } else if (kiln_family_of(ck)->id == KILN_FAMILY_ZIMAGE) {
         out[0] = -2, *n = 1;
     } else {
         out[0] = 9, out[1] = 18, out[2] = 27, *n = 3;
@@ -65,7 +66,7 @@ kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpo
         goto fail;
     }
     /* Flux2KleinPipeline: enable_thinking=False; ZImagePipeline: True. */
-    s->tmpl = kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE ? KILN_CHAT_ZIMAGE
+    s->tmpl = kiln_family_of(ck)->id == KILN_FAMILY_ZIMAGE ? KILN_CHAT_ZIMAGE
                                                                 : KILN_CHAT_KLEIN;
     int layers[KILN_MAX_OUT_LAYERS], n_layers = opts->n_out_layers;
     memcpy(layers, opts->out_layers, sizeof layers);

@@ -3,68 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "common/json.h"
 #include "inpaint.h"
-
-/* The largest supported widths (klein-9B's 3 x 4096 text features, 128
- * latent channels), for configs that do not say. */
-#define WIDEST_TEXT 12288
-#define WIDEST_LATENT 128
-
-static int config_int(const cJSON *cfg, const char *key)
-{
-    int64_t v = 0;
-    kiln_err err = {0};
-    if (!cfg || kiln_json_int(cfg, key, 0, &v, &err) || v < 0 || v > (1 << 20))
-        return 0;
-    return (int)v;
-}
-
-static void widths(const kiln_checkpoint *ck, kiln_model_traits *t)
-{
-    kiln_err err = {0};
-    const cJSON *cfg = kiln_checkpoint_config(ck, "transformer", &err);
-    t->text_width = config_int(cfg, "joint_attention_dim");
-    if (!t->text_width)
-        t->text_width = config_int(cfg, "cap_feat_dim");
-    int patch = config_int(cfg, "patch_size");
-    const cJSON *patches = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "all_patch_size") : NULL;
-    if (!patch && cJSON_IsArray(patches) && cJSON_IsNumber(cJSON_GetArrayItem(patches, 0)))
-        patch = cJSON_GetArrayItem(patches, 0)->valueint;
-    if (patch < 1 || patch > 16)
-        patch = 1;
-    t->latent_channels = config_int(cfg, "in_channels") * patch * patch;
-    if (!t->text_width || t->text_width > WIDEST_TEXT)
-        t->text_width = WIDEST_TEXT;
-    if (!t->latent_channels || t->latent_channels > WIDEST_LATENT)
-        t->latent_channels = WIDEST_LATENT;
-}
-
-kiln_model_traits kiln_model_traits_of(const kiln_checkpoint *ck)
-{
-    kiln_model_traits t = {0};
-    if (kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE) {
-        t.family = KILN_FAMILY_ZIMAGE;
-        t.cfg = 1;
-        t.cfg_above_zero = 1;
-        t.no_edits = 1;
-        t.default_steps = 9;
-        t.default_guidance = 0.0f;
-    } else {
-        t.family = KILN_FAMILY_FLUX2;
-        t.kv_cache = kiln_checkpoint_pipeline(ck) == KILN_PIPE_FLUX2_KLEIN_KV;
-        t.cfg = !t.kv_cache && !kiln_checkpoint_is_distilled(ck);
-        t.default_steps = t.cfg ? 50 : 4;
-        t.default_guidance = t.cfg ? 4.0f : 1.0f;
-    }
-    widths(ck, &t);
-    return t;
-}
-
-int kiln_model_cfg_runs(const kiln_model_traits *model, float guidance)
-{
-    return model->cfg && guidance > (model->cfg_above_zero ? 0.0f : 1.0f);
-}
 
 void kiln_request_init(kiln_request *req)
 {

@@ -1,6 +1,8 @@
 /* kiln generation requests: the parameters of one text-to-image or edit
- * request, their defaults per model family and their validation.  Shared by
- * the CLI and the HTTP gateway so both accept and refuse the same things.
+ * request, their defaults from the model's traits (common/traits.h) and
+ * their validation.  Front ends resolve a request through the plan
+ * (engine/plan.h), which calls kiln_request_resolve, so the CLI and the
+ * HTTP gateway accept and refuse the same things.
  *
  *   kiln_request req;
  *   kiln_request_init(&req);
@@ -20,50 +22,10 @@
 #include "common/checkpoint.h"
 #include "common/error.h"
 #include "common/image.h"
+#include "common/traits.h"
 
 #define KILN_MAX_OUT_LAYERS 8
 #define KILN_MAX_REFS 8
-
-/* The model families kiln runs; each has its DiT in models/ and its
- * branch of the denoise and decode stages. */
-typedef enum kiln_model_family {
-    KILN_FAMILY_FLUX2,  /* Flux2KleinPipeline, Flux2KleinKVPipeline */
-    KILN_FAMILY_ZIMAGE, /* ZImagePipeline */
-} kiln_model_family;
-
-/* What a loaded checkpoint implies for defaults (see kiln_model_traits_of). */
-typedef struct kiln_model_traits {
-    kiln_model_family family;
-    int cfg;           /* classifier-free guidance with a negative prompt is possible, */
-    int cfg_above_zero; /* ... running when guidance > 0 (Z-Image), else > 1
-                           (kiln_model_cfg_runs) */
-    int kv_cache;      /* Flux2KleinKVPipeline */
-    int no_edits;      /* reference images are refused (Z-Image: text-to-image only) */
-    int default_steps; /* 4 distilled/kv, 50 base, 9 Z-Image-Turbo */
-    float default_guidance;
-    /* Features per text token the DiT takes and per (packed) latent token:
-     * the sizes of the tensors the stages hand on; 0 when the transformer
-     * config does not say (kiln_model_traits_of then assumes the largest
-     * supported model's). */
-    int text_width, latent_channels;
-} kiln_model_traits;
-
-/* The defaults a checkpoint implies: the KV pipeline always runs without CFG;
- * klein's distilled and base checkpoints differ by model_index.json's
- * is_distilled.  Steps follow the model cards: 4 for the distilled models,
- * 50 (with diffusers' guidance 4.0) for base.  Z-Image (ZImagePipeline)
- * takes the Turbo recipe of its model card, 9 steps and guidance 0 (no
- * CFG), not diffusers' call defaults (50 steps, guidance 5, which are
- * wrong for Turbo); a caller's guidance > 0 runs CFG as diffusers does.
- * Widths from the transformer config: FLUX.2's joint_attention_dim and
- * in_channels x patch_size^2, Z-Image's cap_feat_dim and in_channels x
- * all_patch_size[0]^2. */
-kiln_model_traits kiln_model_traits_of(const kiln_checkpoint *ck);
-
-/* 1 when a request with this guidance runs classifier-free guidance: klein
- * base checkpoints when guidance > 1 (Flux2KleinPipeline), Z-Image when
- * guidance > 0 (ZImagePipeline).  The one place that rule is written. */
-int kiln_model_cfg_runs(const kiln_model_traits *model, float guidance);
 
 /* Bounds a request must respect. */
 typedef struct kiln_limits {

@@ -18,6 +18,7 @@
 #include "engine/denoise_stage.h"
 #include "engine/encode_stage.h"
 #include "engine/inpaint.h"
+#include "engine/plan.h"
 #include "common/args.h"
 
 static void usage(FILE *f, int edit)
@@ -223,19 +224,6 @@ static void output_name(char *buf, size_t len, const char *out, int i, int total
         snprintf(buf, len, "%.*s-%d%s", (int)(dot - out), out, i, dot);
 }
 
-/* rows (B, T, J) <- prompt rows (P, T, J), prompt-major: row b is prompt b / n. */
-static void repeat_rows(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src, int n)
-{
-    size_t row = kiln_tensor_nbytes(src) / (size_t)src->shape[0];
-    for (int64_t b = 0; b < dst->shape[0]; b++) {
-        kiln_tensor d = *dst, s = *src;
-        d.shape[0] = s.shape[0] = 1;
-        d.data = (char *)dst->data + (size_t)b * row;
-        s.data = (char *)src->data + (size_t)(b / n) * row;
-        kiln_be_copy(be, &d, &s);
-    }
-}
-
 static kiln_status read_latents(const char *path, int64_t B, int64_t N, int64_t C, float **out,
                                 kiln_err *err)
 {
@@ -320,9 +308,6 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         if (kiln_image_read_file(o->images[i], NULL, &r->refs[i], err))
             return kiln_err_wrap(err, "--image %s", o->images[i]);
     kiln_model_traits traits = kiln_model_traits_of(r->ck);
-    if (o->n_images && traits.no_edits)
-        return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "this checkpoint takes no reference images "
-                            "(Z-Image: text-to-image only)");
     kiln_limits lim = KILN_LIMITS_CLI;
     o->req.refs = r->refs, o->req.n_refs = o->n_images;
     if (o->mask) {
@@ -330,14 +315,15 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
             return kiln_err_wrap(err, "--mask %s", o->mask);
         o->req.mask = &r->mask;
     }
-    for (int p = 0; p < o->n_prompts; p++) {
-        o->req.prompt = o->prompts[p];
-        if (kiln_request_resolve(&o->req, &traits, &lim, err))
-            return err->code;
-    }
+    /* The request resolved once (engine/plan.h): rows, seeds, CFG and its
+     * negative prompt, the steps that run. */
+    kiln_plan plan;
+    if (kiln_plan_make(&plan, &o->req, o->prompts, o->n_prompts, &traits, &lim, err))
+        return err->code;
+    o->req = plan.req;
     kiln_request *q = &o->req;
     int P = o->n_prompts;
-    r->B = (int64_t)P * q->n;
+    r->B = plan.rows;
     r->be = kiln_backend_create(o->device, o->gpu, err);
     if (!r->be)
         return err->code;
@@ -364,17 +350,14 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     int64_t shape[] = {r->B, T, kiln_encode_stage_width(r->enc)};
     if (kiln_be_alloc(be, &r->emb, be->act_dtype, 3, shape))
         return kiln_be_check(be, err);
-    repeat_rows(be, &r->emb, &r->emb_p, q->n);
-    int use_cfg = kiln_model_cfg_runs(&traits, q->guidance);
-    if (use_cfg) {
-        const char *neg = q->negative_prompt ? q->negative_prompt : "";
-        if (kiln_encode_prompts(r->enc, &neg, 1, T, &r->neg_p, NULL, &neg_len, err) ||
+    kiln_denoise_expand_rows(be, &r->emb, 0, &r->emb_p, r->B, q->n);
+    if (plan.cfg) {
+        if (kiln_encode_prompts(r->enc, &plan.negative, 1, T, &r->neg_p, NULL, &neg_len, err) ||
             kiln_be_alloc(be, &r->neg, be->act_dtype, 3, shape))
             return err->code ? err->code : kiln_be_check(be, err);
-        repeat_rows(be, &r->neg, &r->neg_p, (int)r->B);
+        kiln_denoise_expand_rows(be, &r->neg, 0, &r->neg_p, r->B, (int)r->B);
     }
-    for (int64_t b = 0; b < r->B; b++)
-        r->lens[b] = lens_p[b / q->n], r->lens[r->B + b] = neg_len;
+    kiln_plan_row_lens(r->B, q->n, lens_p, neg_len, r->lens, r->lens + r->B);
     int64_t R = 0;
     /* img2img and inpainting: the image as FluxImg2ImgPipeline and
      * Flux2KleinInpaintPipeline prepare it, resized (not cropped). */
@@ -403,25 +386,21 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     if (!r->seeds)
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; i < r->B; i++)
-        r->seeds[i] = q->seed + (uint64_t)i;
+        r->seeds[i] = kiln_plan_row_seed(&plan, i);
     int64_t N = (int64_t)(q->height / 16) * (q->width / 16);
     if (o->latents_in &&
         read_latents(o->latents_in, r->B, N, kiln_denoise_stage_channels(r->den), &r->latents_in, err))
         return err->code;
     kiln_denoise_job job = {
-        .B = r->B, .embeds = &r->emb, .neg_embeds = use_cfg ? &r->neg : NULL,
+        .B = r->B, .embeds = &r->emb, .neg_embeds = plan.cfg ? &r->neg : NULL,
         .txt_len = r->lens, .neg_len = r->lens + r->B,
         .width = q->width, .height = q->height, .steps = q->steps, .guidance = q->guidance,
         .seeds = r->seeds, .batch_noise = q->batch_noise, .fp32_noise = o->fp32_noise,
-        .latents_in = r->latents_in, .ref_tokens = R ? &r->ref_tokens : NULL,
-        .ref_ids = r->ref_ids, .R = R, .on_step = cli_progress_step, .user = &prog,
+        .latents_in = r->latents_in, .on_step = cli_progress_step, .user = &prog,
     };
-    if (q->strength > 0 && o->mask) /* inpainting: the image is the start and the reference */
-        job.init_tokens = &r->ref_tokens, job.strength = q->strength, job.mask = r->mask_grid;
-    else if (q->strength > 0) /* img2img: the one image is the start, not a reference */
-        job.init_tokens = &r->ref_tokens, job.strength = q->strength, job.ref_tokens = NULL,
-        job.R = 0;
-    cli_progress_stage(&prog, "denoise", q->steps - kiln_denoise_first_step(q->steps, q->strength));
+    kiln_denoise_job_image(&job, R ? &r->ref_tokens : NULL, r->ref_ids, R, q->strength,
+                           o->mask ? r->mask_grid : NULL);
+    cli_progress_stage(&prog, "denoise", plan.run_steps);
     if (kiln_denoise_run(r->den, &job, &r->latents, err))
         return err->code;
     double t2 = kiln_now_ms();
@@ -455,12 +434,12 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         snprintf(guidance, sizeof guidance, "%g", q->guidance);
         snprintf(size, sizeof size, "%dx%d", q->width, q->height);
         kiln_image_text text[] = {
-            {"prompt", o->prompts[i / q->n]}, {"seed", seed}, {"steps", steps},
+            {"prompt", o->prompts[kiln_plan_row_prompt(i, q->n)]}, {"seed", seed}, {"steps", steps},
             {"guidance", guidance}, {"size", size}, {"model", model_id}, {"Software", "kiln"},
             {"negative_prompt", q->negative_prompt ? q->negative_prompt : ""},
         };
         eopts.text = o->no_metadata ? NULL : text;
-        eopts.n_text = o->no_metadata ? 0 : use_cfg ? 8 : 7;
+        eopts.n_text = o->no_metadata ? 0 : plan.cfg ? 8 : 7;
         if (kiln_image_write_file(name, &r->out_images[i], &eopts, err))
             return err->code;
         if (prog.open) /* the path on a line of its own */

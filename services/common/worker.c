@@ -76,7 +76,8 @@ static void send_hello(kiln_worker *w)
                             .domain = w->domain, .data = w->data_ep,
                             .data_key = w->data_ep[0] && w->bus_keys.secret[0]
                                             ? w->bus_keys.public_key
-                                            : ""}};
+                                            : "",
+                            .traits = w->traits}};
     worker_send(w, &m);
     pthread_mutex_lock(&w->mu);
     int credits = w->capacity - w->n_held;

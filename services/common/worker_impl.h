@@ -69,6 +69,7 @@ struct kiln_worker {
     char replica[KILN_PROTO_ID_MAX], host[KILN_PROTO_ID_MAX], model[KILN_PROTO_ID_MAX];
     uint64_t epoch; /* this incarnation: random, != 0, in every message */
     kiln_checkpoint *ck;
+    kiln_model_traits traits; /* the checkpoint's, sent in every hello */
     kiln_backend *be;
     void *state;
     kiln_worker_job **watch; /* kiln_worker_watch: the backend stops when all are cancelled */

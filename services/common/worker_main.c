@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "engine/family.h"
 #include "engine/prompt_cache.h"
 #include "models/vae.h"
 #include "worker_impl.h"
@@ -376,6 +377,7 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
     w->ck = kiln_checkpoint_open(w->opts.model, err);
     if (!w->ck)
         return err->code;
+    w->traits = kiln_model_traits_of(w->ck);
     w->be = kiln_backend_create(w->opts.device, w->opts.gpu, err);
     if (!w->be)
         return err->code;

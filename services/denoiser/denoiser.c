@@ -1,10 +1,11 @@
 /* kiln-denoiser: the DiT loop of the checkpoint's family
  * (engine/denoise_stage.h) over embeddings from kiln-encoder (with each
- * prompt's token count for Z-Image), producing latents for kiln-decoder.
+ * prompt's token count), producing latents for kiln-decoder.
  *
- * Rows are laid out as `kiln generate` lays them out: prompt-major, row b
- * of a job is prompt b / n and uses seeds[b]; a base checkpoint's CFG
- * repeats the single negative embedding on every row.  Jobs of the same
+ * Rows are in the request plan's layout (engine/plan.h), as `kiln
+ * generate` lays them out: prompt-major, row b of a job is prompt b / n and
+ * uses seeds[b]; under CFG the single negative embedding is on every row
+ * (the gateway sends `neg` exactly when the plan runs CFG).  Jobs of the same
  * size, steps, guidance and text length, without references and without
  * batch_noise (whose single draw depends on the whole batch), run as one
  * batch: the engine treats rows independently, so each job's latents are
@@ -19,7 +20,6 @@
 typedef struct den_state {
     kiln_backend *be;
     kiln_denoise_stage *den;
-    kiln_model_traits traits;
 } den_state;
 
 static void *den_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_worker_opts *o,
@@ -37,7 +37,6 @@ static void *den_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_wo
         free(s);
         return NULL;
     }
-    s->traits = kiln_denoise_stage_traits(s->den);
     return s;
 }
 
@@ -70,25 +69,25 @@ typedef struct prep {
     kiln_tensor emb, neg, ref_tokens;
     const int32_t *ref_ids;
     int64_t R;
-    const int32_t *txt_len, *neg_len; /* Z-Image: real tokens per prompt row */
+    const int32_t *txt_len, *neg_len; /* real tokens per prompt row (the encoder's) */
     const float *mask; /* inpainting: N floats from the encoder, else NULL */
 } prep;
 
-/* An I32 vector input of n entries (Z-Image's txt_len and neg_len). */
+/* An I32 vector input of n entries (txt_len and neg_len). */
 static kiln_status lens_input(kiln_worker *w, prep *p, const char *name, int64_t n,
                               const int32_t **out, kiln_err *err)
 {
     const kiln_tensor_ref *ref;
     const void *data;
     if (kiln_worker_input_host(w, p->job, name, 1, &ref, &data, err))
-        return kiln_err_wrap(err, "Z-Image needs each prompt's token count");
+        return kiln_err_wrap(err, "the encoder's token count of each prompt is missing");
     if (ref->dtype != KILN_I32 || ref->ndim != 1 || ref->shape[0] != n)
         return kiln_err_set(err, KILN_ERR_INVALID, "%s must be (%lld) I32", name, (long long)n);
     *out = data;
     return KILN_OK;
 }
 
-static kiln_status prepare(den_state *s, kiln_worker *w, prep *p, kiln_err *err)
+static kiln_status prepare(kiln_worker *w, prep *p, kiln_err *err)
 {
     const kiln_job_denoise *d = &kiln_worker_job_msg(p->job)->denoise;
     if (kiln_worker_input(w, p->job, "embeds", 1, &p->emb, err))
@@ -96,16 +95,17 @@ static kiln_status prepare(den_state *s, kiln_worker *w, prep *p, kiln_err *err)
     if (p->emb.ndim != 3 || p->emb.shape[0] * d->n != d->n_seeds)
         return kiln_err_set(err, KILN_ERR_INVALID, "embeds must be (P, T, J) with P * n = %d rows",
                             d->n_seeds);
-    if (kiln_model_cfg_runs(&s->traits, d->guidance)) {
-        if (kiln_worker_input(w, p->job, "neg", 1, &p->neg, err))
-            return kiln_err_wrap(err, "CFG needs the negative prompt's embedding");
-        if (p->neg.ndim != 3 || p->neg.shape[0] != 1 || p->neg.shape[1] != p->emb.shape[1] ||
-            p->neg.shape[2] != p->emb.shape[2])
-            return kiln_err_set(err, KILN_ERR_INVALID, "neg must be (1, T, J) like embeds");
-    }
-    if (s->traits.family == KILN_FAMILY_ZIMAGE &&
-        (lens_input(w, p, "txt_len", p->emb.shape[0], &p->txt_len, err) ||
-         (p->neg.data && lens_input(w, p, "neg_len", 1, &p->neg_len, err))))
+    /* The gateway's plan sends the negative prompt's embedding exactly
+     * when CFG runs; the denoise stage refuses a CFG job without it. */
+    if (kiln_worker_input(w, p->job, "neg", 0, &p->neg, err))
+        return err->code;
+    if (p->neg.data && (p->neg.ndim != 3 || p->neg.shape[0] != 1 ||
+                        p->neg.shape[1] != p->emb.shape[1] || p->neg.shape[2] != p->emb.shape[2]))
+        return kiln_err_set(err, KILN_ERR_INVALID, "neg must be (1, T, J) like embeds");
+    /* Each row's real tokens, for DiTs that read only those (Z-Image);
+     * an encoder always sends them. */
+    if (lens_input(w, p, "txt_len", p->emb.shape[0], &p->txt_len, err) ||
+        (p->neg.data && lens_input(w, p, "neg_len", 1, &p->neg_len, err)))
         return err->code;
     if (kiln_worker_input(w, p->job, "ref_tokens", 0, &p->ref_tokens, err))
         return err->code;
@@ -136,8 +136,9 @@ static kiln_status prepare(den_state *s, kiln_worker *w, prep *p, kiln_err *err)
     return KILN_OK;
 }
 
-/* Batch rows from the jobs' tensors: row b of job j is row b / per_row of
- * its source (n images per prompt; B rows for a single negative). */
+/* Batch rows from the jobs' tensors in the plan's row layout
+ * (engine/plan.h): each job's rows after the previous job's, row b of a job
+ * from its prompt kiln_plan_row_prompt(b, n), or its one negative. */
 static kiln_status gather(kiln_backend *be, prep *ps, int n, int neg, int64_t B, kiln_tensor *dst,
                           kiln_err *err)
 {
@@ -145,18 +146,12 @@ static kiln_status gather(kiln_backend *be, prep *ps, int n, int neg, int64_t B,
     int64_t shape[3] = {B, first->shape[1], first->shape[2]};
     if (kiln_be_alloc(be, dst, be->act_dtype, 3, shape))
         return kiln_be_check(be, err);
-    size_t row = kiln_tensor_nbytes(dst) / (size_t)B;
     int64_t b = 0;
     for (int i = 0; i < n; i++) {
-        const kiln_tensor *src = neg ? &ps[i].neg : &ps[i].emb;
         const kiln_job_denoise *d = &kiln_worker_job_msg(ps[i].job)->denoise;
-        for (int64_t r = 0; r < d->n_seeds; r++, b++) {
-            kiln_tensor dv = *dst, sv = *src;
-            dv.shape[0] = sv.shape[0] = 1;
-            dv.data = (char *)dst->data + (size_t)b * row;
-            sv.data = (char *)src->data + (size_t)(neg ? 0 : r / d->n) * row;
-            kiln_be_copy(be, &dv, &sv);
-        }
+        kiln_denoise_expand_rows(be, dst, b, neg ? &ps[i].neg : &ps[i].emb, d->n_seeds,
+                                 neg ? d->n_seeds : d->n);
+        b += d->n_seeds;
     }
     return kiln_be_check(be, err);
 }
@@ -214,7 +209,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         memset(p, 0, sizeof *p);
         p->job = jobs[i];
         kiln_err jerr = {0};
-        if (prepare(s, w, p, &jerr)) {
+        if (prepare(w, p, &jerr)) {
             kiln_worker_done(w, jobs[i], jerr.code, &jerr);
             continue;
         }
@@ -237,16 +232,15 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         st = gather(be, ps, live, 0, B, &emb, &err);
     if (!st && cfg && B > 1)
         st = gather(be, ps, live, 1, B, &neg, &err);
-    /* Z-Image: row b of a job is prompt b / n; one negative for all rows. */
+    /* Each row's real tokens, in the same layout. */
     int *lens = calloc((size_t)(2 * B), sizeof *lens);
     if (!lens && !st)
         st = kiln_err_set(&err, KILN_ERR_NOMEM, "out of memory");
     for (int i = 0, b = 0; lens && i < live; i++) {
         const kiln_job_denoise *di = &kiln_worker_job_msg(ps[i].job)->denoise;
-        for (int r = 0; r < di->n_seeds; r++, b++) {
-            lens[b] = ps[i].txt_len ? ps[i].txt_len[r / di->n] : 0;
-            lens[B + b] = ps[i].neg_len ? ps[i].neg_len[0] : 0;
-        }
+        kiln_plan_row_lens(di->n_seeds, di->n, ps[i].txt_len, ps[i].neg_len ? ps[i].neg_len[0] : 0,
+                           lens + b, lens + B + b);
+        b += di->n_seeds;
     }
     batch_ctx ctx = {w, ps, live, 0, be, -1};
     kiln_denoise_job job = {
@@ -255,14 +249,11 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         .neg_embeds = cfg ? (B > 1 ? &neg : &ps[0].neg) : NULL,
         .width = d->width, .height = d->height, .steps = d->steps, .guidance = d->guidance,
         .seeds = seeds, .batch_noise = d->batch_noise,
-        .ref_tokens = ps[0].R ? &ps[0].ref_tokens : NULL, .ref_ids = ps[0].ref_ids, .R = ps[0].R,
         .cancelled = batch_cancelled, .on_step = batch_step, .user = &ctx,
     };
-    if (d->strength > 0 && ps[0].mask) /* inpainting: the image is start and reference */
-        job.init_tokens = job.ref_tokens, job.strength = d->strength, job.mask = ps[0].mask;
-    else if (d->strength > 0) /* img2img: the job's one image is its start (never batched) */
-        job.init_tokens = job.ref_tokens, job.strength = d->strength, job.ref_tokens = NULL,
-        job.R = 0;
+    /* The one image of an edit, img2img or inpainting job (never batched). */
+    kiln_denoise_job_image(&job, ps[0].R ? &ps[0].ref_tokens : NULL, ps[0].ref_ids, ps[0].R,
+                           d->strength, ps[0].mask);
     int run_steps = d->steps - kiln_denoise_first_step(d->steps, d->strength);
     double t_run = kiln_now_ms();
     /* Device time (CUDA events; none on the CPU) beside the wall times:

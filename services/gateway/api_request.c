@@ -184,16 +184,17 @@ static kiln_status check_images(api_draft *d, const kiln_api_config *cfg, kiln_i
 }
 
 /* The tokens the transformer sees (kiln_api_usage). */
-static kiln_api_usage usage_of(const kiln_request *q, int cfg_runs)
+static kiln_api_usage usage_of(const kiln_plan *plan, const kiln_image *refs, int n_refs)
 {
+    const kiln_request *q = &plan->req;
     kiln_api_usage u = {0};
-    u.text_tokens = (int64_t)q->max_sequence_length * (cfg_runs ? 2 : 1);
-    for (int i = 0; i < q->n_refs; i++) {
+    u.text_tokens = (int64_t)q->max_sequence_length * (plan->cfg ? 2 : 1);
+    for (int i = 0; i < n_refs; i++) {
         int w, h;
-        if (kiln_image_flux2_ref_size(q->refs[i].width, q->refs[i].height, &w, &h, NULL) == 0)
+        if (kiln_image_flux2_ref_size(refs[i].width, refs[i].height, &w, &h, NULL) == 0)
             u.image_tokens += (int64_t)(w / 16) * (h / 16);
     }
-    u.output_tokens = (int64_t)q->n * (q->width / 16) * (q->height / 16);
+    u.output_tokens = (int64_t)plan->rows * (q->width / 16) * (q->height / 16);
     return u;
 }
 
@@ -247,7 +248,7 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
     }
 
     memset(out, 0, sizeof *out);
-    kiln_request *q = &out->req;
+    kiln_request req, *q = &req;
     kiln_request_init(q);
     q->prompt = d->prompt;
     q->negative_prompt = d->negative_prompt;
@@ -265,24 +266,25 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
     q->strength = SEEN(d, F_STRENGTH) ? d->strength : 0;
     q->mask = d->has_mask ? &mask_dims : NULL;
     kiln_err err = {0};
-    if (kiln_request_resolve(q, &cfg->traits, lim, &err)) {
+    /* Resolved as the CLI resolves it (engine/plan.h): defaults, CFG and
+     * its negative prompt, rows, cost. */
+    kiln_plan *plan = &out->plan;
+    if (kiln_plan_make(plan, q, NULL, 1, &cfg->traits, lim, &err)) {
         char param[KILN_API_PARAM_MAX];
         param_of(err.msg, param, sizeof param);
         return api_fail(e, err.code, param, "invalid_value", "%s", err.msg);
     }
-    /* As the CLI (engine/request.h says when CFG runs). */
-    int cfg_runs = kiln_model_cfg_runs(&cfg->traits, q->guidance);
-    double cost = kiln_request_cost(q, &cfg->traits, cfg_runs);
-    out->usage = usage_of(q, cfg_runs);
-    q->refs = NULL;
-    q->mask = NULL;
-    if (cfg->max_cost > 0 && cost > cfg->max_cost)
+    out->usage = usage_of(plan, dims, d->n_images);
+    plan->req.refs = NULL;
+    plan->req.mask = NULL;
+    q = &plan->req;
+    if (cfg->max_cost > 0 && plan->cost > cfg->max_cost)
         return api_fail(e, KILN_ERR_INVALID, "", "cost_limit_exceeded",
                         "the request is too large: its cost is %.3g Mtok (%dx%d, n %d, %d steps%s, "
                         "%d reference(s)) and this server's limit is %.3g Mtok per request; "
                         "ask for fewer images, fewer steps or a smaller size",
-                        cost, q->width, q->height, q->n, q->steps, cfg_runs ? " with CFG" : "",
-                        d->n_images, cfg->max_cost);
+                        plan->cost, q->width, q->height, q->n, q->steps,
+                        plan->cfg ? " with CFG" : "", d->n_images, cfg->max_cost);
     out->kind = d->kind;
     out->prompt = d->prompt, d->prompt = NULL;
     out->negative_prompt = d->negative_prompt, d->negative_prompt = NULL;
@@ -291,9 +293,6 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
     out->stream = d->stream;
     out->partial_images = SEEN(d, F_PARTIAL_IMAGES) ? (int)d->partial_images : 0;
     out->user = d->user, d->user = NULL;
-    out->cost = cost;
-    if (cfg_runs)
-        out->cfg_negative = out->negative_prompt ? out->negative_prompt : "";
     out->mask = d->mask, d->mask = (kiln_buf){0};
     out->n_images = d->n_images;
     for (int i = 0; i < d->n_images; i++)

@@ -2,13 +2,13 @@
  * /v1/images/edits bodies (JSON, or multipart/form-data) into a validated
  * generation request.
  *
- *   kiln_api_config cfg = {.model_id = "klein-4b", .traits = traits,
+ *   kiln_api_config cfg = {.model_id = "klein-4b", .traits = traits,  // from the replicas' hello
  *                          .limits = KILN_LIMITS_SERVICE, .image_limits = KILN_IMAGE_LIMITS_DEFAULT};
  *   kiln_api_request r;
  *   kiln_api_error e;
  *   if (kiln_api_parse(KILN_API_EDIT, content_type, body, len, &cfg, &r, &e))
  *       -> respond e.status with kiln_api_error_body(e.err.msg, e.param, ...)
- *   ... r.req.width, r.req.steps, r.prompt, r.images[i] ...
+ *   ... r.plan.req.width, r.plan.req.steps, r.plan.cfg, r.prompt, r.images[i] ...
  *   kiln_api_request_free(&r);
  *
  * Both routes accept both body forms: multipart/form-data when the
@@ -26,10 +26,11 @@
  * (listing the supported values).  Reference images are decoded only to validate
  * them (a non-image is 400 here, not a failure inside the encoder) and are
  * kept as the original file bytes, which is exactly what the CLI's encoder
- * reads from the file.  Validation ends in kiln_request_resolve with the
- * service limits, so the CLI and the service accept and refuse the same
- * requests; the service then refuses a request whose kiln_request_cost
- * exceeds cfg->max_cost (400, code cost_limit_exceeded, the message giving
+ * reads from the file.  Validation ends in the request plan
+ * (kiln_plan_make, engine/plan.h) with the service limits and the traits
+ * the replicas announced, so the CLI and the service accept and refuse
+ * the same requests and agree on CFG and rows; the service then refuses a
+ * request whose cost exceeds cfg->max_cost (400, code cost_limit_exceeded, the message giving
  * both).
  *
  * Pure (no I/O, no clock, no randomness: a request without a seed has
@@ -45,7 +46,7 @@
 #include "common/buf.h"
 #include "common/error.h"
 #include "common/image.h"
-#include "engine/request.h"
+#include "engine/plan.h"
 
 #define KILN_API_PARAM_MAX 32
 #define KILN_API_MODEL_MAX 128
@@ -94,21 +95,20 @@ typedef struct kiln_api_request {
      * in its X-Request-Id header, in 5xx messages, and in the log lines
      * about it, so that a client's report leads to the details. */
     char request_id[KILN_REQUEST_ID_MAX];
-    /* Resolved: width, height, n, steps, guidance, max_sequence_length,
-     * format, compression.  Its string pointers point at the fields below;
-     * refs is NULL (the decoded pixels were only needed to validate). */
-    kiln_request req;
+    /* The request resolved into its plan (engine/plan.h): plan.req has the
+     * width, height, n, steps, guidance, max_sequence_length, format and
+     * compression; its string pointers point at the fields below and its
+     * refs and mask are NULL (the decoded pixels were only needed to
+     * validate).  plan.negative is what the encoder must encode: NULL when
+     * the request runs without CFG, else negative_prompt or "" (diffusers'
+     * default); plan.cost its kiln_request_cost in Mtok. */
+    kiln_plan plan;
     char *prompt;          /* owned */
     char *negative_prompt; /* owned; NULL when absent */
-    /* The negative prompt the encoder must encode: NULL when the request
-     * runs without CFG (a distilled model, or guidance_scale <= 1 as the
-     * CLI decides), else negative_prompt or "" (diffusers' default). */
-    const char *cfg_negative;
     int seed_given;        /* 0: the caller picks req.seed */
     int n_images;          /* edit references, in upload order */
     kiln_buf images[KILN_MAX_REFS]; /* the original encoded files, owned */
     kiln_buf mask;         /* inpainting: the mask's PNG file, owned; empty: none */
-    double cost;           /* kiln_request_cost, Mtok */
     /* The response's echo of the request (OpenAI's quality and background
      * fields) and its usage (kiln_api_usage: the tokens the transformer
      * sees). */

@@ -22,6 +22,10 @@ static void on_bus_msg(void *ud, const char *peer, kiln_msg *m)
 {
     kiln_gateway *gw = ud;
     kiln_sched_on_msg(gw->sched, peer, m, kiln_now_ms());
+    /* The model's traits come with the first replica's hello: the gateway
+     * never opens the checkpoint (it links no model code). */
+    if (!gw->have_traits && kiln_sched_traits(gw->sched, &gw->api.traits))
+        gw->have_traits = 1;
 }
 
 static void on_bus_lost(void *ud, const char *peer)
@@ -145,14 +149,16 @@ static int check_options(const kiln_gw_options *o)
  * which PNG and WebP stay below), a denoiser's with inline f32 latents,
  * and an encoder's with inline f32 embeddings (a prompt and a negative of
  * 512 tokens) and references (1 MP each at most: 4096 tokens, plus their
- * int32 ids); plus 1 MiB of fields. */
-static size_t max_frame_in(const kiln_limits *lim, const kiln_model_traits *t)
+ * int32 ids); plus 1 MiB of fields.  The bus starts before any replica
+ * said which model it serves, so the widths are the widest supported
+ * model's (common/traits.h). */
+static size_t max_frame_in(const kiln_limits *lim)
 {
+    const size_t text = KILN_TRAITS_WIDEST_TEXT, channels = KILN_TRAITS_WIDEST_LATENT;
     size_t px = (size_t)lim->max_side * (size_t)lim->max_side, rows = (size_t)lim->max_n;
     size_t decode = rows * (px * 6 + (64u << 10));
-    size_t latents = rows * (px / 256) * (size_t)t->latent_channels * 4;
-    size_t encode = 2 * 512 * (size_t)t->text_width * 4 +
-                    (size_t)lim->max_refs * 4096 * ((size_t)t->latent_channels * 4 + 16);
+    size_t latents = rows * (px / 256) * channels * 4;
+    size_t encode = 2 * 512 * text * 4 + (size_t)lim->max_refs * 4096 * (channels * 4 + 16);
     size_t m = decode > latents ? decode : latents;
     m = (m > encode ? m : encode) + (1u << 20);
     return m < KILN_PROTO_MAX_FRAME ? m : KILN_PROTO_MAX_FRAME;
@@ -237,11 +243,7 @@ static kiln_http_server *start_http(kiln_gateway *gw, const char *host, int port
 static int start(kiln_gateway *gw, kiln_err *err)
 {
     const kiln_gw_options *o = &gw->opt;
-    kiln_checkpoint *ck = kiln_checkpoint_open(o->model_dir, err);
-    if (!ck)
-        return -1;
-    gw->api.traits = kiln_model_traits_of(ck);
-    kiln_checkpoint_close(ck);
+    /* The folder's name only: the model's traits come from the replicas. */
     kiln_proto_model_id(o->model_dir, gw->model_id, sizeof gw->model_id);
     if (o->served_model_name)
         snprintf(gw->served_name, sizeof gw->served_name, "%s", o->served_model_name);
@@ -256,7 +258,7 @@ static int start(kiln_gateway *gw, kiln_err *err)
     gw->api.max_cost = o->max_cost;
     gw->api.ignore_unknown = o->ignore_unknown_fields;
     gw->api.max_ref_pixels = o->max_ref_pixels;
-    gw->max_frame = max_frame_in(&gw->api.limits, &gw->api.traits);
+    gw->max_frame = max_frame_in(&gw->api.limits);
     list_limits(gw);
     gw->started = (int64_t)time(NULL);
     if (getrandom(&gw->request_base, sizeof gw->request_base, 0) != (ssize_t)sizeof gw->request_base)
@@ -353,7 +355,7 @@ int kiln_gateway_run(const kiln_gw_options *o)
     int status = 0;
     if (start(gw, &err)) {
         KILN_LOG_ERROR("gateway: %s", err.msg);
-        /* A bad checkpoint, key or option stays bad: EX_CONFIG tells a
+        /* A bad key or option stays bad: EX_CONFIG tells a
          * supervisor not to restart us in a loop (as the workers do). */
         status = err.code == KILN_ERR_INVALID || err.code == KILN_ERR_NOT_FOUND ||
                          err.code == KILN_ERR_FORMAT || err.code == KILN_ERR_UNSUPPORTED

@@ -87,7 +87,11 @@ typedef struct kiln_gateway {
     kiln_gw_options opt;
     char model_id[KILN_PROTO_MODEL_ID_MAX]; /* kiln_proto_model_id, as the replicas say it */
     char served_name[KILN_PROTO_MODEL_ID_MAX]; /* what clients call it (served_model_name) */
+    /* api.traits are the replicas' (kiln_sched_traits), copied on the loop
+     * thread once the first one registered (have_traits); requests are
+     * parsed only after that, so the parse threads read them unchanging. */
     kiln_api_config api;
+    int have_traits;
     int64_t started; /* unix seconds, for /v1/models */
     kiln_http_server *http;
     kiln_gw_clients *clients;

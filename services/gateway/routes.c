@@ -223,7 +223,7 @@ static void parse_done(uv_work_t *w, int status)
         pending_free(p);
         return;
     }
-    if (!p->req.seed_given && random_seed(&p->req.req.seed)) {
+    if (!p->req.seed_given && random_seed(&p->req.plan.req.seed)) {
         KILN_LOG_ERROR("gateway: request %s: getrandom failed", p->id);
         pending_error(p, c, 500, NULL, NULL, "server_error", NULL);
         pending_free(p);
@@ -237,7 +237,7 @@ static void parse_done(uv_work_t *w, int status)
     kiln_err err = {0};
     double now = kiln_now_ms();
     snprintf(p->req.request_id, sizeof p->req.request_id, "%s", p->id);
-    p->steps = p->req.req.steps;
+    p->steps = p->req.plan.req.steps;
     kiln_http_set_steps(c, p->steps);
     if (kiln_sched_submit(gw->sched, &p->req, p, now, &p->job, &err)) {
         int st = err.code == KILN_ERR_BUSY ? 429 : err.code == KILN_ERR_UNAVAILABLE ? 503
@@ -262,6 +262,11 @@ static void route_images(kiln_gateway *gw, kiln_http_conn *c, kiln_http_request 
 {
     if (gw->draining) {
         reply_error(gw, c, route, 503, "the server is shutting down", NULL, "shutting_down", NULL);
+        return;
+    }
+    if (!gw->have_traits) { /* no replica has said what the model takes yet */
+        reply_error(gw, c, route, 503, "the model is still loading: no stage replica has "
+                    "registered yet", NULL, "stage_unavailable", "Retry-After: 1\r\n");
         return;
     }
     gw_pending *p = calloc(1, sizeof *p);
@@ -551,7 +556,7 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
     kiln_api_image imgs[KILN_PROTO_MAX_ROWS];
     for (int i = 0; i < res->n_images; i++)
         imgs[i] = (kiln_api_image){res->images[i].data, res->images[i].len, res->seeds[i]};
-    const kiln_request *q = &res->req->req;
+    const kiln_request *q = &res->req->plan.req;
     kiln_buf body = {0};
     kiln_api_images_meta meta = {.created = (int64_t)time(NULL), .format = q->format,
                                  .width = q->width, .height = q->height,

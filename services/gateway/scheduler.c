@@ -214,7 +214,7 @@ void sched_enqueue(kiln_sched *s, sched_job *j, kiln_stage stage, int front, dou
         return;
     }
     kiln_err err = {0};
-    if (kiln_fairq_push(&s->queue[stage], &j->fq, j->req.client, j->req.cost, front, &err)) {
+    if (kiln_fairq_push(&s->queue[stage], &j->fq, j->req.client, j->req.plan.cost, front, &err)) {
         sched_fail(s, j, 500, "server_error", "out of memory queueing the request");
         return;
     }
@@ -259,7 +259,7 @@ static void build_job(kiln_sched *s, const sched_job *j, const sched_replica *r,
     m->type = KILN_MSG_JOB;
     m->epoch = r->epoch;
     kiln_msg_job *mj = &m->job;
-    const kiln_request *q = &j->req.req;
+    const kiln_request *q = &j->req.plan.req;
     mj->job = j->id;
     mj->stage = j->stage;
     mj->out_kinds = sched_out_kinds(s, r, j->stage);
@@ -268,7 +268,7 @@ static void build_job(kiln_sched *s, const sched_job *j, const sched_replica *r,
     case KILN_STAGE_ENCODE:
         mj->encode.n_prompts = 1;
         mj->encode.prompts[0] = j->req.prompt;
-        mj->encode.negative = j->req.cfg_negative;
+        mj->encode.negative = j->req.plan.negative;
         mj->encode.max_seq = q->max_sequence_length;
         mj->encode.n_refs = j->req.n_images;
         for (int i = 0; i < j->req.n_images; i++)
@@ -278,8 +278,8 @@ static void build_job(kiln_sched *s, const sched_job *j, const sched_replica *r,
         break;
     case KILN_STAGE_DENOISE:
         mj->denoise.n = q->n;
-        mj->denoise.n_seeds = q->n;
-        memcpy(mj->denoise.seeds, j->seeds, (size_t)q->n * sizeof *j->seeds);
+        mj->denoise.n_seeds = (int)j->req.plan.rows;
+        memcpy(mj->denoise.seeds, j->seeds, (size_t)j->req.plan.rows * sizeof *j->seeds);
         mj->denoise.width = q->width;
         mj->denoise.height = q->height;
         mj->denoise.steps = q->steps;
@@ -423,11 +423,11 @@ kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client
             return kiln_err_set(err, KILN_ERR_BUSY, "the server is busy with %d requests of "
                                                     "this client, its share; retry later", mine);
     }
-    if (req->req.n < 1 || req->req.n > KILN_PROTO_MAX_ROWS)
+    if (req->plan.rows < 1 || req->plan.rows > KILN_PROTO_MAX_ROWS)
         return kiln_err_set(err, KILN_ERR_INVALID, "n must be between 1 and %d",
                             KILN_PROTO_MAX_ROWS);
     sched_job *j = calloc(1, sizeof *j);
-    uint64_t *seeds = malloc((size_t)req->req.n * sizeof *seeds);
+    uint64_t *seeds = malloc((size_t)req->plan.rows * sizeof *seeds);
     if (!j || !seeds || kiln_idmap_put(&s->jobs, s->next_id, j, err)) {
         free(j);
         free(seeds);
@@ -438,9 +438,9 @@ kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client
     j->req = *req;
     memset(req, 0, sizeof *req);
     j->seeds = seeds;
-    /* Image i uses seed + i, as the CLI does. */
-    for (int i = 0; i < j->req.req.n; i++)
-        seeds[i] = j->req.req.seed + (uint64_t)i;
+    /* The plan's rows and seeds, as the CLI's. */
+    for (int64_t i = 0; i < j->req.plan.rows; i++)
+        seeds[i] = kiln_plan_row_seed(&j->req.plan, i);
     j->t_submit = now;
     link_init(&j->qnode);
     link_insert_before(&s->all, &j->anode);

@@ -105,7 +105,7 @@ kiln_sched *kiln_sched_create(const kiln_sched_opts *opts, const kiln_sched_ops 
  * clients down) and every replica record.  Accepts NULL. */
 void kiln_sched_destroy(kiln_sched *s);
 
-/* Admits a validated request with req->req.seed already chosen.  On
+/* Admits a validated request with req->plan.req.seed already chosen.  On
  * success the job owns req's memory (req is zeroed) and *id names it; it
  * waits in the encode queue until kiln_sched_kick (so that finish never
  * runs before the caller has recorded the id).  Errors leave req to the
@@ -151,5 +151,11 @@ void kiln_sched_tick(kiln_sched *s, double now);
 int kiln_sched_ready(const kiln_sched *s);
 
 void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g);
+
+/* The served model's traits (common/traits.h) as the first replica to
+ * register announced them in its hello: 1 and *out filled from then on
+ * (they never change; a replica announcing other traits is refused), 0
+ * before.  The gateway resolves requests with them. */
+int kiln_sched_traits(const kiln_sched *s, kiln_model_traits *out);
 
 #endif

@@ -215,7 +215,7 @@ static void trace_stage(sched_job *j, const kiln_msg_done *d, double now)
         /* the steps that ran (fewer than asked under img2img); older
          * replicas do not say */
         double ran = timing(d, "steps");
-        int steps = ran >= 1 ? (int)ran : j->req.req.steps;
+        int steps = ran >= 1 ? (int)ran : j->req.plan.req.steps;
         if (setup >= 0)
             gpu(kiln_trace_span_add(t, rid, "denoise: setup", b, b + setup),
                 timing(d, "gpu_setup"));
@@ -251,7 +251,7 @@ static void record(kiln_sched *s, sched_job *j, const kiln_msg_done *d, double n
      * timing "batch_rows"; without it the job's own rows count. */
     double rows = timing(d, "batch_rows");
     kiln_metrics_batch(s->metrics, j->stage,
-                       rows >= 1 ? (int)rows : j->stage == KILN_STAGE_ENCODE ? 1 : j->req.req.n);
+                       rows >= 1 ? (int)rows : j->stage == KILN_STAGE_ENCODE ? 1 : j->req.plan.req.n);
     double queue = timing(d, "queue"), run = timing(d, "run");
     if (queue >= 0)
         kiln_metrics_queue_wait(s->metrics, j->stage, KILN_QUEUE_REPLICA, queue / 1000.0);
@@ -278,7 +278,7 @@ static void record(kiln_sched *s, sched_job *j, const kiln_msg_done *d, double n
 static void complete(kiln_sched *s, sched_job *j, kiln_msg *m)
 {
     const kiln_msg_done *d = &m->done;
-    const kiln_request *q = &j->req.req;
+    const kiln_request *q = &j->req.plan.req;
     if (d->n_images != q->n) {
         KILN_LOG_ERROR("gateway: request %s (job %llu): decoder returned %d images for %d",
                        j->req.request_id, (unsigned long long)j->id, d->n_images, q->n);

@@ -110,6 +110,10 @@ typedef struct sched_job {
 struct kiln_sched {
     kiln_sched_opts opts;
     char model_id[KILN_PROTO_ID_MAX];
+    /* The served model's traits, from the first replica's hello; every
+     * later replica must announce the same (kiln_sched_traits). */
+    kiln_model_traits traits;
+    int have_traits;
     kiln_sched_ops ops;
     void *ud;
     kiln_metrics *metrics;

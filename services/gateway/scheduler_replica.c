@@ -175,6 +175,17 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
                        s->model_id);
         return;
     }
+    if (s->have_traits && !kiln_model_traits_equal(&s->traits, &h->traits)) {
+        /* Same folder name, other contents (or another kiln's rules): its
+         * requests would be resolved against the wrong defaults. */
+        KILN_LOG_ERROR("gateway: replica %s serves '%s' with other traits (%s: %d steps, "
+                       "guidance %g, CFG %d) than the replicas before it (%s: %d steps, "
+                       "guidance %g, CFG %d): refused", peer, h->model, h->traits.family,
+                       h->traits.default_steps, (double)h->traits.default_guidance,
+                       h->traits.cfg, s->traits.family, s->traits.default_steps,
+                       (double)s->traits.default_guidance, s->traits.cfg);
+        return;
+    }
     if (strcmp(h->replica, peer) != 0)
         KILN_LOG_WARN("gateway: replica %s says its id is %s; using the routing id", peer,
                       h->replica);
@@ -211,6 +222,18 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
                   (unsigned long long)m->epoch, h->host, h->max_batch, h->domain.host,
                   h->domain.shm[0] ? h->domain.shm : "none",
                   h->data && h->data[0] ? h->data : "no data socket");
+    if (!s->have_traits) {
+        s->traits = h->traits;
+        s->have_traits = 1;
+        KILN_LOG_INFO("gateway: model '%s' is of family %s: %d steps and guidance %g by default, "
+                      "%s%s%s", h->model, h->traits.family, h->traits.default_steps,
+                      (double)h->traits.default_guidance,
+                      !h->traits.cfg ? "no CFG"
+                      : h->traits.cfg_above_zero ? "CFG when guidance > 0"
+                                                 : "CFG when guidance > 1",
+                      h->traits.kv_cache ? ", reference K/V cache" : "",
+                      h->traits.no_edits ? ", no edits" : "");
+    }
     /* Fencing emptied the record of the incarnation before; credits come
      * with `ready`. */
     r->epoch = m->epoch;
@@ -241,4 +264,11 @@ void sched_replica_gc(kiln_sched *s, double now)
             free(r);
         }
     }
+}
+
+int kiln_sched_traits(const kiln_sched *s, kiln_model_traits *out)
+{
+    if (s->have_traits)
+        *out = s->traits;
+    return s->have_traits;
 }

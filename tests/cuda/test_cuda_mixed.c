@@ -138,20 +138,6 @@ static kiln_status make_ref(kiln_image *img, int w, int h, int k, kiln_err *err)
     return KILN_OK;
 }
 
-/* rows (B, T, J) <- prompt rows (P, T, J), prompt-major as the services lay
- * them out: row b is prompt b / n. */
-static void repeat_rows(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src, int n)
-{
-    size_t row = kiln_tensor_nbytes(src) / (size_t)src->shape[0];
-    for (int64_t b = 0; b < dst->shape[0]; b++) {
-        kiln_tensor d = *dst, s = *src;
-        d.shape[0] = s.shape[0] = 1;
-        d.data = (char *)dst->data + (size_t)b * row;
-        s.data = (char *)src->data + (size_t)(b / n) * row;
-        kiln_be_copy(be, &d, &s);
-    }
-}
-
 /* Runs request k (seed 1000 + 17k) through the three stages. */
 static kiln_status run_request(stages *s, const opts *o, int k, result *res, kiln_err *err)
 {
@@ -170,7 +156,7 @@ static kiln_status run_request(stages *s, const opts *o, int k, result *res, kil
         st = kiln_encode_prompts(s->enc, prompts, q->P, o->max_seq, &emb_p, NULL, NULL, err);
     if (!st && !kiln_be_alloc(be, &emb, be->act_dtype, 3,
                               (int64_t[]){B, emb_p.shape[1], emb_p.shape[2]}))
-        repeat_rows(be, &emb, &emb_p, q->n);
+        kiln_denoise_expand_rows(be, &emb, 0, &emb_p, B, q->n); /* the plan's row layout */
     if (!st)
         st = kiln_be_check(be, err);
     if (!st && q->n_refs)

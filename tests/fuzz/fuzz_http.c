@@ -34,7 +34,7 @@ static kiln_api_config config(void)
 
 static void check_request(const kiln_api_request *r, kiln_api_kind kind, const kiln_api_config *c)
 {
-    const kiln_request *q = &r->req;
+    const kiln_request *q = &r->plan.req;
     if (q->width % 16 || q->height % 16 || q->width < c->limits.min_side ||
         q->width > c->limits.max_side || q->height < c->limits.min_side ||
         q->height > c->limits.max_side)
@@ -46,7 +46,7 @@ static void check_request(const kiln_api_request *r, kiln_api_kind kind, const k
         abort();
     if (!r->prompt || q->prompt != r->prompt || !kiln_utf8_valid(r->prompt, strlen(r->prompt)))
         abort();
-    if (r->cfg_negative && !kiln_utf8_valid(r->cfg_negative, strlen(r->cfg_negative)))
+    if (r->plan.negative && !kiln_utf8_valid(r->plan.negative, strlen(r->plan.negative)))
         abort();
     if ((kind == KILN_API_EDIT) != (r->n_images > 0) || r->n_images > KILN_MAX_REFS)
         abort();

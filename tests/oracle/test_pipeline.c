@@ -31,6 +31,31 @@ static void check_dev(const kiln_tensor *t, const float *ref, const char *what)
     free(host);
 }
 
+/* The case's request resolved as kiln generate resolves it (engine/plan.h):
+ * its size, steps, guidance (when given), text length and seed, the
+ * oracle's single-generator draw (batch_noise). */
+static kiln_plan plan_of(cJSON *meta, const char *const *texts, int P,
+                         const kiln_model_traits *traits, const kiln_image *refs, int n_refs)
+{
+    kiln_request q;
+    kiln_request_init(&q);
+    q.height = cJSON_GetObjectItem(meta, "output_hw")->child->valueint;
+    q.width = cJSON_GetObjectItem(meta, "output_hw")->child->next->valueint;
+    q.steps = cJSON_GetObjectItem(meta, "steps")->valueint;
+    cJSON *g = cJSON_GetObjectItem(meta, "guidance");
+    if (cJSON_IsNumber(g))
+        q.guidance = (float)g->valuedouble;
+    q.max_sequence_length = cJSON_GetObjectItem(meta, "max_seq")->valueint;
+    q.seed = (uint64_t)cJSON_GetObjectItem(meta, "seed")->valuedouble;
+    q.batch_noise = 1;
+    q.refs = n_refs ? refs : NULL, q.n_refs = n_refs;
+    kiln_limits lim = KILN_LIMITS_CLI;
+    kiln_plan plan;
+    kiln_err err = {0};
+    CHECKF(kiln_plan_make(&plan, &q, texts, P, traits, &lim, &err) == KILN_OK, "%s", err.msg);
+    return plan;
+}
+
 static void run_case(const char *name)
 {
     cJSON *meta = oracle_meta(name);
@@ -66,22 +91,7 @@ static void run_case(const char *name)
     kiln_encode_stage *enc = kiln_encode_stage_create(be, ck, &eo, &err);
     CHECKF(enc != NULL, "%s", err.msg);
     kiln_model_traits traits = kiln_model_traits_of(ck);
-    CHECK(traits.kv_cache == kv);
-
-    kiln_tensor emb = {0}, neg = {0}, ref_tokens = {0}, lat = {0};
-    CHECKF(kiln_encode_prompts(enc, texts, P, max_seq, &emb, NULL, NULL, &err) == KILN_OK, "%s", err.msg);
-    float *want = oracle_f32(ref, "prompt_embeds", NULL);
-    check_dev(&emb, want, "prompt_embeds");
-    free(want);
-    int cfg = kiln_model_cfg_runs(&traits, guidance);
-    if (cfg) {
-        const char *empty = "";
-        CHECK(kiln_encode_prompts(enc, &empty, 1, max_seq, &neg, NULL, NULL, &err) == KILN_OK);
-        want = oracle_f32(ref, "neg_prompt_embeds", NULL);
-        check_dev(&neg, want, "neg_prompt_embeds");
-        free(want);
-    }
-
+    CHECK(traits.kv_cache == kv && !strcmp(traits.family, "flux2"));
     kiln_image images[8] = {{0}};
     int32_t *ref_ids = NULL;
     int64_t R = 0;
@@ -90,6 +100,25 @@ static void run_case(const char *name)
         snprintf(rel, sizeof rel, "cases/%s/input_ref%d.png", name, k);
         CHECK(kiln_image_read_file(oracle_path(rel), NULL, &images[k], &err) == KILN_OK);
     }
+    kiln_plan plan = plan_of(meta, texts, P, &traits, images, n_refs);
+    CHECK(plan.rows == P && plan.req.guidance == guidance);
+
+    kiln_tensor emb = {0}, neg = {0}, ref_tokens = {0}, lat = {0};
+    CHECKF(kiln_encode_prompts(enc, texts, P, max_seq, &emb, NULL, NULL, &err) == KILN_OK, "%s", err.msg);
+    float *want = oracle_f32(ref, "prompt_embeds", NULL);
+    check_dev(&emb, want, "prompt_embeds");
+    free(want);
+    int cfg = plan.cfg;
+    /* The base case runs CFG with diffusers' default negative prompt "". */
+    CHECK(cfg == (guidance > 1 && !kv && traits.cfg) && (!cfg || !strcmp(plan.negative, "")));
+    if (cfg) {
+        CHECK(kiln_encode_prompts(enc, &plan.negative, 1, max_seq, &neg, NULL, NULL, &err) ==
+              KILN_OK);
+        want = oracle_f32(ref, "neg_prompt_embeds", NULL);
+        check_dev(&neg, want, "neg_prompt_embeds");
+        free(want);
+    }
+
     if (n_refs) {
         CHECKF(kiln_encode_references(enc, images, n_refs, &ref_tokens, &ref_ids, &R, &err) ==
                    KILN_OK, "%s", err.msg);
@@ -106,8 +135,8 @@ static void run_case(const char *name)
     CHECKF(den != NULL, "%s", err.msg);
     uint64_t seeds[8];
     for (int b = 0; b < P; b++)
-        seeds[b] = (uint64_t)cJSON_GetObjectItem(meta, "seed")->valuedouble;
-    /* The oracle draws the batch from one generator. */
+        seeds[b] = kiln_plan_row_seed(&plan, b);
+    /* The oracle draws the batch from one generator (seeds[0]). */
     kiln_denoise_job job = {.B = P, .embeds = &emb, .neg_embeds = cfg ? &neg : NULL,
                             .width = width, .height = height, .steps = steps,
                             .guidance = guidance, .seeds = seeds, .batch_noise = 1,
@@ -178,8 +207,18 @@ static void run_zimage_case(const char *name, cJSON *meta)
     float guidance = (float)cJSON_GetObjectItem(meta, "guidance")->valuedouble;
     int max_seq = cJSON_GetObjectItem(meta, "max_seq")->valueint;
     kiln_model_traits traits = kiln_model_traits_of(ck);
-    CHECK(traits.family == KILN_FAMILY_ZIMAGE && traits.default_steps == 9 &&
-          traits.default_guidance == 0.0f && !kiln_model_cfg_runs(&traits, guidance));
+    CHECK(!strcmp(traits.family, "zimage") && traits.default_steps == 9 &&
+          traits.default_guidance == 0.0f && traits.no_edits);
+    kiln_plan plan = plan_of(meta, texts, P, &traits, NULL, 0);
+    CHECK(plan.rows == P && !plan.cfg && !plan.negative && plan.run_steps == steps);
+    /* Without steps and guidance the request takes the Turbo defaults. */
+    kiln_request dq;
+    kiln_request_init(&dq);
+    dq.prompt = texts[0];
+    kiln_plan dplan;
+    kiln_limits lim = KILN_LIMITS_CLI;
+    CHECK(kiln_plan_make(&dplan, &dq, NULL, 1, &traits, &lim, &err) == KILN_OK &&
+          dplan.req.steps == 9 && dplan.req.guidance == 0.0f && !dplan.cfg);
 
     kiln_encode_opts eo = KILN_ENCODE_DEFAULTS;
     eo.with_references = 0;
@@ -209,8 +248,8 @@ static void run_zimage_case(const char *name, cJSON *meta)
     CHECKF(den != NULL, "%s", err.msg);
     uint64_t seeds[8];
     for (int b = 0; b < P; b++)
-        seeds[b] = (uint64_t)cJSON_GetObjectItem(meta, "seed")->valuedouble;
-    /* The oracle draws the batch from one generator. */
+        seeds[b] = kiln_plan_row_seed(&plan, b);
+    /* The oracle draws the batch from one generator (seeds[0]). */
     kiln_denoise_job job = {.B = P, .embeds = &emb, .txt_len = lens, .width = width,
                             .height = height, .steps = steps, .guidance = guidance,
                             .seeds = seeds, .batch_noise = 1};

@@ -20,6 +20,8 @@
 
 #include "common/bus.h"
 #include "common/bus_keys.h"
+#include "common/checkpoint.h"
+#include "engine/family.h"
 #include "common/domain.h"
 #include "common/log.h"
 #include "services/gateway/base64.h"
@@ -734,10 +736,18 @@ void svc_fake_hello(svc_fake *f, kiln_stage stage, int credits)
     kiln_err err = {0};
     if (kiln_domain_probe(&here, &err))
         fprintf(stderr, "%s: %s\n", f->id, err.msg);
+    /* ... serving the same model, with its traits (engine/family.h), as
+     * the gateway refuses a replica announcing others. */
+    kiln_checkpoint *ck = kiln_checkpoint_open(svc.model, &err);
+    if (!ck)
+        fprintf(stderr, "%s: %s\n", f->id, err.msg);
     kiln_msg m = {.type = KILN_MSG_HELLO,
                   .hello = {.stage = stage, .replica = f->id, .model = "klein-tiny",
                             .host = "mallory", .max_batch = 4,
                             .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM), .domain = here}};
+    if (ck)
+        m.hello.traits = kiln_model_traits_of(ck);
+    kiln_checkpoint_close(ck);
     svc_fake_send(f, &m);
     if (credits) {
         m = (kiln_msg){.type = KILN_MSG_READY, .ready.credits = credits};

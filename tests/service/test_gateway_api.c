@@ -213,12 +213,12 @@ static void test_generation_json(void)
         "\"quality\":\"standard\",\"user\":\"u1\",\"background\":\"opaque\","
         "\"moderation\":\"low\",\"partial_images\":2,\"stream\":false}";
     CHECKF(parse_json(json, KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
-    CHECK(strcmp(r.prompt, "a cat") == 0 && r.req.prompt == r.prompt);
-    CHECK(r.req.n == 3 && r.req.width == 128 && r.req.height == 64);
-    CHECK(r.seed_given && r.req.seed == 42);
-    CHECK(r.req.steps == 2 && r.req.guidance == 1.5f && r.req.max_sequence_length == 77);
-    CHECK(r.req.format == KILN_IMAGE_WEBP && r.req.compression == 80);
-    CHECK(r.cfg_negative == NULL && r.n_images == 0);
+    CHECK(strcmp(r.prompt, "a cat") == 0 && r.plan.req.prompt == r.prompt);
+    CHECK(r.plan.req.n == 3 && r.plan.req.width == 128 && r.plan.req.height == 64);
+    CHECK(r.seed_given && r.plan.req.seed == 42);
+    CHECK(r.plan.req.steps == 2 && r.plan.req.guidance == 1.5f && r.plan.req.max_sequence_length == 77);
+    CHECK(r.plan.req.format == KILN_IMAGE_WEBP && r.plan.req.compression == 80);
+    CHECK(r.plan.negative == NULL && r.n_images == 0);
     CHECK(strcmp(r.quality, "standard") == 0 && r.user && strcmp(r.user, "u1") == 0);
     /* usage: the transformer's tokens: 77 text, no reference, 2 x (128/16)(64/16). */
     CHECK(r.usage.text_tokens == 77 && r.usage.image_tokens == 0 && r.usage.output_tokens == 96);
@@ -227,9 +227,9 @@ static void test_generation_json(void)
     /* Defaults: the model's, resolved; no seed; nulls are "not given". */
     CHECK(parse_json("{\"prompt\":\"x\",\"n\":null,\"seed\":null,\"model\":null}",
                      KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK);
-    CHECK(r.req.n == 1 && r.req.width == 1024 && r.req.height == 1024);
-    CHECK(!r.seed_given && r.req.steps == 4 && r.req.guidance == 1.0f);
-    CHECK(r.req.max_sequence_length == 512 && r.req.format == KILN_IMAGE_PNG);
+    CHECK(r.plan.req.n == 1 && r.plan.req.width == 1024 && r.plan.req.height == 1024);
+    CHECK(!r.seed_given && r.plan.req.steps == 4 && r.plan.req.guidance == 1.0f);
+    CHECK(r.plan.req.max_sequence_length == 512 && r.plan.req.format == KILN_IMAGE_PNG);
     CHECK(strcmp(r.quality, "auto") == 0 && r.user == NULL);
     CHECK(r.usage.text_tokens == 512 && r.usage.output_tokens == 64 * 64);
     kiln_api_request_free(&r);
@@ -245,7 +245,7 @@ static void test_default_size_limits(void)
     const char *j = "{\"prompt\":\"x\",\"size\":\"auto\"}";
     CHECK(kiln_api_parse(KILN_API_GENERATE, "application/json; charset=utf-8", j, strlen(j), &c,
                          &r, &e) == KILN_OK);
-    CHECK(r.req.width == 1024 && r.req.height == 1024);
+    CHECK(r.plan.req.width == 1024 && r.plan.req.height == 1024);
     kiln_api_request_free(&r);
     c.limits.max_side = 512;
     CHECK(kiln_api_parse(KILN_API_GENERATE, NULL, j, strlen(j), &c, &r, &e) == KILN_ERR_INVALID);
@@ -258,15 +258,15 @@ static void test_seeds(void)
     kiln_api_error e;
     CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"seed\":\"18446744073709551615\"}",
                      KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK);
-    CHECK(r.req.seed == UINT64_MAX && r.seed_given);
+    CHECK(r.plan.req.seed == UINT64_MAX && r.seed_given);
     kiln_api_request_free(&r);
     CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"seed\":9007199254740992}",
                      KILN_API_GENERATE, &distilled, &r, &e) == KILN_OK);
-    CHECK(r.req.seed == 9007199254740992ull);
+    CHECK(r.plan.req.seed == 9007199254740992ull);
     kiln_api_request_free(&r);
     CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"seed\":0}", KILN_API_GENERATE,
                      &distilled, &r, &e) == KILN_OK);
-    CHECK(r.req.seed == 0 && r.seed_given);
+    CHECK(r.plan.req.seed == 0 && r.seed_given);
     kiln_api_request_free(&r);
     expect_error("{\"prompt\":\"x\",\"seed\":-1}", KILN_API_GENERATE, 400, "seed", NULL);
     expect_error("{\"prompt\":\"x\",\"seed\":1.5}", KILN_API_GENERATE, 400, "seed", NULL);
@@ -495,7 +495,7 @@ static void test_cost(void)
     /* No ceiling: allowed, with its cost. */
     c.max_cost = 0;
     CHECK(kiln_api_parse(KILN_API_GENERATE, NULL, big, strlen(big), &c, &r, &e) == KILN_OK);
-    CHECK_NEAR(r.cost, 68.64, 1e-2);
+    CHECK_NEAR(r.plan.cost, 68.64, 1e-2);
     kiln_api_request_free(&r);
     kiln_buf_free(&png), kiln_buf_free(&b64), kiln_buf_free(&json);
 }
@@ -506,19 +506,19 @@ static void test_base_checkpoint(void)
     kiln_api_error e;
     CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"negative_prompt\":\"blurry\"}",
                      KILN_API_GENERATE, &base, &r, &e) == KILN_OK);
-    CHECK(r.req.steps == 50 && r.req.guidance == 4.0f);
-    CHECK(r.cfg_negative && strcmp(r.cfg_negative, "blurry") == 0);
+    CHECK(r.plan.req.steps == 50 && r.plan.req.guidance == 4.0f);
+    CHECK(r.plan.negative && strcmp(r.plan.negative, "blurry") == 0);
     kiln_api_request_free(&r);
     /* No negative prompt: CFG still runs, on "" as diffusers does. */
     CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\"}", KILN_API_GENERATE, &base, &r, &e) ==
           KILN_OK);
-    CHECK(r.cfg_negative && r.cfg_negative[0] == '\0');
+    CHECK(r.plan.negative && r.plan.negative[0] == '\0');
     kiln_api_request_free(&r);
     /* guidance <= 1: no CFG, as the CLI decides. */
     CHECK(parse_json("{\"prompt\":\"x\",\"size\":\"64x64\",\"negative_prompt\":\"b\","
                      "\"guidance_scale\":1}",
                      KILN_API_GENERATE, &base, &r, &e) == KILN_OK);
-    CHECK(r.cfg_negative == NULL);
+    CHECK(r.plan.negative == NULL);
     kiln_api_request_free(&r);
 }
 
@@ -537,14 +537,14 @@ static void test_edit_json(void)
     for (int i = 0; i < r.n_images; i++)
         CHECK(r.images[i].len == png.len && memcmp(r.images[i].data, png.data, png.len) == 0);
     /* Without a size, the output is the first reference's size. */
-    CHECK(r.req.width == 96 && r.req.height == 80);
-    CHECK(r.req.refs == NULL && r.req.n_refs == 2);
+    CHECK(r.plan.req.width == 96 && r.plan.req.height == 80);
+    CHECK(r.plan.req.refs == NULL && r.plan.req.n_refs == 2);
     kiln_api_request_free(&r);
     /* One image as a plain string. */
     snprintf(json, cap, "{\"prompt\":\"edit\",\"size\":\"64x64\",\"image\":\"%.*s\"}", (int)b64.len,
              (char *)b64.data);
     CHECK(parse_json(json, KILN_API_EDIT, &distilled, &r, &e) == KILN_OK);
-    CHECK(r.n_images == 1 && r.req.width == 64);
+    CHECK(r.n_images == 1 && r.plan.req.width == 64);
     kiln_api_request_free(&r);
     /* Nine references are one too many. */
     size_t off = (size_t)snprintf(json, cap, "{\"prompt\":\"e\",\"image\":[");
@@ -655,9 +655,9 @@ static void test_edit_multipart(void)
            e.err.msg);
     CHECK(r.n_images == 2 && r.images[1].len == pngs[1].len &&
           memcmp(r.images[1].data, pngs[1].data, pngs[1].len) == 0);
-    CHECK(r.req.n == 2 && r.req.seed == 7 && r.seed_given && r.req.width == 64 &&
-          r.req.height == 128 && r.req.steps == 2 && r.req.guidance == 1.0f);
-    CHECK(r.req.format == KILN_IMAGE_JPEG && r.req.compression == 100);
+    CHECK(r.plan.req.n == 2 && r.plan.req.seed == 7 && r.seed_given && r.plan.req.width == 64 &&
+          r.plan.req.height == 128 && r.plan.req.steps == 2 && r.plan.req.guidance == 1.0f);
+    CHECK(r.plan.req.format == KILN_IMAGE_JPEG && r.plan.req.compression == 100);
     CHECK(strcmp(r.prompt, "make it blue") == 0);
     kiln_api_request_free(&r);
     kiln_buf_free(&body);
@@ -666,7 +666,7 @@ static void test_edit_multipart(void)
     const char *f2[] = {"prompt", "p", NULL};
     body = form(f2, pngs, 1, "image");
     CHECK(kiln_api_parse(KILN_API_EDIT, ct, body.data, body.len, &c, &r, &e) == KILN_OK);
-    CHECK(r.n_images == 1 && r.req.width == 64 && r.req.height == 64);
+    CHECK(r.n_images == 1 && r.plan.req.width == 64 && r.plan.req.height == 64);
     kiln_api_request_free(&r);
     kiln_buf_free(&body);
 
@@ -707,7 +707,7 @@ static void test_edit_multipart(void)
     const char *f3[] = {"prompt", "p", "size", "64x64", NULL};
     body = form(f3, NULL, 0, "image");
     CHECK(kiln_api_parse(KILN_API_GENERATE, ct, body.data, body.len, &c, &r, &e) == KILN_OK);
-    CHECK(r.req.width == 64);
+    CHECK(r.plan.req.width == 64);
     kiln_api_request_free(&r);
     kiln_buf_free(&body);
     kiln_buf_free(&pngs[0]);
@@ -892,7 +892,7 @@ static void test_edit_images_form(void)
     CHECKF(parse_json(json, E, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
     CHECK(r.n_images == 2 && r.images[1].len == png.len &&
           memcmp(r.images[1].data, png.data, png.len) == 0);
-    CHECK(r.req.width == 96 && r.req.height == 80);
+    CHECK(r.plan.req.width == 96 && r.plan.req.height == 80);
     kiln_api_request_free(&r);
     /* With image as well: one field given twice. */
     snprintf(json, cap, "{\"prompt\":\"e\",\"image\":\"%.*s\",\"images\":[{\"image_url\":\"%.*s\"}]}",
@@ -930,7 +930,7 @@ static void test_strength(void)
     snprintf(json, cap, "{\"prompt\":\"e\",\"strength\":0.6,\"image\":\"%.*s\"}", (int)b64.len,
              (char *)b64.data);
     CHECKF(parse_json(json, E, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
-    CHECK(r.req.strength == 0.6 && r.req.width == 192 && r.req.height == 128);
+    CHECK(r.plan.req.strength == 0.6 && r.plan.req.width == 192 && r.plan.req.height == 128);
     kiln_api_request_free(&r);
     /* 4 steps x 0.2 < 1 still runs one step (diffusers' get_timesteps). */
     snprintf(json, cap, "{\"prompt\":\"e\",\"strength\":0.2,\"image\":\"%.*s\"}", (int)b64.len,
@@ -982,7 +982,7 @@ static void test_mask(void)
         snprintf(json + k, cap - (size_t)k, "}");
         CHECKF(parse_json(json, E, &distilled, &r, &e) == KILN_OK, "%s", e.err.msg);
         CHECK(r.mask.len == png.len && !memcmp(r.mask.data, png.data, png.len));
-        CHECK(r.req.strength == 0.8 && r.req.width == 96 && r.req.height == 80);
+        CHECK(r.plan.req.strength == 0.8 && r.plan.req.width == 96 && r.plan.req.height == 80);
         kiln_api_request_free(&r);
     }
     /* Another size than the image's. */
@@ -1012,7 +1012,7 @@ static void test_mask(void)
     kiln_api_config c = config(&distilled);
     CHECKF(kiln_api_parse(E, "multipart/form-data; boundary=BOUND", body.data, body.len, &c, &r,
                           &e) == KILN_OK, "%s", e.err.msg);
-    CHECK(r.mask.len == png.len && r.req.strength == 0.5);
+    CHECK(r.mask.len == png.len && r.plan.req.strength == 0.5);
     kiln_api_request_free(&r);
     kiln_buf_free(&body);
     (void)files;

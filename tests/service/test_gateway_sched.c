@@ -138,11 +138,19 @@ static uint64_t new_epoch(world *w, const char *id)
 
 /* Sends m as from `peer`, in its registered incarnation unless m names an
  * epoch itself (a forged or stale message). */
+/* The traits the replicas of these tests announce (a distilled klein), and
+ * the requests are resolved with. */
+static const kiln_model_traits tiny = {.family = "flux2", .default_steps = 4,
+                                       .default_guidance = 1.0f, .text_width = 48,
+                                       .latent_channels = 32};
+
 static void deliver(world *w, const char *peer, const kiln_msg *m)
 {
     kiln_buf f = {0};
     kiln_err err = {0};
     kiln_msg stamped = *m;
+    if (stamped.type == KILN_MSG_HELLO && !stamped.hello.traits.family[0])
+        stamped.hello.traits = tiny;
     if (!stamped.epoch)
         stamped.epoch = epoch_of(w, peer) ? epoch_of(w, peer) : 0xdead;
     m = &stamped;
@@ -297,8 +305,7 @@ static void expect_idle(world *w)
 
 static kiln_status submit(world *w, const char *json, uint64_t *id)
 {
-    kiln_api_config c = {.model_id = "klein-tiny",
-                         .traits = {.default_steps = 4, .default_guidance = 1.0f},
+    kiln_api_config c = {.model_id = "klein-tiny", .traits = tiny,
                          .limits = KILN_LIMITS_SERVICE,
                          .image_limits = KILN_IMAGE_LIMITS_DEFAULT, .max_body_bytes = 64u << 20};
     c.limits.min_side = 64;
@@ -1488,8 +1495,43 @@ static void test_trace_device_times(void)
     world_free(&w);
 }
 
+/* The model's traits come from the first replica's hello; a replica of the
+ * same model name announcing other traits is refused, and they stay. */
+static void test_traits(void)
+{
+    world w;
+    world_init(&w, 8);
+    kiln_model_traits t;
+    CHECK(!kiln_sched_traits(w.s, &t));
+    hello(&w, "encode-z", KILN_STAGE_ENCODE, "other-model", 2); /* refused: no traits taken */
+    CHECK(!kiln_sched_traits(w.s, &t));
+    kiln_model_traits zimage = {.family = "zimage", .cfg = 1, .cfg_above_zero = 1,
+                                .no_edits = 1, .default_steps = 9, .text_width = 2560,
+                                .latent_channels = 64};
+    kiln_msg m = {.type = KILN_MSG_HELLO, .epoch = new_epoch(&w, "denoise-z"),
+                  .hello = {.stage = KILN_STAGE_DENOISE, .replica = "denoise-z",
+                            .model = "klein-tiny", .host = "test", .max_batch = 4,
+                            .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM), .domain = one_box,
+                            .traits = zimage}};
+    deliver(&w, "denoise-z", &m);
+    CHECK(kiln_sched_traits(w.s, &t) && kiln_model_traits_equal(&t, &zimage));
+    CHECK(!strcmp(t.family, "zimage") && t.default_steps == 9 && t.default_guidance == 0.0f);
+    hello(&w, "encode-a", KILN_STAGE_ENCODE, "klein-tiny", 2); /* tiny's traits: refused */
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[0] == 0 && g.replicas[1] == 1);
+    m.epoch = new_epoch(&w, "encode-b");
+    m.hello.replica = "encode-b", m.hello.stage = KILN_STAGE_ENCODE;
+    deliver(&w, "encode-b", &m);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[0] == 1);
+    CHECK(kiln_sched_traits(w.s, &t) && kiln_model_traits_equal(&t, &zimage));
+    world_free(&w);
+}
+
 int main(void)
 {
+    RUN(test_traits);
     RUN(test_flow);
     RUN(test_bye);
     RUN(test_leaving);

@@ -49,6 +49,12 @@ static int ref_equal(const kiln_tensor_ref *a, const kiln_tensor_ref *b)
            (a->device == b->device && !memcmp(a->handle, b->handle, sizeof a->handle));
 }
 
+/* A Z-Image-Turbo replica's traits (engine/family.c). */
+static const kiln_model_traits zimage = {.family = "zimage", .cfg = 1, .cfg_above_zero = 1,
+                                         .no_edits = 1, .default_steps = 9,
+                                         .default_guidance = 0.0f, .text_width = 2560,
+                                         .latent_channels = 64};
+
 static void test_hello_ready_hb_cancel(void)
 {
     kiln_msg m = {.type = KILN_MSG_HELLO, .epoch = EPOCH,
@@ -56,9 +62,11 @@ static void test_hello_ready_hb_cancel(void)
                             .model = "klein-tiny", .host = "box", .max_batch = 4,
                             .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM) |
                                           KILN_TRANSPORT_BIT(KILN_REF_INLINE),
-                            .domain = {.host = "boot-1", .gpu = -1}}};
+                            .domain = {.host = "boot-1", .gpu = -1}, .traits = zimage}};
     kiln_msg *d = roundtrip(&m);
     if (d) {
+        CHECK(kiln_model_traits_equal(&d->hello.traits, &zimage));
+        CHECK(!strcmp(d->hello.traits.family, "zimage") && d->hello.traits.default_steps == 9);
         CHECK(d->type == KILN_MSG_HELLO && d->hello.stage == KILN_STAGE_DENOISE);
         CHECK(!strcmp(d->hello.replica, "denoise-box-17") && !strcmp(d->hello.model, "klein-tiny"));
         CHECK(!strcmp(d->hello.host, "box") && d->hello.max_batch == 4);
@@ -66,6 +74,31 @@ static void test_hello_ready_hb_cancel(void)
         CHECK(d->hello.version == KILN_PROTO_VERSION && d->epoch == EPOCH);
     }
     kiln_msg_free(d);
+    /* A klein base checkpoint's traits: the guidance default as a float. */
+    m.hello.traits = (kiln_model_traits){.family = "flux2", .cfg = 1, .default_steps = 50,
+                                         .default_guidance = 4.0f, .text_width = 7680,
+                                         .latent_channels = 128};
+    d = roundtrip(&m);
+    CHECK(d && kiln_model_traits_equal(&d->hello.traits, &m.hello.traits) &&
+          !d->hello.traits.cfg_above_zero && d->hello.traits.default_guidance == 4.0f);
+    kiln_msg_free(d);
+    /* Traits a gateway could not resolve requests with are refused. */
+    kiln_buf tb = {0};
+    kiln_err terr = {0};
+    kiln_msg tbad = m;
+    tbad.hello.traits.family[0] = '\0';
+    CHECK(kiln_msg_encode(&tbad, &tb, &terr) == KILN_ERR_INVALID && strstr(terr.msg, "traits"));
+    tbad = m, tbad.hello.traits.default_steps = 0;
+    CHECK(kiln_msg_encode(&tbad, &tb, &terr) == KILN_ERR_INVALID);
+    tbad = m, tbad.hello.traits.default_guidance = 101.0f;
+    CHECK(kiln_msg_encode(&tbad, &tb, &terr) == KILN_ERR_INVALID);
+    tbad = m, tbad.hello.traits.text_width = KILN_TRAITS_WIDEST_TEXT + 1;
+    CHECK(kiln_msg_encode(&tbad, &tb, &terr) == KILN_ERR_INVALID);
+    snprintf(tbad.hello.traits.family, sizeof tbad.hello.traits.family, "Flux 2");
+    tbad.hello.traits.text_width = 7680;
+    CHECK(kiln_msg_encode(&tbad, &tb, &terr) == KILN_ERR_INVALID);
+    kiln_buf_free(&tb);
+    m.hello.traits = zimage;
 
     m = (kiln_msg){.type = KILN_MSG_FENCED, .epoch = UINT64_MAX};
     d = roundtrip(&m);
@@ -477,7 +510,8 @@ static void test_domains(void)
                                        .mnt_ns = 12, .pid_ns = 13, .n_gpus = 2, .gpu = 1,
                                        .gpus = {"GPU-aa", "GPU-bb"}},
                             .data = "tcp://10.0.0.7:7001",
-                            .data_key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"}};
+                            .data_key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7",
+                            .traits = zimage}};
     kiln_msg *d = roundtrip(&m);
     if (d) {
         const kiln_domain *o = &d->hello.domain;

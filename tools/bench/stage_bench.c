@@ -1,13 +1,16 @@
-/* kiln-stagebench: the klein pipeline's stages in one process, loaded once
+/* kiln-stagebench: a checkpoint's pipeline stages in one process, loaded once
  * and timed in steady state, for the speed work: where does the time of one
  * image go before HTTP, queues and transports are added (kiln-bench measures
  * those through the gateway).
  *
  *   kiln-stagebench --model DIR [--device cuda] [--gpu N] [--size 1024x1024]
- *                   [--steps 4] [--iters 5] [--warmup 1] [--prompts FILE]
+ *                   [--steps S] [--iters 5] [--warmup 1] [--prompts FILE]
  *                   [--text-encoder-out-layers A,B,C]
  *
- * Per iteration (B = 1, prompt i of the list, seed i): encode (tokenizer +
+ * Per iteration (B = 1, prompt i of the list, seed i, resolved as the CLI
+ * and the service resolve a request (engine/plan.h): the checkpoint's
+ * default steps unless --steps, its default guidance, CFG when the plan
+ * runs it): encode (tokenizer +
  * Qwen3 up to the deepest layer used), denoise (noise, scheduler and the DiT
  * loop), decode (VAE, 8-bit conversion, download) and PNG encoding with the
  * default options, each between backend syncs on a host clock.  The denoise
@@ -27,6 +30,8 @@
 #include "engine/decode_stage.h"
 #include "engine/denoise_stage.h"
 #include "engine/encode_stage.h"
+#include "engine/family.h"
+#include "engine/plan.h"
 
 #ifndef KILN_BENCH_PROMPTS
 #define KILN_BENCH_PROMPTS "tools/bench/prompts.txt"
@@ -44,7 +49,8 @@ typedef struct opts {
 
 static int parse(int argc, char **argv, opts *o)
 {
-    *o = (opts){NULL, "cuda", KILN_BENCH_PROMPTS, 0, 1024, 1024, 4, 5, 1, KILN_ENCODE_DEFAULTS};
+    /* steps 0: the checkpoint's default (its traits) */
+    *o = (opts){NULL, "cuda", KILN_BENCH_PROMPTS, 0, 1024, 1024, 0, 5, 1, KILN_ENCODE_DEFAULTS};
     o->enc.with_references = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc)
@@ -98,6 +104,8 @@ static const char *const m_names[M_COUNT] = {
 
 typedef struct stages {
     kiln_checkpoint *ck;
+    kiln_model_traits traits;
+    int steps; /* as the plans resolve them */
     kiln_backend *be;
     kiln_encode_stage *enc;
     kiln_denoise_stage *den;
@@ -137,6 +145,7 @@ static kiln_status load(stages *s, const opts *o, kiln_err *err)
     if (!(s->ck = kiln_checkpoint_open(o->model, err)) ||
         !(s->be = kiln_backend_create(o->device, o->gpu, err)))
         return err->code;
+    s->traits = kiln_model_traits_of(s->ck);
     mem_mark(s, M_BACKEND);
     if (!(s->enc = kiln_encode_stage_create(s->be, s->ck, &o->enc, err)))
         return err->code;
@@ -155,16 +164,32 @@ static kiln_status one_image(stages *s, const opts *o, const char *prompt, uint6
                              double t[T_COUNT], kiln_err *err)
 {
     kiln_backend *be = s->be;
-    kiln_tensor emb = {0}, lat = {0}, lat1 = {0};
+    kiln_request q;
+    kiln_request_init(&q);
+    q.prompt = prompt, q.seed = seed, q.width = o->width, q.height = o->height, q.steps = o->steps;
+    kiln_limits lim = KILN_LIMITS_CLI;
+    kiln_plan plan;
+    if (kiln_plan_make(&plan, &q, NULL, 1, &s->traits, &lim, err))
+        return err->code;
+    if (plan.req.steps < 2)
+        return kiln_err_set(err, KILN_ERR_INVALID, "the step time needs 2 steps or more");
+    s->steps = plan.req.steps;
+    kiln_tensor emb = {0}, neg = {0}, lat = {0}, lat1 = {0};
     kiln_image img = {0};
     kiln_buf png = {0};
     kiln_image_encode_opts eo = KILN_IMAGE_ENCODE_DEFAULTS;
-    int len = 0; /* real tokens: Z-Image's DiT reads those rows */
-    kiln_denoise_job job = {.B = 1, .embeds = &emb, .txt_len = &len, .width = o->width,
-                            .height = o->height, .steps = o->steps, .guidance = -1,
-                            .seeds = &seed};
+    int len = 0, neg_len = 0; /* real tokens: Z-Image's DiT reads those rows */
+    uint64_t row_seed = kiln_plan_row_seed(&plan, 0);
+    kiln_denoise_job job = {.B = 1, .embeds = &emb, .neg_embeds = plan.cfg ? &neg : NULL,
+                            .txt_len = &len, .neg_len = &neg_len, .width = plan.req.width,
+                            .height = plan.req.height, .steps = plan.req.steps,
+                            .guidance = plan.req.guidance, .seeds = &row_seed};
     double t0 = kiln_now_ms();
-    kiln_status st = kiln_encode_prompts(s->enc, &prompt, 1, 512, &emb, NULL, &len, err);
+    kiln_status st = kiln_encode_prompts(s->enc, &prompt, 1, plan.req.max_sequence_length, &emb,
+                                         NULL, &len, err);
+    if (!st && plan.cfg)
+        st = kiln_encode_prompts(s->enc, &plan.negative, 1, plan.req.max_sequence_length, &neg,
+                                 NULL, &neg_len, err);
     if (!st) {
         kiln_be_sync(be);
         st = kiln_be_check(be, err);
@@ -190,6 +215,7 @@ static kiln_status one_image(stages *s, const opts *o, const char *prompt, uint6
     t[T_ENCODE] = t1 - t0, t[T_DENOISE] = t2 - t1, t[T_DENOISE1] = t3 - t2;
     t[T_DECODE] = t4 - t3, t[T_PNG] = t5 - t4;
     kiln_be_free(be, &emb);
+    kiln_be_free(be, &neg);
     kiln_be_free(be, &lat);
     kiln_be_free(be, &lat1);
     kiln_image_free(&img);
@@ -202,7 +228,8 @@ int main(int argc, char **argv)
     opts o;
     if (parse(argc, argv, &o)) {
         fprintf(stderr, "usage: kiln-stagebench --model DIR [--device cuda|cpu] [--gpu N]\n"
-                        "  [--size WxH] [--steps N>=2] [--iters N] [--warmup N] [--prompts FILE]\n"
+                        "  [--size WxH] [--steps N>=2 (the model's default)] [--iters N]\n"
+                        "  [--warmup N] [--prompts FILE]\n"
                         "  [--text-encoder-out-layers A,B,C]\n");
         return 2;
     }
@@ -237,10 +264,11 @@ int main(int argc, char **argv)
         double med[T_COUNT];
         for (int k = 0; k < T_COUNT; k++)
             med[k] = kiln_bench_median(t + (size_t)k * (size_t)o.iters, (size_t)o.iters);
-        double step = (med[T_DENOISE] - med[T_DENOISE1]) / (o.steps - 1);
-        printf("kiln-stagebench %s on %s, %dx%d, %d steps, B=1: median of %d after %d warm-up(s); "
-               "load %.0f ms\n",
-               o.model, o.device, o.width, o.height, o.steps, o.iters, o.warmup, t_load);
+        double step = (med[T_DENOISE] - med[T_DENOISE1]) / (s.steps - 1);
+        printf("kiln-stagebench %s (%s) on %s, %dx%d, %d steps, B=1: median of %d after %d "
+               "warm-up(s); load %.0f ms\n",
+               o.model, s.traits.family, o.device, o.width, o.height, s.steps, o.iters, o.warmup,
+               t_load);
         for (int k = 0; k < T_COUNT; k++)
             printf("  %-28s %9.2f ms\n", t_names[k], med[k]);
         printf("  %-28s %9.2f ms\n", "one denoise step", step);
