@@ -32,7 +32,8 @@
 # carried with the run (torch and transformers are on the GPU machine).
 #
 # Env: KILN_BENCH_MODELS ("klein-4b"; e.g. "klein-4b klein-9b zimage-turbo":
-#      each a kiln make-checkpoint preset),
+#      each a kiln make-checkpoint preset, or a folder under KILN_BENCH_DATA
+#      holding a model_index.json, kept as it is: a published checkpoint),
 #      KILN_BENCH_DATA (/tmp/kiln-bench: checkpoints), KILN_BENCH_SIZE
 #      (1024x1024), KILN_BENCH_STEPS (4 for klein), KILN_BENCH_ZIMAGE_STEPS
 #      (9, Z-Image-Turbo's recipe), KILN_BENCH_N (20), KILN_BENCH_WARMUP
@@ -95,12 +96,15 @@ mem_peak() {
 }
 mem_idle() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 
-# The steps a model is benchmarked with: its published recipe.
+# The steps a model is benchmarked with: its published recipe, by the
+# folder's pipeline class (so a published folder named anything, e.g.
+# KILN_BENCH_DATA=/models KILN_BENCH_MODELS=Z-Image-Turbo, gets Turbo's 9).
 steps_of() {
-  case $1 in
-    zimage*) echo "${KILN_BENCH_ZIMAGE_STEPS:-9}" ;;
-    *) echo "$steps" ;;
-  esac
+  if grep -q '"ZImagePipeline"' "$data/$1/model_index.json" 2>/dev/null; then
+    echo "${KILN_BENCH_ZIMAGE_STEPS:-9}"
+  else
+    echo "$steps"
+  fi
 }
 
 step_env() {
