@@ -4,7 +4,8 @@
  * reach every path: empty and tiny inputs, runs at and over the 258-byte
  * match limit, blocks past 16384 symbols, incompressible data (stored
  * blocks, also over 65535 bytes), and a Fibonacci-distributed alphabet
- * whose Huffman tree is deeper than 15 bits (the length limit).  The output
+ * whose Huffman tree is deeper than 15 bits (the length limit); and 300
+ * random mixtures of these.  The output
  * stays within kiln_image_png_deflate_bound, and is as small as zlib's
  * Z_RLE stream within 1% + 64 bytes on data with runs. */
 #include <stdint.h>
@@ -174,6 +175,25 @@ static void test_deep_tree(void)
     free(in);
 }
 
+/* 300 random inputs of 0..70000 bytes mixing runs of random lengths,
+ * skewed literals and noise, cut into 1..5 calls. */
+static void test_random(void)
+{
+    uint8_t *in = malloc(70000);
+    for (int t = 0; t < 300; t++) {
+        size_t n = rng() % 70001;
+        for (size_t i = 0; i < n;) {
+            uint32_t kind = rng() % 3, len = 1 + rng() % (kind == 0 ? 700 : 300);
+            uint8_t v = (uint8_t)rng();
+            for (uint32_t k = 0; k < len && i < n; k++, i++)
+                in[i] = kind == 0 ? v : kind == 1 ? (uint8_t)(v + rng() % 4) : (uint8_t)rng();
+        }
+        int parts = 1 + (int)(rng() % 5);
+        round_trip("random", in, n, n ? parts : 1);
+    }
+    free(in);
+}
+
 int main(void)
 {
     RUN(test_small);
@@ -181,5 +201,6 @@ int main(void)
     RUN(test_literals);
     RUN(test_noise);
     RUN(test_deep_tree);
+    RUN(test_random);
     return test_finish();
 }
