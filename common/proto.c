@@ -11,7 +11,7 @@
 static const char *const msg_names[KILN_MSG_TYPE_END] = {
     [KILN_MSG_HELLO] = "hello",   [KILN_MSG_READY] = "ready",   [KILN_MSG_HB] = "hb",
     [KILN_MSG_DONE] = "done",     [KILN_MSG_RELEASE] = "release", [KILN_MSG_BYE] = "bye",
-    [KILN_MSG_LEAVING] = "leaving",
+    [KILN_MSG_LEAVING] = "leaving", [KILN_MSG_PARTIAL] = "partial",
     [KILN_MSG_JOB] = "job",
     [KILN_MSG_CANCEL] = "cancel", [KILN_MSG_FREE] = "free",     [KILN_MSG_FENCED] = "fenced",
     [KILN_MSG_GONE] = "gone",     [KILN_MSG_FETCH] = "fetch",
@@ -314,6 +314,9 @@ static kiln_status check_job(const kiln_msg_job *j, kiln_err *err)
             return kiln_err_set(err, KILN_ERR_INVALID, "guidance out of range");
         if (d->batch_noise != 0 && d->batch_noise != 1)
             return kiln_err_set(err, KILN_ERR_INVALID, "batch_noise must be a bool");
+        if (d->previews < 0 || d->previews > KILN_PROTO_MAX_PREVIEWS)
+            return kiln_err_set(err, KILN_ERR_INVALID, "previews must be 0..%d",
+                                KILN_PROTO_MAX_PREVIEWS);
         break;
     }
     case KILN_STAGE_DECODE: {
@@ -410,6 +413,13 @@ static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
         return KILN_OK;
     case KILN_MSG_DONE:
         return check_done(&m->done, err) ? kiln_err_wrap(err, "done") : KILN_OK;
+    case KILN_MSG_PARTIAL:
+        if (!m->done.ok || m->done.n_images || m->done.n_ms || m->done.preview < 0 ||
+            m->done.preview >= KILN_PROTO_MAX_PREVIEWS || !kiln_ref_map_get(&m->done.out, "latents"))
+            return kiln_err_set(err, KILN_ERR_INVALID,
+                                "partial: needs latents and a preview index 0..%d, nothing else",
+                                KILN_PROTO_MAX_PREVIEWS - 1);
+        return check_map(&m->done.out, "out", err) ? kiln_err_wrap(err, "partial") : KILN_OK;
     case KILN_MSG_RELEASE:
     case KILN_MSG_FREE:
     case KILN_MSG_FETCH:

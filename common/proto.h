@@ -56,6 +56,7 @@
 #define KILN_PROTO_MAX_STRING (1u << 20)  /* prompts, error messages */
 #define KILN_PROTO_MAX_SEQ 4096           /* encode max_seq */
 #define KILN_PROTO_MAX_STEPS 1000
+#define KILN_PROTO_MAX_PREVIEWS 3         /* previews of one denoise job (OpenAI's partial_images) */
 #define KILN_PROTO_MAX_CREDITS 65536
 #define KILN_PROTO_ALIGN 64               /* slab offsets are multiples of this */
 #define KILN_PROTO_ENDPOINT_MAX 256       /* data socket endpoints, with the NUL */
@@ -70,6 +71,7 @@ typedef enum kiln_msg_type {
     KILN_MSG_RELEASE,
     KILN_MSG_BYE,
     KILN_MSG_LEAVING,
+    KILN_MSG_PARTIAL, /* a preview of a running job's result (kiln_msg_done's fields) */
     /* gateway -> replica */
     KILN_MSG_JOB,
     KILN_MSG_CANCEL,
@@ -226,6 +228,12 @@ typedef struct kiln_msg_done {
     kiln_bytes images[KILN_PROTO_MAX_ROWS];
     int n_ms;
     kiln_timing ms[KILN_PROTO_MAX_TIMINGS];
+    /* partial only (job, out and this; always ok, no images or timings):
+     * the preview's index 0 .. KILN_PROTO_MAX_PREVIEWS-1 among the job's
+     * previews; out holds `latents`, the current estimate of the clean
+     * latents (engine/denoise_stage.h on_preview), which the gateway
+     * sends to a decoder like final latents. */
+    int preview;
 } kiln_msg_done;
 
 typedef struct kiln_msg_refs {
@@ -270,6 +278,11 @@ typedef struct kiln_job_denoise {
      * "ref_tokens" input is the starting image; 0 (absent on the wire):
      * text-to-image or edit. */
     double strength;
+    /* Previews (OpenAI's partial_images, 0..KILN_PROTO_MAX_PREVIEWS; 0
+     * when absent on the wire): the denoiser sends a `partial` with the
+     * estimate of the clean latents at the steps
+     * kiln_sched_preview_steps picks, before its done. */
+    int previews;
 } kiln_job_denoise;
 
 typedef struct kiln_job_decode {

@@ -506,6 +506,9 @@ static kiln_status job_denoise(dec *d, const msgpack_object *o, kiln_job_denoise
     if (g && (num_of(d, g, "strength", &j->strength) ||
               !(j->strength == 0 || (j->strength > 0 && j->strength <= 1))))
         return bad(d, "strength", "not 0 or a number in (0, 1]");
+    g = get(o, "previews");
+    if (g && get_int(d, o, "previews", &j->previews))
+        return KILN_ERR_INVALID;
     return KILN_OK;
 }
 
@@ -581,6 +584,12 @@ static kiln_status extract(dec *d, const msgpack_object *o, kiln_msg *m)
                    ? KILN_ERR_INVALID
                    : KILN_OK;
     case KILN_MSG_DONE: return done(d, o, &m->done);
+    case KILN_MSG_PARTIAL:
+        m->done.ok = 1;
+        return get_u64(d, o, "job", &m->done.job) || get_int(d, o, "preview", &m->done.preview) ||
+                       ref_map(d, o, "out", 0, &m->done.out)
+                   ? KILN_ERR_INVALID
+                   : KILN_OK;
     case KILN_MSG_RELEASE:
     case KILN_MSG_FREE:
     case KILN_MSG_FETCH: return refs(d, o, &m->refs);

@@ -187,7 +187,7 @@ static void done(msgpack_packer *pk, const kiln_msg *m)
 static void job(msgpack_packer *pk, const kiln_msg *m)
 {
     const kiln_msg_job *j = &m->job;
-    static const int fields[KILN_STAGE_COUNT] = {6, 8, 4};
+    static const int fields[KILN_STAGE_COUNT] = {6, 9, 4};
     head(pk, m, (size_t)(5 + fields[j->stage]));
     kv_u64(pk, "job", j->job);
     kv_str(pk, "stage", kiln_stage_name(j->stage));
@@ -235,6 +235,7 @@ static void job(msgpack_packer *pk, const kiln_msg *m)
         kv_bool(pk, "batch_noise", d->batch_noise);
         key(pk, "strength"); /* 0: not img2img */
         msgpack_pack_double(pk, d->strength);
+        kv_int(pk, "previews", d->previews);
         break;
     }
     case KILN_STAGE_DECODE: {
@@ -287,6 +288,12 @@ kiln_status kiln_msg_encode(const kiln_msg *m, kiln_buf *out, kiln_err *err)
         head(&pk, m, 0);
         break;
     case KILN_MSG_DONE: done(&pk, m); break;
+    case KILN_MSG_PARTIAL:
+        head(&pk, m, 3);
+        kv_u64(&pk, "job", m->done.job);
+        kv_int(&pk, "preview", m->done.preview);
+        ref_map(&pk, "out", &m->done.out);
+        break;
     case KILN_MSG_RELEASE:
     case KILN_MSG_FREE:
     case KILN_MSG_FETCH: refs(&pk, m); break;

@@ -160,6 +160,17 @@ void kiln_worker_release_inputs(kiln_worker *w, kiln_worker_job *j);
 kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *name,
                                const kiln_tensor *src, int64_t row0, int64_t rows, int as_inline,
                                kiln_err *err);
+/* A preview of the job's result before its done (the denoiser's partial
+ * images): rows [row0, row0 + rows) of src go out at once as a `partial`
+ * message with the job's id, preview index `preview` and output
+ * "latents", made like kiln_worker_output's (shm or cuda_ipc, synced
+ * first); the gateway hands it to a decoder, and the range comes back
+ * through `free` like any output.  Nothing is sent for a cancelled job or
+ * a halted incarnation (KILN_OK).  Errors (no memory in the pool, a
+ * message that cannot be sent) leave nothing allocated; the job itself
+ * may go on.  Backend thread (it may copy on the device). */
+kiln_status kiln_worker_partial(kiln_worker *w, kiln_worker_job *j, int preview,
+                                const kiln_tensor *src, int64_t row0, int64_t rows, kiln_err *err);
 /* Output from host memory (e.g. int32 ids), always inline. */
 kiln_status kiln_worker_output_host(kiln_worker *w, kiln_worker_job *j, const char *name,
                                     kiln_dtype dt, int ndim, const int64_t *shape,

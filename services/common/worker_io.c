@@ -198,9 +198,11 @@ static kiln_status add_output(kiln_worker_job *j, const char *name, kiln_transpo
     return KILN_OK;
 }
 
-kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *name,
-                               const kiln_tensor *src, int64_t row0, int64_t rows, int as_inline,
-                               kiln_err *err)
+/* Copies rows [row0, row0 + rows) of src into a new reference of the
+ * transport kiln_worker_output describes; *tx_out is where it returns. */
+static kiln_status make_ref(kiln_worker *w, kiln_worker_job *j, const char *name,
+                            const kiln_tensor *src, int64_t row0, int64_t rows, int as_inline,
+                            kiln_transport **tx_out, kiln_tensor_ref *ref_out, kiln_err *err)
 {
     if (src->ndim < 1 || row0 < 0 || rows < 1 || row0 + rows > src->shape[0])
         return kiln_err_set(err, KILN_ERR_INTERNAL, "output %s: bad rows", name);
@@ -227,7 +229,8 @@ kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *n
             kiln_transport_free(w->cuda, &ref, NULL);
             return kiln_err_wrap(err, "output %s", name);
         }
-        return add_output(j, name, w->cuda, &ref, err);
+        *tx_out = w->cuda, *ref_out = ref;
+        return KILN_OK;
     }
     /* Device tensors come down as f32 (the consumer converts on upload). */
     kiln_dtype dt = src->on_device ? KILN_F32 : src->dtype;
@@ -243,7 +246,45 @@ kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *n
     } else {
         memcpy(dst, view.data, (size_t)ref.len);
     }
+    *tx_out = tx, *ref_out = ref;
+    return KILN_OK;
+}
+
+kiln_status kiln_worker_output(kiln_worker *w, kiln_worker_job *j, const char *name,
+                               const kiln_tensor *src, int64_t row0, int64_t rows, int as_inline,
+                               kiln_err *err)
+{
+    kiln_transport *tx;
+    kiln_tensor_ref ref;
+    if (make_ref(w, j, name, src, row0, rows, as_inline, &tx, &ref, err))
+        return err ? err->code : KILN_ERR_INTERNAL;
     return add_output(j, name, tx, &ref, err);
+}
+
+kiln_status kiln_worker_partial(kiln_worker *w, kiln_worker_job *j, int preview,
+                                const kiln_tensor *src, int64_t row0, int64_t rows, kiln_err *err)
+{
+    if (job_cancelled(j) || worker_halted(w))
+        return KILN_OK; /* nobody waits for it */
+    kiln_transport *tx;
+    kiln_tensor_ref ref;
+    if (make_ref(w, j, "latents", src, row0, rows, 0, &tx, &ref, err))
+        return err ? err->code : KILN_ERR_INTERNAL;
+    kiln_msg *m = calloc(1, sizeof *m); /* a kiln_msg is ~20 KB: not on the stack */
+    kiln_status st = m ? KILN_OK : kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    if (!st) {
+        m->type = KILN_MSG_PARTIAL;
+        m->done = (kiln_msg_done){.job = j->msg->job.job, .ok = 1, .preview = preview};
+        st = kiln_ref_map_put(&m->done.out, "latents", &ref, err);
+    }
+    if (!st && worker_send(w, m))
+        st = kiln_err_set(err, KILN_ERR_INTERNAL, "the preview could not be sent");
+    free(m);
+    /* Sent, the range is the gateway's to hand on (it comes back through
+     * `free`, as a done's outputs do); not sent, it is ours again. */
+    if (st)
+        kiln_transport_free(tx, &ref, NULL);
+    return st;
 }
 
 kiln_status kiln_worker_output_host(kiln_worker *w, kiln_worker_job *j, const char *name,

@@ -9,12 +9,19 @@
  * size, steps, guidance and text length, without references and without
  * batch_noise (whose single draw depends on the whole batch), run as one
  * batch: the engine treats rows independently, so each job's latents are
- * the bytes it gets alone. */
+ * the bytes it gets alone.
+ *
+ * A job with `previews` (a streamed request's partial_images) gets a
+ * `partial` with its rows of the estimate of the clean latents at each of
+ * its preview steps (kiln_sched_preview_steps of the steps that run;
+ * engine/denoise_stage.h on_preview), sent at once while the run goes on;
+ * the latents the job ends with are the same bytes either way. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "engine/denoise_stage.h"
+#include "models/scheduler.h"
 #include "services/common/worker.h"
 
 typedef struct den_state {
@@ -163,7 +170,51 @@ typedef struct batch_ctx {
     double t_first_step; /* when step 0 was queued: the end of the setup */
     kiln_backend *be;
     int mark_first_step; /* the device-time mark before step 0 (-1: none) */
+    /* Previews (partial images): job i wants n_pv[i] of them, at the run's
+     * steps pv[i][0..n_pv[i]) (kiln_sched_preview_steps), of its rows
+     * [row0[i], row0[i] + rows). */
+    int (*pv)[KILN_PROTO_MAX_PREVIEWS];
+    int *n_pv;
+    int64_t *row0;
 } batch_ctx;
+
+/* The preview index of `step` for job i, or -1. */
+static int preview_index(const batch_ctx *c, int i, int step)
+{
+    for (int k = 0; k < c->n_pv[i]; k++)
+        if (c->pv[i][k] == step)
+            return k;
+    return -1;
+}
+
+static int batch_preview_at(void *user, int step)
+{
+    const batch_ctx *c = user;
+    for (int i = 0; i < c->n; i++)
+        if (preview_index(c, i, step) >= 0 && !kiln_worker_cancelled(c->ps[i].job))
+            return 1;
+    return 0;
+}
+
+/* Each job that wants this step's preview gets its rows as a `partial`.
+ * A preview that cannot be sent costs the client that preview, never the
+ * image: the run goes on. */
+static kiln_status batch_preview(void *user, int step, const kiln_tensor *x0, kiln_err *err)
+{
+    batch_ctx *c = user;
+    (void)err;
+    for (int i = 0; i < c->n; i++) {
+        int k = preview_index(c, i, step);
+        if (k < 0)
+            continue;
+        kiln_err perr = {0};
+        const kiln_msg_job *mj = kiln_worker_job_msg(c->ps[i].job);
+        if (kiln_worker_partial(c->w, c->ps[i].job, k, x0, c->row0[i], mj->denoise.n_seeds, &perr))
+            KILN_LOG_WARN("kiln-denoiser: job %llu: preview %d not sent: %s",
+                          (unsigned long long)mj->job, k, perr.msg);
+    }
+    return KILN_OK;
+}
 
 static void batch_step(void *user, int step)
 {
@@ -242,7 +293,21 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
                            lens + b, lens + B + b);
         b += di->n_seeds;
     }
-    batch_ctx ctx = {w, ps, live, 0, be, -1};
+    int run_steps = d->steps - kiln_denoise_first_step(d->steps, d->strength);
+    int(*pv)[KILN_PROTO_MAX_PREVIEWS] = calloc((size_t)live, sizeof *pv);
+    int *n_pv = calloc((size_t)live, sizeof *n_pv);
+    int64_t *row0 = calloc((size_t)live, sizeof *row0);
+    int any_preview = 0;
+    if ((!pv || !n_pv || !row0) && !st)
+        st = kiln_err_set(&err, KILN_ERR_NOMEM, "out of memory");
+    for (int i = 0, r = 0; !st && i < live; i++) {
+        const kiln_job_denoise *di = &kiln_worker_job_msg(ps[i].job)->denoise;
+        n_pv[i] = kiln_sched_preview_steps(run_steps, di->previews, pv[i]);
+        any_preview |= n_pv[i] > 0;
+        row0[i] = r;
+        r += di->n_seeds;
+    }
+    batch_ctx ctx = {w, ps, live, 0, be, -1, pv, n_pv, row0};
     kiln_denoise_job job = {
         .txt_len = lens, .neg_len = lens ? lens + B : NULL,
         .B = B, .embeds = own_emb ? &emb : &ps[0].emb,
@@ -250,11 +315,12 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         .width = d->width, .height = d->height, .steps = d->steps, .guidance = d->guidance,
         .seeds = seeds, .batch_noise = d->batch_noise,
         .cancelled = batch_cancelled, .on_step = batch_step, .user = &ctx,
+        .preview_at = any_preview ? batch_preview_at : NULL,
+        .on_preview = any_preview ? batch_preview : NULL,
     };
     /* The one image of an edit, img2img or inpainting job (never batched). */
     kiln_denoise_job_image(&job, ps[0].R ? &ps[0].ref_tokens : NULL, ps[0].ref_ids, ps[0].R,
                            d->strength, ps[0].mask);
-    int run_steps = d->steps - kiln_denoise_first_step(d->steps, d->strength);
     double t_run = kiln_now_ms();
     /* Device time (CUDA events; none on the CPU) beside the wall times:
      * marks at the start, before step 0 and after the last step, read
@@ -300,7 +366,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         kiln_worker_done(w, ps[i].job, jst, &jerr);
     }
     kiln_be_free(be, &lat);
-    free(ps), free(seeds), free(lens);
+    free(ps), free(seeds), free(lens), free(pv), free(n_pv), free(row0);
 }
 
 static const kiln_stage_ops denoiser_ops = {

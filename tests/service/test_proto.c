@@ -191,7 +191,8 @@ static void test_jobs(void)
     m->job.stage = KILN_STAGE_DENOISE;
     m->job.denoise = (kiln_job_denoise){.n = 2, .n_seeds = 4, .seeds = {UINT64_MAX, 0, 5, 6},
                                         .width = 64, .height = 128, .steps = 2,
-                                        .guidance = 3.7f, .batch_noise = 1, .strength = 0.35};
+                                        .guidance = 3.7f, .batch_noise = 1, .strength = 0.35,
+                                        .previews = 3};
     kiln_tensor_ref emb = shm_ref("/kiln-encode-42-0", 128, 2);
     int32_t ids[8] = {10, 0, 0, 0, 10, 0, 1, 0};
     kiln_tensor_ref rid = {.kind = KILN_REF_INLINE, .dtype = KILN_I32, .ndim = 2, .shape = {2, 4},
@@ -209,7 +210,7 @@ static void test_jobs(void)
         const kiln_job_denoise *j = &d->job.denoise;
         CHECK(j->n == 2 && j->n_seeds == 4 && j->seeds[0] == UINT64_MAX && j->seeds[3] == 6);
         CHECK(j->width == 64 && j->height == 128 && j->steps == 2 && j->batch_noise == 1);
-        CHECK(j->guidance == 3.7f && j->strength == 0.35);
+        CHECK(j->guidance == 3.7f && j->strength == 0.35 && j->previews == 3);
         CHECK(d->job.in.n == 3);
         const kiln_tensor_ref *r = kiln_ref_map_get(&d->job.in, "embeds");
         CHECK(r && ref_equal(r, &emb));
@@ -255,6 +256,26 @@ static void test_done_release(void)
         CHECK(d->done.out.n == 1 && ref_equal(&d->done.out.items[0].ref, &lat));
     }
     kiln_msg_free(d);
+
+    /* partial: a preview's latents under its index; nothing else, and
+     * latents are required. */
+    memset(m, 0, sizeof *m);
+    m->type = KILN_MSG_PARTIAL;
+    m->epoch = EPOCH;
+    m->done = (kiln_msg_done){.job = 79, .ok = 1, .preview = 2};
+    kiln_ref_map_put(&m->done.out, "latents", &lat, NULL);
+    d = roundtrip(m);
+    CHECK(d && d->type == KILN_MSG_PARTIAL && d->done.job == 79 && d->done.ok &&
+          d->done.preview == 2 && d->done.out.n == 1 &&
+          ref_equal(kiln_ref_map_get(&d->done.out, "latents"), &lat) &&
+          !strcmp(kiln_msg_type_name(KILN_MSG_PARTIAL), "partial"));
+    kiln_msg_free(d);
+    kiln_buf frame = {0};
+    m->done.preview = KILN_PROTO_MAX_PREVIEWS;
+    CHECK(kiln_msg_encode(m, &frame, NULL) == KILN_ERR_INVALID);
+    m->done.preview = 0, m->done.out.n = 0;
+    CHECK(kiln_msg_encode(m, &frame, NULL) == KILN_ERR_INVALID);
+    kiln_buf_free(&frame);
 
     memset(m, 0, sizeof *m);
     m->type = KILN_MSG_DONE;
