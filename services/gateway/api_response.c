@@ -189,3 +189,54 @@ kiln_status kiln_api_stream_events(kiln_buf *out, const kiln_api_images_meta *m,
         out->len = start;
     return st;
 }
+
+kiln_status kiln_api_partial_events(kiln_buf *out, const kiln_api_images_meta *m,
+                                    const kiln_api_image *images, int n, int index, int edit,
+                                    kiln_err *err)
+{
+    size_t start = out->len, total = 256;
+    for (int i = 0; i < n; i++)
+        total += kiln_base64_encoded_len(images[i].len) + 400;
+    kiln_status st = kiln_buf_reserve(out, total, err);
+    const char *type = edit ? "image_edit.partial_image" : "image_generation.partial_image";
+    char tmp[400];
+    for (int i = 0; !st && i < n; i++) {
+        snprintf(tmp, sizeof tmp, "event: %s\ndata: {\"type\":\"%s\",\"b64_json\":\"", type,
+                 type);
+        st = append_str(out, tmp, err);
+        if (!st)
+            st = kiln_base64_encode(images[i].data, images[i].len, out, err);
+        if (!st) {
+            snprintf(tmp, sizeof tmp,
+                     "\",\"background\":\"%s\",\"created_at\":%" PRId64
+                     ",\"output_format\":\"%s\",\"partial_image_index\":%d,\"quality\":\"%s\","
+                     "\"size\":\"%dx%d\",\"seed\":%" PRIu64 "}\n\n",
+                     m->background ? m->background : "opaque", m->created,
+                     kiln_image_format_name(m->format), index, m->quality ? m->quality : "auto",
+                     m->width, m->height, images[i].seed);
+            st = append_str(out, tmp, err);
+        }
+    }
+    if (st)
+        out->len = start;
+    return st;
+}
+
+kiln_status kiln_api_stream_error(kiln_buf *out, int status, const char *message,
+                                  const char *code, kiln_err *err)
+{
+    size_t start = out->len;
+    kiln_buf obj = {0};
+    kiln_status st = kiln_api_error_json(&obj, status, message, NULL, code, err);
+    /* {"error":{...}} becomes {"type":"error","error":{...}} */
+    if (!st)
+        st = append_str(out, "event: error\ndata: {\"type\":\"error\",", err);
+    if (!st && obj.len > 1)
+        st = kiln_buf_append(out, obj.data + 1, obj.len - 1, err);
+    if (!st)
+        st = append_str(out, "\n\n", err);
+    kiln_buf_free(&obj);
+    if (st)
+        out->len = start;
+    return st;
+}

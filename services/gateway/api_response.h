@@ -73,10 +73,26 @@ kiln_status kiln_api_images_json(kiln_buf *out, const kiln_api_images_meta *meta
  * ImageGenCompletedEvent fields (type, b64_json, background, created_at,
  * output_format, quality, size, usage) and kiln's seed.  The input tokens
  * count on the first event, each image's output tokens on its own, so the
- * events' usage sums to the request's.  kiln sends no partial images yet:
- * OpenAI's contract allows the final image before the partials. */
+ * events' usage sums to the request's.  The previews before them are
+ * kiln_api_partial_events. */
 kiln_status kiln_api_stream_events(kiln_buf *out, const kiln_api_images_meta *meta,
                                    const kiln_api_image *images, int n, int edit, kiln_err *err);
+
+/* Preview `index` of a streamed request as OpenAI's events: per image i,
+ * "event: image_generation.partial_image\ndata: {...}\n\n"
+ * (image_edit.partial_image for edits) with the fields of OpenAI's
+ * ImageGenPartialImageEvent (type, b64_json, background, created_at,
+ * output_format, partial_image_index, quality, size) and kiln's seed (which
+ * image of n it previews). */
+kiln_status kiln_api_partial_events(kiln_buf *out, const kiln_api_images_meta *meta,
+                                    const kiln_api_image *images, int n, int index, int edit,
+                                    kiln_err *err);
+
+/* An error after a stream began (its 200 is out): "event: error\ndata:
+ * {"type":"error","error":{...}}\n\n" with kiln_api_error_json's object,
+ * which openai-python's stream iterator raises as an APIError. */
+kiln_status kiln_api_stream_error(kiln_buf *out, int status, const char *message,
+                                  const char *code, kiln_err *err);
 
 /* Appends OpenAI's usage object:
  * {"input_tokens":..,"input_tokens_details":{"image_tokens":..,"text_tokens":..},

@@ -277,7 +277,8 @@ static int start(kiln_gateway *gw, kiln_err *err)
                           .heartbeat_timeout_ms = o->heartbeat_timeout_ms,
                           .progress_timeout_ms = o->progress_timeout_s * 1000.0,
                           .job_timeout_ms = o->request_timeout_s * 1000.0};
-    kiln_sched_ops ops = {.send = kiln_gw_send, .finish = kiln_gw_finish};
+    kiln_sched_ops ops = {.send = kiln_gw_send, .finish = kiln_gw_finish,
+                          .partial = kiln_gw_partial};
     if (!(gw->sched = kiln_sched_create(&so, &ops, gw, gw->metrics, err)))
         return -1;
     char bus[128];

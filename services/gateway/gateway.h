@@ -131,5 +131,6 @@ extern const kiln_http_handlers kiln_gw_admin_handlers;
 /* routes.c: the scheduler's ops (ud is the kiln_gateway). */
 kiln_status kiln_gw_send(void *ud, const char *peer, const kiln_msg *m, kiln_err *err);
 void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res);
+void kiln_gw_partial(void *ud, void *client, const kiln_sched_partial *p);
 
 #endif

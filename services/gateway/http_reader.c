@@ -271,6 +271,7 @@ static int on_headers_complete(http_parser *p)
     if (query)
         *query = '\0';
     q->keep_alive = http_should_keep_alive(p);
+    q->http10 = p->http_major == 1 && p->http_minor == 0;
     if (r->bad_auth)
         q->authorization[0] = '\0';
     while (r->rid_len && (q->request_id[r->rid_len - 1] == ' ' || q->request_id[r->rid_len - 1] == '\t'))

@@ -74,6 +74,7 @@ struct kiln_http_request {
     char path[KILN_HTTP_TARGET_MAX + 1]; /* the target without its query */
     char content_type[KILN_HTTP_CTYPE_MAX + 1];
     int keep_alive; /* the client allows another request on this connection */
+    int http10;     /* an HTTP/1.0 request (no chunked answers) */
     /* The Authorization header's value; empty when the request had none,
      * more than one, or one longer than KILN_HTTP_AUTH_MAX (none of which
      * can carry a valid key or name a client). */

@@ -35,6 +35,9 @@ struct kiln_http_conn {
     conn_state state;
     int reading, closing, n_closed, eof, close_after, head_only;
     int headers_seen; /* on_headers ran for the request being read */
+    int streaming;    /* kiln_http_stream_start ran for it */
+    int raw_stream;   /* ... for an HTTP/1.0 client: no chunks, the end closes */
+    size_t streamed;  /* body bytes streamed so far (the access log) */
     void *pending;
     char rid[KILN_HTTP_RID_MAX + 1]; /* the id of the request being handled ("": none yet) */
     int steps; /* its denoising steps for the access log (kiln_http_set_steps; 0: none) */
@@ -192,6 +195,8 @@ static void on_written(uv_write_t *w, int status)
     }
     kiln_http_reader_next(c->reader);
     c->headers_seen = 0;
+    c->streaming = c->raw_stream = 0;
+    c->streamed = 0;
     c->rid[0] = '\0';
     c->steps = 0;
     c->state = C_READING;
@@ -810,4 +815,145 @@ void kiln_http_respond(kiln_http_conn *c, int status, const char *content_type,
     assert(c->state == C_BUSY && !c->closing);
     c->pending = NULL;
     write_response(c, status, content_type, extra_headers, body);
+}
+
+/* ---- streamed answers ---- */
+
+typedef struct stream_write {
+    uv_write_t req;
+    kiln_http_conn *c;
+    kiln_buf buf;
+} stream_write;
+
+static void on_stream_written(uv_write_t *w, int status)
+{
+    stream_write *sw = w->data;
+    kiln_http_conn *c = sw->c;
+    kiln_buf_free(&sw->buf);
+    free(sw);
+    if (status < 0 && !c->closing)
+        close_conn(c); /* the client is gone: on_abort cancels the request */
+}
+
+/* Queues `buf` (taken) on the connection; a failure closes it. */
+static void stream_send(kiln_http_conn *c, kiln_buf *buf)
+{
+    stream_write *sw = calloc(1, sizeof *sw);
+    if (!sw || c->closing) {
+        free(sw);
+        kiln_buf_free(buf);
+        if (!c->closing)
+            close_conn(c);
+        return;
+    }
+    sw->c = c;
+    sw->buf = *buf;
+    *buf = (kiln_buf){0};
+    sw->req.data = sw;
+    uv_buf_t b = uv_buf_init((char *)sw->buf.data, (unsigned)sw->buf.len);
+    if (uv_write(&sw->req, (uv_stream_t *)&c->tcp, &b, 1, on_stream_written)) {
+        kiln_buf_free(&sw->buf);
+        free(sw);
+        close_conn(c);
+        return;
+    }
+    /* A client that does not read its stream cannot make the gateway
+     * hold its events without end. */
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > KILN_HTTP_STREAM_BACKLOG) {
+        KILN_LOG_WARN("http: request %s: the client leaves its stream unread; closing", c->rid);
+        close_conn(c);
+    }
+}
+
+/* `body` as one chunk of the chunked encoding (nothing for an empty one:
+ * a zero-length chunk would end the body), appended to out; as it is for
+ * an HTTP/1.0 client (whose answer ends when the connection closes). */
+static int chunk_of(const kiln_http_conn *c, kiln_buf *out, const kiln_buf *body)
+{
+    if (!body->len)
+        return 0;
+    if (c->raw_stream)
+        return kiln_buf_append(out, body->data, body->len, NULL);
+    char size[24];
+    int n = snprintf(size, sizeof size, "%zx\r\n", body->len);
+    return kiln_buf_append(out, size, (size_t)n, NULL) ||
+           kiln_buf_append(out, body->data, body->len, NULL) ||
+           kiln_buf_append(out, "\r\n", 2, NULL);
+}
+
+void kiln_http_stream_start(kiln_http_conn *c, int status, const char *content_type,
+                            const char *extra_headers)
+{
+    assert(c->state == C_BUSY && !c->closing && !c->streaming);
+    c->streaming = 1;
+    c->streamed = 0;
+    const kiln_http_request *req = kiln_http_reader_request(c->reader);
+    c->raw_stream = req && req->http10;
+    if (c->srv->stopping || c->raw_stream)
+        c->close_after = 1;
+    char head[sizeof c->head];
+    snprintf(head, sizeof head,
+             "HTTP/1.1 %d %s\r\nServer: kiln\r\nContent-Type: %s\r\n"
+             "%sX-Request-Id: %s\r\n%sConnection: %s\r\n\r\n",
+             status, http_status_str((enum http_status)status), content_type,
+             c->raw_stream ? "" : "Transfer-Encoding: chunked\r\n", conn_rid(c),
+             extra_headers ? extra_headers : "", c->close_after ? "close" : "keep-alive");
+    kiln_buf b = {0};
+    if (kiln_buf_append(&b, head, strlen(head), NULL)) {
+        close_conn(c);
+        return;
+    }
+    stream_send(c, &b);
+}
+
+void kiln_http_stream_write(kiln_http_conn *c, kiln_buf *body)
+{
+    assert(c->streaming);
+    kiln_buf b = {0};
+    if (c->closing || chunk_of(c, &b, body)) {
+        kiln_buf_free(&b), kiln_buf_free(body);
+        if (!c->closing)
+            close_conn(c);
+        return;
+    }
+    c->streamed += body->len;
+    kiln_buf_free(body);
+    if (b.len)
+        stream_send(c, &b);
+}
+
+void kiln_http_stream_end(kiln_http_conn *c, kiln_buf *body)
+{
+    assert(c->state == C_BUSY && c->streaming && !c->closing);
+    kiln_buf b = {0};
+    if (chunk_of(c, &b, body) ||
+        (!c->raw_stream && kiln_buf_append(&b, "0\r\n\r\n", 5, NULL))) {
+        kiln_buf_free(&b), kiln_buf_free(body);
+        close_conn(c);
+        return;
+    }
+    c->streamed += body->len;
+    kiln_buf_free(body);
+    c->pending = NULL;
+    access_log(c, 200, c->streamed);
+    if (c->srv->stopping)
+        c->close_after = 1;
+    /* The tail goes like a whole response's body: on_written then moves
+     * on to the next request (or closes). */
+    c->body = b;
+    uv_buf_t buf = uv_buf_init((char *)c->body.data, (unsigned)c->body.len);
+    c->state = C_WRITING;
+    c->t_state = uv_now(c->srv->loop);
+    c->wreq.data = c;
+    if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &buf, 1, on_written)) {
+        kiln_buf_free(&c->body);
+        close_conn(c);
+        return;
+    }
+    arm(c);
+}
+
+int kiln_http_streaming(const kiln_http_conn *c)
+{
+    return c->streaming;
 }

@@ -128,4 +128,22 @@ double kiln_http_conn_age_ms(const kiln_http_conn *c);
 void kiln_http_respond(kiln_http_conn *c, int status, const char *content_type,
                        const char *extra_headers, kiln_buf *body);
 
+/* A streamed answer (server-sent events) to the request being handled:
+ * kiln_http_stream_start writes the head at once (Transfer-Encoding:
+ * chunked, no Content-Length; for an HTTP/1.0 client the body as it is,
+ * ended by closing the connection), each kiln_http_stream_write sends one
+ * chunk at once (taking body's memory), and kiln_http_stream_end sends
+ * its body as the last chunk and the terminating one, after which the
+ * connection goes on as after kiln_http_respond.  Until the end the
+ * request stays pending: a client that goes away still aborts it
+ * (on_abort), and so does one that leaves more than
+ * KILN_HTTP_STREAM_BACKLOG bytes unread (the connection closes). */
+#define KILN_HTTP_STREAM_BACKLOG (256u << 20)
+void kiln_http_stream_start(kiln_http_conn *c, int status, const char *content_type,
+                            const char *extra_headers);
+void kiln_http_stream_write(kiln_http_conn *c, kiln_buf *body);
+void kiln_http_stream_end(kiln_http_conn *c, kiln_buf *body);
+/* 1 once kiln_http_stream_start ran for the request being handled. */
+int kiln_http_streaming(const kiln_http_conn *c);
+
 #endif

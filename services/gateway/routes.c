@@ -45,6 +45,7 @@ typedef struct gw_pending {
     uint64_t job;
     uint64_t client; /* the HTTP request's (clients.h) */
     int steps;       /* its resolved steps, for the access log (the scheduler takes req) */
+    int64_t created; /* stream: created_at of its events (its first one's time) */
     double t_first, t_parse0, t_parse1; /* its first byte, parse queued, parsed (trace) */
 } gw_pending;
 
@@ -534,6 +535,69 @@ static void keep_trace(kiln_gateway *gw, const gw_pending *p, int status, const 
     }
 }
 
+#define SSE_HEADERS "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
+
+static kiln_api_images_meta images_meta(const gw_pending *p, const kiln_api_request *r)
+{
+    return (kiln_api_images_meta){.created = p->created ? p->created : (int64_t)time(NULL),
+                                  .format = r->plan.req.format, .width = r->plan.req.width,
+                                  .height = r->plan.req.height, .quality = r->quality,
+                                  .background = "opaque", .usage = r->usage};
+}
+
+/* A preview of a streamed request: the stream's head with the first one,
+ * then its events, written at once. */
+void kiln_gw_partial(void *ud, void *client, const kiln_sched_partial *pr)
+{
+    (void)ud;
+    gw_pending *p = client;
+    kiln_http_conn *c = p->conn;
+    if (!c)
+        return;
+    kiln_api_image imgs[KILN_PROTO_MAX_ROWS];
+    for (int i = 0; i < pr->n_images; i++)
+        imgs[i] = (kiln_api_image){pr->images[i].data, pr->images[i].len, pr->seeds[i]};
+    kiln_api_images_meta meta = images_meta(p, pr->req);
+    kiln_buf body = {0};
+    if (kiln_api_partial_events(&body, &meta, imgs, pr->n_images, pr->index,
+                                p->kind == KILN_API_EDIT, NULL)) {
+        KILN_LOG_WARN("gateway: request %s: out of memory writing preview %d", p->id, pr->index);
+        return; /* the preview is lost, not the request */
+    }
+    if (!kiln_http_streaming(c)) {
+        p->created = meta.created;
+        kiln_http_stream_start(c, 200, "text/event-stream", SSE_HEADERS);
+    }
+    kiln_http_stream_write(c, &body);
+}
+
+/* The end of a streamed answer whose head is out: the completed events,
+ * or an error event (its status can no longer be sent). */
+static void finish_stream(kiln_gateway *gw, gw_pending *p, const kiln_sched_result *res,
+                          const kiln_api_image *imgs)
+{
+    kiln_http_conn *c = p->conn;
+    kiln_buf body = {0};
+    kiln_status st;
+    if (res->status == 200) {
+        kiln_api_images_meta meta = images_meta(p, res->req);
+        st = kiln_api_stream_events(&body, &meta, imgs, res->n_images, p->kind == KILN_API_EDIT,
+                                    NULL);
+    } else {
+        st = kiln_api_stream_error(&body, res->status, res->message, res->code, NULL);
+    }
+    if (st) {
+        KILN_LOG_ERROR("gateway: request %s: out of memory ending its stream", p->id);
+        kiln_buf_clear(&body);
+        if (kiln_api_stream_error(&body, 500, "internal error", "server_error", NULL))
+            kiln_buf_clear(&body);
+    }
+    kiln_metrics_request(gw->metrics, p->route, 200);
+    kiln_metrics_duration(gw->metrics, p->route, 200, kiln_http_conn_age_ms(c) / 1000.0);
+    kiln_http_stream_end(c, &body);
+    kiln_buf_free(&body);
+}
+
 void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
 {
     kiln_gateway *gw = ud;
@@ -544,6 +608,15 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
     double t_respond = kiln_now_ms();
     if (c)
         kiln_http_set_steps(c, p->steps);
+    if (c && kiln_http_streaming(c)) {
+        kiln_api_image imgs[KILN_PROTO_MAX_ROWS];
+        for (int i = 0; res->status == 200 && i < res->n_images; i++)
+            imgs[i] = (kiln_api_image){res->images[i].data, res->images[i].len, res->seeds[i]};
+        finish_stream(gw, p, res, imgs);
+        keep_trace(gw, p, res->status, res->trace, t_respond);
+        pending_free(p);
+        return;
+    }
     if (res->status != 200) {
         /* The scheduler's messages are safe to show (its 500s already say
          * "internal error" and the id). */
@@ -556,12 +629,8 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
     kiln_api_image imgs[KILN_PROTO_MAX_ROWS];
     for (int i = 0; i < res->n_images; i++)
         imgs[i] = (kiln_api_image){res->images[i].data, res->images[i].len, res->seeds[i]};
-    const kiln_request *q = &res->req->plan.req;
     kiln_buf body = {0};
-    kiln_api_images_meta meta = {.created = (int64_t)time(NULL), .format = q->format,
-                                 .width = q->width, .height = q->height,
-                                 .quality = res->req->quality, .background = "opaque",
-                                 .usage = res->req->usage};
+    kiln_api_images_meta meta = images_meta(p, res->req);
     int stream = res->req->stream;
     kiln_status st = stream
                          ? kiln_api_stream_events(&body, &meta, imgs, res->n_images,
@@ -573,7 +642,7 @@ void kiln_gw_finish(void *ud, void *client, const kiln_sched_result *res)
         pending_error(p, c, 500, NULL, NULL, "server_error", NULL);
     } else {
         reply(gw, c, p->route, 200, stream ? "text/event-stream" : "application/json",
-              stream ? "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n" : NULL,
+              stream ? SSE_HEADERS : NULL,
               &body);
     }
     keep_trace(gw, p, 200, res->trace, t_respond);

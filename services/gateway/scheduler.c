@@ -28,6 +28,7 @@ kiln_sched *kiln_sched_create(const kiln_sched_opts *opts, const kiln_sched_ops 
     s->metrics = metrics;
     link_init(&s->replicas);
     link_init(&s->all);
+    link_init(&s->previews);
     for (int i = 0; i < KILN_STAGE_COUNT; i++)
         kiln_fairq_init(&s->queue[i]);
     s->next_id = 1;
@@ -134,7 +135,9 @@ void kiln_sched_gauges(const kiln_sched *s, kiln_metrics_gauges *g)
 /* Takes the job out of its queue or off its replica. */
 void sched_detach(kiln_sched *s, sched_job *j)
 {
-    if (j->state == JOB_QUEUED) {
+    if (j->state == JOB_QUEUED && j->parent) {
+        link_remove(&j->pq); /* previews queue apart, uncounted (admission) */
+    } else if (j->state == JOB_QUEUED) {
         s->queued[j->stage]--;
         kiln_fairq_remove(&s->queue[j->stage], &j->fq);
     } else if (j->state == JOB_RUNNING) {
@@ -146,9 +149,25 @@ void sched_detach(kiln_sched *s, sched_job *j)
     j->state = JOB_NEW;
 }
 
+static void send_cancel(kiln_sched *s, sched_job *j);
+
 void sched_destroy_job(kiln_sched *s, sched_job *j)
 {
     sched_detach(s, j);
+    if (j->parent) {
+        link_remove(&j->pnode);
+    } else {
+        /* Its previews go with it (a running one is told to stop). */
+        while (!link_empty(&j->previews)) {
+            sched_job *p = LINK_OWNER(j->previews.next, sched_job, pnode);
+            send_cancel(s, p);
+            sched_destroy_job(s, p);
+        }
+        if (j->final) {
+            sched_free_map(s, &j->final->done.out);
+            kiln_msg_free(j->final);
+        }
+    }
     if (j->held) {
         /* Waiting between stages, nobody else holds them. */
         sched_free_map(s, &j->held->done.out);
@@ -177,6 +196,15 @@ static void send_cancel(kiln_sched *s, sched_job *j)
 
 void sched_fail(kiln_sched *s, sched_job *j, int status, const char *code, const char *fmt, ...)
 {
+    if (j->parent) {
+        /* A preview that cannot be made costs the client that preview,
+         * never the request. */
+        KILN_LOG_DEBUG("gateway: request %s: preview %d dropped (%d)", j->req.request_id,
+                       j->preview, status);
+        send_cancel(s, j);
+        sched_preview_end(s, j);
+        return;
+    }
     char detail[KILN_ERR_MSG_MAX], msg[KILN_ERR_MSG_MAX + 64];
     va_list ap;
     va_start(ap, fmt);
@@ -259,7 +287,8 @@ static void build_job(kiln_sched *s, const sched_job *j, const sched_replica *r,
     m->type = KILN_MSG_JOB;
     m->epoch = r->epoch;
     kiln_msg_job *mj = &m->job;
-    const kiln_request *q = &j->req.plan.req;
+    /* a preview: its request's */
+    const kiln_request *q = j->parent ? &j->parent->req.plan.req : &j->req.plan.req;
     mj->job = j->id;
     mj->stage = j->stage;
     mj->out_kinds = sched_out_kinds(s, r, j->stage);
@@ -286,6 +315,8 @@ static void build_job(kiln_sched *s, const sched_job *j, const sched_replica *r,
         mj->denoise.guidance = q->guidance;
         mj->denoise.batch_noise = q->batch_noise;
         mj->denoise.strength = q->strength;
+        /* previews only where someone reads them (a stream) */
+        mj->denoise.previews = j->req.stream && s->ops.partial ? j->req.partial_images : 0;
         mj->in = j->held->done.out;
         break;
     default:
@@ -324,7 +355,9 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
         sched_fail(s, j, 500, "server_error", "internal error dispatching the request");
         return;
     }
-    kiln_metrics_queue_wait(s->metrics, j->stage, KILN_QUEUE_GATEWAY, (now - j->t_enqueue) / 1000.0);
+    if (!j->parent) /* previews are no request's wait */
+        kiln_metrics_queue_wait(s->metrics, j->stage, KILN_QUEUE_GATEWAY,
+                                (now - j->t_enqueue) / 1000.0);
     static const char *const queue_span[KILN_STAGE_COUNT] = {
         "encode: gateway queue", "denoise: gateway queue", "decode: gateway queue"};
     kiln_trace_span_add(&j->trace, "gateway", queue_span[j->stage], j->t_enqueue, now);
@@ -392,6 +425,15 @@ void sched_dispatch(kiln_sched *s, double now)
             place(s, FQ_JOB(n), now);
         }
     }
+    /* Previews take a decoder's spare credit only: never one a final
+     * decode waits for. */
+    if (kiln_fairq_peek(&s->queue[KILN_STAGE_DECODE]))
+        return;
+    for (sched_link *l = s->previews.next, *next; l != &s->previews &&
+                                                  has_credit(s, KILN_STAGE_DECODE); l = next) {
+        next = l->next;
+        place(s, LINK_OWNER(l, sched_job, pq), now);
+    }
 }
 
 kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client, double now,
@@ -443,6 +485,8 @@ kiln_status kiln_sched_submit(kiln_sched *s, kiln_api_request *req, void *client
         seeds[i] = kiln_plan_row_seed(&j->req.plan, i);
     j->t_submit = now;
     link_init(&j->qnode);
+    link_init(&j->pq), link_init(&j->pnode), link_init(&j->previews);
+    j->last_preview = -1;
     link_insert_before(&s->all, &j->anode);
     s->n_jobs++;
     *id = j->id;
@@ -495,6 +539,10 @@ void kiln_sched_on_msg(kiln_sched *s, const char *peer, kiln_msg *m, double now)
         case KILN_MSG_DONE:
             r->progress_at = now;
             sched_on_done(s, r, m, now);
+            m = NULL; /* taken */
+            break;
+        case KILN_MSG_PARTIAL:
+            sched_on_partial(s, r, m, now);
             m = NULL; /* taken */
             break;
         case KILN_MSG_RELEASE: sched_on_release(s, r, &m->refs); break;

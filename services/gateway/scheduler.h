@@ -10,7 +10,14 @@
  *   kiln_sched_cancel(s, id, now);   // the client went away: no finish
  *   kiln_sched_tick(s, now);         // every 250 ms: heartbeats, progress, timeouts
  *
- * A request becomes one job that flows encode -> denoise -> decode.  Each
+ * A request becomes one job that flows encode -> denoise -> decode.
+ * A streamed request with partial_images > 0 also gets previews
+ * (scheduler_preview.c): the denoiser's `partial` latents each become a
+ * decode job of their own, dispatched only to a decoder's spare credit
+ * (behind every queued final decode), answered through ops.partial in
+ * index order and always before the request's finish; previews still
+ * queued when the final latents come are dropped, and the finish waits
+ * only for those already decoding.  Each
  * stage has a queue in the gateway, fair across clients and weighted by
  * the requests' cost (fairq.h); a job is sent to a live replica
  * of its stage only while that replica has credits (pull: a replica's
@@ -86,6 +93,16 @@ typedef struct kiln_sched_result {
     const kiln_trace *trace;
 } kiln_sched_result;
 
+/* A preview of a streamed request (partial_images): its index and one
+ * image per row of the request, in row order. */
+typedef struct kiln_sched_partial {
+    int index;
+    int n_images;
+    const kiln_bytes *images;
+    const uint64_t *seeds;
+    const kiln_api_request *req;
+} kiln_sched_partial;
+
 typedef struct kiln_sched_ops {
     /* Queues `m` for replica `peer` (the message borrows scheduler memory:
      * encode it before returning).  A failure here (the message does not
@@ -96,6 +113,10 @@ typedef struct kiln_sched_ops {
      * after kiln_sched_cancel.  The result's memory is valid during the
      * call only. */
     void (*finish)(void *ud, void *client, const kiln_sched_result *res);
+    /* Optional: a preview for `client` (a request with stream and
+     * partial_images > 0), in rising index order, before its finish;
+     * memory valid during the call only.  NULL: no previews are made. */
+    void (*partial)(void *ud, void *client, const kiln_sched_partial *p);
 } kiln_sched_ops;
 
 /* NULL with err set.  `metrics` is borrowed and must outlive s. */

@@ -275,7 +275,7 @@ static void record(kiln_sched *s, sched_job *j, const kiln_msg_done *d, double n
     }
 }
 
-static void complete(kiln_sched *s, sched_job *j, kiln_msg *m)
+void sched_complete(kiln_sched *s, sched_job *j, kiln_msg *m)
 {
     const kiln_msg_done *d = &m->done;
     const kiln_request *q = &j->req.plan.req;
@@ -352,6 +352,10 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
         kiln_msg_free(m);
         return;
     }
+    if (j->parent) {
+        sched_preview_done(s, j, m, now);
+        return;
+    }
     kiln_stage stage = j->stage;
     if (!d->ok && r->leaving &&
         (d->code == KILN_ERR_UNAVAILABLE || d->code == KILN_ERR_CANCELLED)) {
@@ -398,7 +402,13 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
     }
     if (stage == KILN_STAGE_DECODE) {
         sched_detach(s, j);
-        complete(s, j, m);
+        if (sched_preview_running(j)) {
+            /* Its previews come first; they were sent to a decoder before
+             * this and are about done (scheduler_preview.c). */
+            j->final = m;
+            return;
+        }
+        sched_complete(s, j, m);
         return;
     }
     const char *need = stage == KILN_STAGE_ENCODE ? "embeds" : "latents";
@@ -412,6 +422,8 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
         kiln_msg_free(m);
         return;
     }
+    if (stage == KILN_STAGE_DENOISE)
+        sched_preview_drop_queued(s, j); /* the final latents go first */
     j->held = m; /* the next stage's inputs */
     sched_enqueue(s, j, (kiln_stage)(stage + 1), 0, now);
 }

@@ -103,6 +103,19 @@ typedef struct sched_job {
     kiln_msg *held;
     double t_submit, t_enqueue, t_dispatch;
     kiln_trace trace; /* its spans so far (traces.h), handed to finish */
+    /* Previews (scheduler_preview.c).  A preview is a decode job of its
+     * own: parent is the request it shows (NULL for a request), preview
+     * its index; it is not in kiln_sched.all, queues in
+     * kiln_sched.previews (pq) rather than the fair queue, and sits in
+     * its parent's list (pnode).  A request keeps its previews, the last
+     * index it answered (-1: none), and its final decode done while
+     * previews still decode (final). */
+    struct sched_job *parent;
+    int preview;
+    sched_link pq, pnode;
+    sched_link previews;
+    int last_preview;
+    kiln_msg *final;
 } sched_job;
 
 #define SCHED_TOMBSTONES 256
@@ -121,6 +134,7 @@ struct kiln_sched {
     kiln_fairq queue[KILN_STAGE_COUNT]; /* fair across clients (fairq.h) */
     int queued[KILN_STAGE_COUNT], inflight[KILN_STAGE_COUNT];
     sched_link all;
+    sched_link previews; /* queued previews, oldest first (scheduler_preview.c) */
     int n_jobs;
     kiln_idmap jobs;
     uint64_t next_id;
@@ -215,7 +229,27 @@ unsigned sched_out_kinds(kiln_sched *s, const sched_replica *producer, kiln_stag
 /* Fills mj->src for the inputs `r` must fetch by value. */
 void sched_fill_src(kiln_sched *s, const sched_job *j, const sched_replica *r, kiln_msg_job *mj);
 
+/* scheduler_preview.c */
+/* A denoiser's `partial` (m is taken): a preview job for the request it
+ * names, or its latents freed when nobody wants them. */
+void sched_on_partial(kiln_sched *s, sched_replica *r, kiln_msg *m, double now);
+/* The decode done of preview p (m is taken): answered through
+ * ops.partial when it is newer than the last one sent, then ended. */
+void sched_preview_done(kiln_sched *s, sched_job *p, kiln_msg *m, double now);
+/* Ends preview p (its inputs freed when held, nothing sent); its parent,
+ * when waiting for it with its final images, completes. */
+void sched_preview_end(kiln_sched *s, sched_job *p);
+/* Ends the request's previews that wait in the queue (its final latents
+ * are here: they would only delay the image). */
+void sched_preview_drop_queued(kiln_sched *s, sched_job *j);
+/* 1 when some preview of request j is decoding. */
+int sched_preview_running(const sched_job *j);
+/* Queued previews whose inputs incarnation (owner, epoch) made end. */
+void sched_preview_fenced(kiln_sched *s, const char *owner, uint64_t epoch);
+
 /* scheduler_done.c */
+/* Answers request j with the decode done m (taken) and destroys j. */
+void sched_complete(kiln_sched *s, sched_job *j, kiln_msg *m);
 void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now);
 void sched_on_release(kiln_sched *s, sched_replica *r, const kiln_msg_refs *refs);
 /* Sends `free` to the owners of the shm / cuda_ipc references in refs[n]

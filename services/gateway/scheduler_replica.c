@@ -70,6 +70,10 @@ static void announce_gone(kiln_sched *s, const sched_replica *r)
 void sched_rerun_or_fail(kiln_sched *s, sched_job *j, const char *stage, const char *why,
                          double now)
 {
+    if (j->parent) { /* a preview is not run again: sched_fail ends it */
+        sched_fail(s, j, 503, "stage_unavailable", "the %s replica %s", stage, why);
+        return;
+    }
     if (j->redispatched || !sched_live(s, KILN_STAGE_ENCODE)) {
         sched_fail(s, j, 503, "stage_unavailable",
                    "the %s replica %s this request %s and no other could take it over", stage,
@@ -118,6 +122,7 @@ static void end_incarnation(kiln_sched *s, sched_replica *r, const char *why, in
             if (sched_job_holds_from(j, r->id, r->epoch))
                 sched_rerun_or_fail(s, j, kiln_stage_name(r->stage), why, now);
         }
+    sched_preview_fenced(s, r->id, r->epoch);
     /* It may still be running (paused, stuck, cut off): it exits when it
      * hears this.  One that left exits by itself, with 0. */
     if (!left)
@@ -155,7 +160,7 @@ void sched_on_stale(kiln_sched *s, sched_replica *r, const char *peer, kiln_msg 
 {
     int fenced = (r && r->epoch == m->epoch) || buried(s, peer, m->epoch);
     kiln_metrics_rejected(s->metrics, fenced ? KILN_REJECT_FENCED : KILN_REJECT_UNREGISTERED, 1);
-    if (m->type == KILN_MSG_DONE) {
+    if (m->type == KILN_MSG_DONE || m->type == KILN_MSG_PARTIAL) {
         /* Its outputs are its own memory: back to it (a fenced incarnation
          * drains them before it exits; an unregistered one may be a
          * replica whose hello is still on its way after a gateway restart). */

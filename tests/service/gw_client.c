@@ -89,6 +89,8 @@ void gwc_format_h(kiln_buf *out, const char *method, const char *path, const cha
 int gwc_parse(kiln_buf *in, gwc_response *r)
 {
     const char *d = (const char *)in->data;
+    if (!d)
+        return 0;
     const char *end = in->len ? memmem(d, in->len, "\r\n\r\n", 4) : NULL;
     if (!end)
         return in->len > 8192 ? -1 : 0;
@@ -99,6 +101,39 @@ int gwc_parse(kiln_buf *in, gwc_response *r)
     gwc_response tmp = {.status = status};
     snprintf(tmp.headers, sizeof tmp.headers, "%.*s", (int)hlen, d);
     char cl[32];
+    if (!gwc_header(&tmp, "Transfer-Encoding", cl, sizeof cl) && !strcmp(cl, "chunked")) {
+        /* A streamed answer: chunks up to the zero-length one. */
+        size_t at = hlen;
+        for (;;) {
+            const char *nl = NULL;
+            for (size_t k = at; !nl && k + 1 < in->len; k++)
+                if (d[k] == '\r' && d[k + 1] == '\n')
+                    nl = d + k;
+            if (!nl) {
+                kiln_buf_free(&tmp.body);
+                return 0;
+            }
+            char *e;
+            size_t n = strtoull(d + at, &e, 16);
+            if (e == d + at || e != nl) {
+                kiln_buf_free(&tmp.body);
+                return -1;
+            }
+            size_t data = (size_t)(nl - d) + 2;
+            if (in->len < data + n + 2 || memcmp(d + data + n, "\r\n", 2)) {
+                kiln_buf_free(&tmp.body);
+                return in->len < data + n + 2 ? 0 : -1;
+            }
+            at = data + n + 2;
+            if (!n)
+                break;
+            kiln_buf_append(&tmp.body, d + data, n, NULL);
+        }
+        memmove(in->data, in->data + at, in->len - at);
+        in->len -= at;
+        *r = tmp;
+        return 1;
+    }
     if (gwc_header(&tmp, "Content-Length", cl, sizeof cl))
         return -1;
     size_t blen = strtoull(cl, NULL, 10);

@@ -1,6 +1,6 @@
 /* A small blocking HTTP/1.1 client over plain sockets and poll, for the
  * gateway's end-to-end test: requests, pipelined or not, and incremental
- * response parsing (the gateway always sends Content-Length).
+ * response parsing (Content-Length, or chunked for streamed answers).
  *
  *   gwc_response r = {0};
  *   if (gwc_request(port, "POST", "/v1/images/generations", "application/json",

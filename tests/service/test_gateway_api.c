@@ -1071,6 +1071,52 @@ static void test_stream_events(void)
         CHECK(n == 2 && in_sum == 520 && out_sum == 16);
         kiln_buf_free(&b);
     }
+    /* Previews: openai-python's ImageGenPartialImageEvent fields (and the
+     * edit one's), the index, no usage; one event per image. */
+    for (int edit = 0; edit < 2; edit++) {
+        kiln_buf b = {0};
+        CHECK(kiln_api_partial_events(&b, &m, imgs, 2, 1, edit, NULL) == KILN_OK);
+        kiln_buf_append(&b, "", 1, NULL);
+        const char *type = edit ? "image_edit.partial_image" : "image_generation.partial_image";
+        char *save = NULL;
+        int n = 0;
+        for (char *ev = strtok_r((char *)b.data, "\n", &save); ev;
+             ev = strtok_r(NULL, "\n", &save), n++) {
+            char want[64];
+            snprintf(want, sizeof want, "event: %s", type);
+            CHECKF(strcmp(ev, want) == 0, "event line '%s'", ev);
+            char *data = strtok_r(NULL, "\n", &save);
+            cJSON *j = data && !strncmp(data, "data: ", 6) ? cJSON_Parse(data + 6) : NULL;
+            CHECK(j && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "type")), type));
+            CHECK(j && cJSON_GetObjectItem(j, "partial_image_index")->valuedouble == 1);
+            CHECK(j && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "b64_json")),
+                               n ? "YWJj" : "iVBORw=="));
+            static const char *const fields[] = {"background", "created_at", "output_format",
+                                                 "quality", "size", "seed"};
+            for (size_t k = 0; j && k < sizeof fields / sizeof *fields; k++)
+                CHECKF(cJSON_GetObjectItem(j, fields[k]) != NULL, "no %s", fields[k]);
+            CHECK(j && !cJSON_GetObjectItem(j, "usage"));
+            cJSON_Delete(j);
+        }
+        CHECK(n == 2);
+        kiln_buf_free(&b);
+    }
+    /* An error once the stream began: an `error` event whose data has
+     * OpenAI's error object under "error" (what openai-python raises). */
+    kiln_buf b = {0};
+    CHECK(kiln_api_stream_error(&b, 503, "the decode stage is unavailable", "stage_unavailable",
+                                NULL) == KILN_OK);
+    kiln_buf_append(&b, "", 1, NULL);
+    const char *t = (const char *)b.data;
+    CHECK(!strncmp(t, "event: error\ndata: ", 19) && !strcmp(t + b.len - 3, "\n\n"));
+    cJSON *j = cJSON_Parse(t + 19);
+    const cJSON *eo = cJSON_GetObjectItem(j, "error");
+    CHECK(j && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "type")), "error"));
+    CHECK(eo && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(eo, "code")), "stage_unavailable"));
+    CHECK(eo && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(eo, "message")),
+                       "the decode stage is unavailable"));
+    cJSON_Delete(j);
+    kiln_buf_free(&b);
 }
 
 static void test_error_body(void)

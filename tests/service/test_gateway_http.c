@@ -23,7 +23,7 @@ typedef struct got {
     char paths[8][64];
     char bodies[8][128];
     char ctypes[8][64];
-    int keep_alive[8];
+    int keep_alive[8], http10[8];
     kiln_http_method methods[8];
     int error_status;
     int continues;
@@ -58,6 +58,7 @@ static void run(const char *s, size_t len, size_t chunk, got *g)
             CHECK(q->body.data && q->body.data[q->body.len] == '\0');
             snprintf(g->ctypes[g->n], 64, "%.63s", q->content_type);
             g->keep_alive[g->n] = q->keep_alive;
+            g->http10[g->n] = q->http10;
             g->methods[g->n] = q->method;
             g->n++;
             CHECK(!kiln_http_reader_in_request(r));
@@ -99,13 +100,13 @@ static void test_keep_alive_rules(void)
     got g;
     const char *s = "GET / HTTP/1.0\r\n\r\n";
     run(s, strlen(s), 0, &g);
-    CHECK(g.n == 1 && !g.keep_alive[0]);
+    CHECK(g.n == 1 && !g.keep_alive[0] && g.http10[0]); /* http10: streams unchunked */
     s = "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n";
     run(s, strlen(s), 0, &g);
     CHECK(g.n == 1 && g.keep_alive[0]);
     s = "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
     run(s, strlen(s), 0, &g);
-    CHECK(g.n == 1 && !g.keep_alive[0]);
+    CHECK(g.n == 1 && !g.keep_alive[0] && !g.http10[0]);
 }
 
 static void test_limits(void)

@@ -9,7 +9,12 @@
  * forged and repeated releases refused, restarts when inputs are gone (a
  * consumer's not_found), timeouts (504), error dones, dones nobody
  * waits for, cancels a replica answers late or never (busy gauges,
- * fencing), and replicas leaving gracefully (`leaving`, then `bye`).
+ * fencing), replicas leaving gracefully (`leaving`, then `bye`), and
+ * previews of streamed requests (partial_images: a denoiser's `partial`
+ * decoded as a job of its own on a spare decoder credit, answered in
+ * index order before the finish, which waits for a preview still
+ * decoding; queued ones dropped when the final latents come; stale,
+ * unwanted and cancelled ones freed).
  * Every message the scheduler sends goes through kiln_msg_encode /
  * kiln_msg_decode, so it must be a valid protocol message. */
 #include <stdio.h>
@@ -44,6 +49,8 @@ typedef struct world {
     char last_message[KILN_ERR_MSG_MAX];
     uint64_t last_seeds[16];
     kiln_trace last_trace; /* the last finished request's spans */
+    int partials[16], n_partials; /* preview indices answered, in order */
+    int finished_after;           /* n_partials when the finish came */
     double now;
 } world;
 
@@ -65,10 +72,21 @@ static kiln_status fake_send(void *ud, const char *peer, const kiln_msg *m, kiln
     return KILN_OK;
 }
 
+static void fake_partial(void *ud, void *client, const kiln_sched_partial *p)
+{
+    world *w = ud;
+    CHECK(client == (void *)w && w->n_partials < 16);
+    CHECK(p->n_images == p->req->plan.req.n && p->images[0].len == 3);
+    CHECKF(w->n_finished == 0, "a preview after the finish");
+    if (w->n_partials < 16)
+        w->partials[w->n_partials++] = p->index;
+}
+
 static void fake_finish(void *ud, void *client, const kiln_sched_result *res)
 {
     world *w = ud;
     CHECK(client == (void *)w);
+    w->finished_after = w->n_partials;
     w->n_finished++;
     w->last_status = res->status;
     w->last_images = res->status == 200 ? res->n_images : 0;
@@ -280,7 +298,7 @@ static void world_init(world *w, int queue_max)
     kiln_sched_opts o = {.model_id = "klein-tiny", .queue_max = queue_max,
                          .heartbeat_timeout_ms = 2000, .progress_timeout_ms = 3000,
                          .job_timeout_ms = 60000, .cancel_timeout_ms = world_cancel_ms};
-    kiln_sched_ops ops = {.send = fake_send, .finish = fake_finish};
+    kiln_sched_ops ops = {.send = fake_send, .finish = fake_finish, .partial = fake_partial};
     w->s = kiln_sched_create(&o, &ops, w, w->metrics, &err);
     CHECK(w->s != NULL);
 }
@@ -1529,10 +1547,138 @@ static void test_traits(void)
     world_free(&w);
 }
 
+static void partial(world *w, const char *from, uint64_t job, int index,
+                    const kiln_tensor_ref *ref)
+{
+    kiln_msg m = {.type = KILN_MSG_PARTIAL, .done = {.job = job, .ok = 1, .preview = index}};
+    kiln_ref_map_put(&m.done.out, "latents", ref, NULL);
+    deliver(w, from, &m);
+}
+
+/* The preview job just sent to decode-a for latents `ref` (its id). */
+static uint64_t preview_sent(world *w, uint64_t request, const kiln_tensor_ref *ref)
+{
+    kiln_msg *m = expect_sent(w, KILN_MSG_JOB, "decode-a");
+    const kiln_tensor_ref *in = m ? kiln_ref_map_get(&m->job.in, "latents") : NULL;
+    CHECK(m && m->job.job != request && m->job.stage == KILN_STAGE_DECODE && in &&
+          in->gen == ref->gen && m->job.decode.width == 64);
+    return m ? m->job.job : 0;
+}
+
+static void test_previews(void)
+{
+    world w;
+    world_init(&w, 8);
+    cluster(&w); /* decode-a: 2 credits */
+    uint64_t id;
+    kiln_tensor_ref emb;
+    const char *to;
+    kiln_msg *m = to_denoise(&w, "{\"prompt\":\"x\",\"size\":\"64x64\",\"stream\":true,"
+                                 "\"partial_images\":3}", &id, &emb, &to);
+    CHECK(m && m->job.denoise.previews == 3);
+    kiln_tensor_ref p0 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 0);
+    kiln_tensor_ref p1 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 128);
+    kiln_tensor_ref p2 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 256);
+    kiln_tensor_ref again = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 384);
+    partial(&w, "denoise-a", id, 0, &p0);
+    uint64_t j0 = preview_sent(&w, id, &p0);
+    partial(&w, "denoise-a", id, 1, &p1);
+    uint64_t j1 = preview_sent(&w, id, &p1);
+    partial(&w, "denoise-a", id, 2, &p2); /* no credit left: it waits */
+    expect_quiet(&w);
+    /* the final latents: the queued preview goes, the final decode waits */
+    kiln_tensor_ref lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 512);
+    done_with(&w, "denoise-a", id, "latents", &lat);
+    expect_free(&w, "encode-a", &emb);
+    expect_free(&w, "denoise-a", &p2);
+    expect_quiet(&w);
+    /* preview 0 answered: sent; its credit goes to the final decode */
+    done_images(&w, "decode-a", j0, 1);
+    CHECK(w.n_partials == 1 && w.partials[0] == 0);
+    expect_free(&w, "denoise-a", &p0);
+    m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
+    CHECK(m && m->job.job == id);
+    /* a late partial (the request is past its denoise stage) is freed */
+    partial(&w, "denoise-a", id, 2, &again);
+    expect_free(&w, "denoise-a", &again);
+    /* the final images wait for preview 1, still decoding */
+    done_images(&w, "decode-a", id, 1);
+    expect_free(&w, "denoise-a", &lat);
+    CHECK(w.n_finished == 0);
+    done_images(&w, "decode-a", j1, 1);
+    expect_free(&w, "denoise-a", &p1);
+    CHECK(w.n_finished == 1 && w.last_status == 200 && w.n_partials == 2 &&
+          w.partials[1] == 1 && w.finished_after == 2);
+    expect_quiet(&w);
+    expect_idle(&w);
+
+    /* Out of order: preview 1 answered before 0, which is then stale. */
+    w.n_finished = w.n_partials = 0;
+    m = to_denoise(&w, "{\"prompt\":\"y\",\"size\":\"64x64\",\"stream\":true,"
+                       "\"partial_images\":2}", &id, &emb, &to);
+    p0 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 0);
+    p1 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 128);
+    partial(&w, "denoise-a", id, 0, &p0);
+    j0 = preview_sent(&w, id, &p0);
+    partial(&w, "denoise-a", id, 1, &p1);
+    j1 = preview_sent(&w, id, &p1);
+    done_images(&w, "decode-a", j1, 1);
+    expect_free(&w, "denoise-a", &p1);
+    done_images(&w, "decode-a", j0, 1);
+    expect_free(&w, "denoise-a", &p0);
+    CHECK(w.n_partials == 1 && w.partials[0] == 1);
+    /* The client goes: its preview still decoding is cancelled too. */
+    partial(&w, "denoise-a", id, 1, &again); /* stale: freed */
+    expect_free(&w, "denoise-a", &again);
+    kiln_tensor_ref p3 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 640);
+    CHECK(w.n_partials == 1);
+    kiln_sched_cancel(w.s, id, w.now);
+    expect_sent(&w, KILN_MSG_CANCEL, "denoise-a");
+    expect_quiet(&w);
+    done_error(&w, "denoise-a", id, KILN_ERR_CANCELLED, "request cancelled");
+    expect_free(&w, "encode-a", &emb);
+    expect_idle(&w);
+
+    /* A request that does not stream asks for none, and a partial for it
+     * is freed at once. */
+    m = to_denoise(&w, "{\"prompt\":\"z\",\"size\":\"64x64\",\"partial_images\":2}", &id,
+                   &emb, &to);
+    CHECK(m && m->job.denoise.previews == 0);
+    partial(&w, "denoise-a", id, 0, &p3);
+    expect_free(&w, "denoise-a", &p3);
+    expect_quiet(&w);
+    kiln_sched_cancel(w.s, id, w.now);
+    expect_sent(&w, KILN_MSG_CANCEL, "denoise-a");
+    done_error(&w, "denoise-a", id, KILN_ERR_CANCELLED, "request cancelled");
+    expect_free(&w, "encode-a", &emb);
+    expect_idle(&w);
+
+    /* Cancelled while a preview decodes: the decoder is told as well. */
+    m = to_denoise(&w, "{\"prompt\":\"w\",\"size\":\"64x64\",\"stream\":true,"
+                       "\"partial_images\":1}", &id, &emb, &to);
+    p0 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 0);
+    partial(&w, "denoise-a", id, 0, &p0);
+    j0 = preview_sent(&w, id, &p0);
+    kiln_sched_cancel(w.s, id, w.now);
+    const char *peers[2] = {NULL, NULL};
+    kiln_msg *c1 = next_sent(&w, &peers[0]), *c2 = next_sent(&w, &peers[1]);
+    CHECK(c1 && c2 && c1->type == KILN_MSG_CANCEL && c2->type == KILN_MSG_CANCEL);
+    CHECK(c1 && c2 && ((c1->cancel_job == id && c2->cancel_job == j0) ||
+                       (c1->cancel_job == j0 && c2->cancel_job == id)));
+    done_error(&w, "decode-a", j0, KILN_ERR_CANCELLED, "request cancelled");
+    expect_free(&w, "denoise-a", &p0);
+    done_error(&w, "denoise-a", id, KILN_ERR_CANCELLED, "request cancelled");
+    expect_free(&w, "encode-a", &emb);
+    CHECK(w.n_partials == 1 && w.n_finished == 0);
+    expect_idle(&w);
+    world_free(&w);
+}
+
 int main(void)
 {
     RUN(test_traits);
     RUN(test_flow);
+    RUN(test_previews);
     RUN(test_bye);
     RUN(test_leaving);
     RUN(test_progress_stall);

@@ -26,6 +26,12 @@
 #          inpainting, klein-tiny), --fp32-noise: each image against
 #          diffusers' >= 40 dB (KILN_EDIT_DEVICE=cpu runs it on the CPU, bar
 #          50 dB; EDIT_ORACLE_CASES=dir... checks other case folders)
+#   stream kiln serve --device cuda on the tiny checkpoint (previews as
+#          cuda_ipc references): a streamed request (256x256, 4 steps,
+#          partial_images=3) must send partial_image events 0, 1, 2 (PNGs)
+#          before one completed event whose image is the non-streamed
+#          request's, byte for byte; each event's arrival time and both
+#          requests' latencies are printed (what the previews cost the image)
 #   zserve kiln serve --device cuda on the tiny Z-Image checkpoint, one HTTP
 #          request (256x256, 8 steps), its image compared with kiln generate
 #          --device cuda (must be identical)
@@ -112,7 +118,7 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline replay ipc serve img2img editoracle zserve observe mixed devices)
+SECTIONS=(env build ops pipeline replay ipc serve stream img2img editoracle zserve observe mixed devices)
 OPTIONAL=(devicefault mixedsan poison mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull
           pngbench)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
@@ -392,6 +398,66 @@ PY
   kill -TERM "$pid"
   wait "$pid"
   [ $rc -eq 0 ] || tail -20 "$d/serve.log"
+  return $rc
+}
+
+# Streaming with previews (docs/API.md "Streaming") on the GPU.
+sec_stream() {
+  local dir=$logs/stream port=${KILN_SERVE_PORT:-18400} pid rc
+  mkdir -p "$dir"
+  "$build/tools/kiln" serve --model "$(oracle_root)/oracle/ckpt/klein-tiny" --device cuda \
+    --port "$port" --text-encoder-out-layers 1,2,3 >"$dir/serve.log" 2>&1 &
+  pid=$!
+  python3 - "$port" <<'PY'
+import base64, http.client, json, sys, time, urllib.error, urllib.request
+port = int(sys.argv[1])
+base = "http://127.0.0.1:%d" % port
+for _ in range(1800):
+    try:
+        if urllib.request.urlopen(base + "/readyz", timeout=2).status == 200:
+            break
+    except (urllib.error.URLError, ConnectionError):
+        pass
+    time.sleep(0.1)
+else:
+    sys.exit("kiln serve did not become ready in 180 s")
+body = {"prompt": "a red fox sitting in fresh snow", "size": "256x256", "seed": 42,
+        "num_inference_steps": 4}
+def post(b):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    t0 = time.time()
+    c.request("POST", "/v1/images/generations", json.dumps(b), {"Content-Type": "application/json"})
+    return c.getresponse(), t0
+for _ in range(2):  # warm: the second of each is timed
+    r, t0 = post(body); plain = json.loads(r.read()); t_plain = time.time() - t0
+    r, t0 = post(dict(body, stream=True, partial_images=3))
+    events, buf = [], b""
+    while True:
+        chunk = r.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            block, buf = buf.split(b"\n\n", 1)
+            data = json.loads(block.split(b"\ndata: ", 1)[1])
+            events.append((time.time() - t0, data))
+print("plain request %.0f ms" % (t_plain * 1e3))
+for t, e in events:
+    print("  %7.0f ms  %s %s" % (t * 1e3, e["type"], e.get("partial_image_index", "")))
+types = [e["type"] for _, e in events]
+want = ["image_generation.partial_image"] * 3 + ["image_generation.completed"]
+ok = types == want and [e["partial_image_index"] for _, e in events[:3]] == [0, 1, 2]
+ok = ok and all(base64.b64decode(e["b64_json"])[:4] == b"\x89PNG" for _, e in events)
+same = ok and events[-1][1]["b64_json"] == plain["data"][0]["b64_json"]
+print("events %s, completed image %s the non-streamed one" % ("ok" if ok else "WRONG: %s" % types,
+      "is" if same else "is NOT"))
+sys.exit(0 if ok and same else 1)
+PY
+  rc=$?
+  kill -TERM "$pid"
+  wait "$pid"
+  grep -E "preview .* not sent|error" "$dir/serve.log"
+  [ $rc -eq 0 ] || tail -20 "$dir/serve.log"
   return $rc
 }
 
