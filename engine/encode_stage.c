@@ -37,10 +37,11 @@ kiln_status kiln_encode_layers_of(const kiln_checkpoint *ck, int *out, int *n, k
             out[i] = (int)v[i];
         }
         *n = count;
-    } else if (kiln_family_of(ck)->id == KILN_FAMILY_ZIMAGE) {
-        out[0] = -2, *n = 1;
-    } else {
-        out[0] = 9, out[1] = 18, out[2] = 27, *n = 3;
+    } else { /* the pipeline's default (engine/family.c) */
+        const kiln_family *f = kiln_family_of(ck);
+        for (int i = 0; i < f->n_default_layers; i++)
+            out[i] = f->default_layers[i];
+        *n = f->n_default_layers;
     }
     return KILN_OK;
 }
@@ -65,9 +66,9 @@ kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpo
         kiln_err_wrap(err, "tokenizer");
         goto fail;
     }
-    /* Flux2KleinPipeline: enable_thinking=False; ZImagePipeline: True. */
-    s->tmpl = kiln_family_of(ck)->id == KILN_FAMILY_ZIMAGE ? KILN_CHAT_ZIMAGE
-                                                                : KILN_CHAT_KLEIN;
+    /* The family's enable_thinking: Flux2KleinPipeline False (the klein
+     * template), ZImagePipeline True (the Z-Image one). */
+    s->tmpl = kiln_family_of(ck)->chat_thinking ? KILN_CHAT_ZIMAGE : KILN_CHAT_KLEIN;
     int layers[KILN_MAX_OUT_LAYERS], n_layers = opts->n_out_layers;
     memcpy(layers, opts->out_layers, sizeof layers);
     if (!n_layers && kiln_encode_layers_of(ck, layers, &n_layers, err))

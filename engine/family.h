@@ -1,9 +1,11 @@
 /* kiln model families: the one table that maps a checkpoint's pipeline
  * class to its family and the request traits it implies.  Outside engine/
  * nothing branches on a family: front ends (the CLI, the gateway, the
- * bench) read traits and plans (engine/plan.h); the stages dispatch on
- * kiln_family_of's id to their family's loop in models/.  A third family
- * is its models/ folder, an entry here and its branch of the three stages.
+ * bench) read traits and plans (engine/plan.h); the encode stage reads
+ * its template and hidden states here, and the denoise and decode stages
+ * dispatch on kiln_family_of's id to their family's DiT loop and latent
+ * layout in models/.  A third family is its models/ folder, an entry here
+ * and its branch of the denoise and decode stages.
  *
  *   const kiln_family *f = kiln_family_of(ck);       // never NULL
  *   kiln_model_traits t = kiln_model_traits_of(ck);  // f->traits filled in
@@ -29,6 +31,14 @@ typedef struct kiln_family {
     /* The request defaults and rules of a checkpoint of this family
      * (everything but the name and the widths, which the table fills). */
     void (*traits)(const kiln_checkpoint *ck, kiln_model_traits *t);
+    /* The encode stage's prompt handling: the Qwen3 chat template's
+     * enable_thinking (Flux2KleinPipeline False: an empty think block;
+     * ZImagePipeline True: none), and the hidden states the pipeline
+     * takes by default (kiln_encode_layers_of, when model_index.json does
+     * not record text_encoder_out_layers). */
+    int chat_thinking;
+    int n_default_layers;
+    int default_layers[3];
 } kiln_family;
 
 /* The family of a checkpoint that opened (kiln_checkpoint_open knows only

@@ -27,8 +27,27 @@ static kiln_model_traits traits_of_ckpt(const char *name)
     return t;
 }
 
+/* The family table's encode-stage entries, by the checkpoint's class. */
+static void check_family(const char *name, const char *family, int thinking, int layer0, int n)
+{
+    char rel[64];
+    snprintf(rel, sizeof rel, "ckpt/%s", name);
+    kiln_err err = {0};
+    kiln_checkpoint *ck = kiln_checkpoint_open(oracle_path(rel), &err);
+    CHECKF(ck != NULL, "%s: %s", name, err.msg);
+    if (!ck)
+        return;
+    const kiln_family *f = kiln_family_of(ck);
+    CHECKF(!strcmp(f->name, family) && f->chat_thinking == thinking &&
+               f->n_default_layers == n && f->default_layers[0] == layer0,
+           "%s: family %s", name, f->name);
+    kiln_checkpoint_close(ck);
+}
+
 static void test_family_traits(void)
 {
+    check_family("klein-tiny", "flux2", 0, 9, 3);
+    check_family("zimage-tiny", "zimage", 1, -2, 1);
     kiln_model_traits k = traits_of_ckpt("klein-tiny");
     CHECK(!strcmp(k.family, "flux2") && !k.cfg && !k.kv_cache && !k.no_edits);
     CHECK(k.default_steps == 4 && k.default_guidance == 1.0f);
