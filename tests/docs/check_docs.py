@@ -3,8 +3,8 @@
 (```sh blocks and indented blocks; continuation lines joined) is run on
 the CPU, checked, or named below as not runnable here with the reason, and
 a line this script does not know fails the test, so a new command in the
-docs cannot go untested silently.  (README.md's quick start has its own
-test, check_readme.py.)
+docs cannot go untested silently.  README.md's indented blocks are taken
+too (its ```sh quick start has its own test, check_readme.py).
 
 What each kind of line gets:
 - run: executed with bash in one work folder, in document order, with the
@@ -12,7 +12,8 @@ What each kind of line gets:
   the tiny checkpoint started by this script (the docs' examples assume a
   running service, as the README's quick start leaves one) with port 8000
   replaced by a free one.  Fixtures the docs name (the README's cat.png, a
-  hat.jpg) are made with `kiln generate` first.  It must exit 0, a `> FILE`
+  hat.jpg) are made with `kiln generate` first.  Port 8080 (the README's)
+  is replaced as 8000 is.  It must exit 0, a `> FILE`
   must be non-empty, every PNG written must be one, and every request the
   commands made must have been answered 2xx (the gateway's access log).
 - synopsis: a usage line with placeholders (DIR, [...]): every option it
@@ -58,11 +59,22 @@ RULES = [
     (r"(^|\s)(dir=\$\()?huggingface-cli download", "skip",
      "downloads a published checkpoint (8-18 GB from the Hugging Face hub)"),
     (r"^kiln serve .*--device cuda", "gpu", "serves a published checkpoint on a GPU"),
+    (r"^kiln (generate|edit|encode) .*--device cuda", "gpu",
+     "runs a published checkpoint on a GPU"),
     (r"^scripts/install-deps\.sh", "skip", "installs Debian packages; the test machine has them"),
+    (r"^scripts/run\.sh$", "skip",
+     "installs, builds and serves until stopped; check_readme.py runs the quick start's steps"),
+    (r"^scripts/test\.sh$", "skip", "the test suite this test runs in"),
+    (r"^sudo deploy/test\.sh", "skip",
+     "the container end-to-end test: root and Podman, 15-30 minutes, run by hand"),
+    (r"^[a-z]+/ {2,}\S", "text", "the source tree's layout"),
     (r"^meson setup build ", "skip", "the build under test is already configured"),
     (r"^ninja -C build$", "skip", "the build under test is already built"),
     (r"^ninja -C build tools/bench/kiln-handoffbench", "skip",
      "rebuilds build/ and runs a benchmark (not a check)"),
+    (r"^(meson setup build-rel |ninja -C build-rel |apt-get download |build-rel/tools/bench/)",
+     "skip", "the PNG encoder benchmark: a release build and Debian's wallpapers (a "
+     "measurement, not a check)"),
     (r"^(podman|podman-compose|KILN_MODEL=\S+ podman-compose|deploy/make-keys\.sh) ", "skip",
      "container deployment: root and Podman; `sudo deploy/test.sh` runs the compose stack by "
      "hand, deploy_check validates the files"),
@@ -79,11 +91,13 @@ RULES = [
 ]
 
 
-def blocks(path):
-    """(line number, kind, text) per logical line of the file's code
-    blocks; kind is the fence's language ("sh", "json", "python", "" for a
-    plain fence) or "indented"."""
+def blocks(path, fenced=True):
+    """(line number, kind, text, block number) per logical line of the
+    file's code blocks; kind is the fence's language ("sh", "json",
+    "python", "" for a plain fence) or "indented".  fenced=False: indented
+    blocks only."""
     out, lines = [], open(path).read().splitlines()
+    n_block = 0
     i, prev_blank = 0, True
     while i < len(lines):
         line = lines[i]
@@ -95,7 +109,9 @@ def blocks(path):
                 body.append((i + 1, lines[i]))
                 i += 1
             i += 1
-            out += [(n, lang, t) for n, t in join(body, lang == "sh")]
+            n_block += 1
+            if fenced:
+                out += [(n, lang, t, n_block) for n, t in join(body, lang == "sh")]
             prev_blank = False
             continue
         if line.startswith("    ") and line.strip() and prev_blank:
@@ -104,7 +120,8 @@ def blocks(path):
                 if lines[i].strip():
                     body.append((i + 1, lines[i][4:]))
                 i += 1
-            out += [(n, "indented", t) for n, t in join(body, True)]
+            n_block += 1
+            out += [(n, "indented", t, n_block) for n, t in join(body, True)]
             prev_blank = False
             continue
         prev_blank = not line.strip()
@@ -175,9 +192,15 @@ def main():
                                    os.path.join(BUILD, "services", "gateway"),
                                    os.path.join(BUILD, "tools", "bench"), env.get("PATH", "")])
     plan, failed = [], 0
-    for path in docs:
-        for n, lang, text in blocks(path):
+    for path in [os.path.join(SRC, "README.md")] + docs:
+        gpu_block = None
+        for n, lang, text, block in blocks(path, fenced=not path.endswith("README.md")):
             kind, why = classify(lang, text)
+            if kind == "gpu" and text.startswith("kiln serve "):
+                gpu_block = block
+            elif kind == "run" and gpu_block == block and text.startswith("curl "):
+                # it talks to the GPU service the block started above
+                kind, why = "gpu", "asks the GPU service the lines above started"
             where = f"{os.path.relpath(path, SRC)}:{n}"
             if kind is None:
                 print(f"FAIL: {where}: neither run, checked nor listed with a reason: {text}")
@@ -218,7 +241,7 @@ def main():
                       f"{': not in --help: ' + ' '.join(missing) if missing else ''}")
                 failed += bool(bad)
             elif kind == "run":
-                line = re.sub(r"(localhost|127\.0\.0\.1):8000", rf"\g<1>:{port}", text)
+                line = re.sub(r"(localhost|127\.0\.0\.1):80[08]0\b", rf"\g<1>:{port}", text)
                 t0 = time.time()
                 r = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=work, env=env,
                                    capture_output=True, text=True, timeout=600)
