@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/json.h"
 #include "weights.h"
@@ -73,4 +74,44 @@ kiln_status kiln_dit_host_reserve(float **buf, size_t *cap, size_t floats, kiln_
     *buf = p;
     *cap = floats;
     return KILN_OK;
+}
+
+kiln_status kiln_dit_runtime_init(kiln_backend *be, kiln_arena **fwd, kiln_arena **blk,
+                                  int *replay_enabled, kiln_err *err)
+{
+    *fwd = kiln_arena_create(be, 0, err);
+    if (!*fwd)
+        return err && err->code ? err->code : KILN_ERR_NOMEM;
+    *blk = kiln_arena_create(be, 0, err);
+    if (!*blk)
+        return err && err->code ? err->code : KILN_ERR_NOMEM;
+    const char *graphs = getenv("KILN_GRAPHS");
+    *replay_enabled = be->ops->graph_begin && !(graphs && !strcmp(graphs, "0"));
+    return KILN_OK;
+}
+
+void kiln_dit_rope_reserve(kiln_backend *be, kiln_tensor *cos, kiln_tensor *sin, int64_t *cap,
+                           uint64_t *epoch, int64_t rows, int64_t d)
+{
+    if (rows <= *cap)
+        return;
+    kiln_be_free(be, cos);
+    kiln_be_free(be, sin);
+    *cap = 0;
+    (*epoch)++;
+    const int64_t shape[2] = {rows, d};
+    if (!kiln_be_alloc(be, cos, KILN_F32, 2, shape) && !kiln_be_alloc(be, sin, KILN_F32, 2, shape))
+        *cap = rows;
+}
+
+void kiln_dit_free_blocks(kiln_backend *be, void *blocks, int64_t n, size_t block_bytes)
+{
+    if (!blocks)
+        return;
+    for (int64_t i = 0; i < n; i++) {
+        kiln_tensor *t = (kiln_tensor *)((char *)blocks + (size_t)i * block_bytes);
+        for (size_t k = 0; k < block_bytes / sizeof(kiln_tensor); k++)
+            kiln_be_free(be, &t[k]);
+    }
+    free(blocks);
 }

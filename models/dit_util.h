@@ -50,6 +50,27 @@ kiln_status kiln_dit_load_fused(kiln_dit_loader *l, kiln_tensor *t, int64_t rows
  * KILN_ERR_NOMEM leaves it as it was. */
 kiln_status kiln_dit_host_reserve(float **buf, size_t *cap, size_t floats, kiln_err *err);
 
+/* The run-time state each DiT keeps beside its weights: the arenas of one
+ * forward and of one block (*fwd, *blk) and whether forwards may be
+ * replayed as graphs (*replay_enabled: the backend records graphs and
+ * KILN_GRAPHS is not "0"; KILN_GRAPHS=0 runs every step op by op, for
+ * profiling and for telling a recording problem from a kernel problem).
+ * KILN_ERR_NOMEM on failure, leaving what was made in *fwd / *blk for the
+ * caller's teardown (kiln_arena_destroy). */
+kiln_status kiln_dit_runtime_init(kiln_backend *be, kiln_arena **fwd, kiln_arena **blk,
+                                  int *replay_enabled, kiln_err *err);
+
+/* Grows the RoPE tables *cos, *sin ((*cap, d) F32 each, only growing) to
+ * hold `rows` rows.  When they move *epoch is bumped (recorded forwards
+ * name it in their keys).  An allocation failure leaves *cap 0 and the
+ * backend's sticky error. */
+void kiln_dit_rope_reserve(kiln_backend *be, kiln_tensor *cos, kiln_tensor *sin, int64_t *cap,
+                           uint64_t *epoch, int64_t rows, int64_t d);
+
+/* Frees `n` block structs of `block_bytes` each, made of kiln_tensors and
+ * nothing else, then the array `blocks` itself; NULL is fine. */
+void kiln_dit_free_blocks(kiln_backend *be, void *blocks, int64_t n, size_t block_bytes);
+
 /* (B, S, h * d) seen as (B, S, h, d). */
 kiln_tensor kiln_dit_heads(const kiln_tensor *t, int64_t heads, int64_t head_dim);
 /* Rows [row0, row0 + n) of a (1, S, C) tensor as a (1, n, C) view (with one

@@ -192,16 +192,7 @@ static kiln_status rope_update(kiln_flux2_dit *m, const int32_t *ids, int64_t ro
     free(m->rope_ids);
     m->rope_ids = NULL;
     m->rope_rows = 0;
-    if (rows > m->rope_cap) {
-        kiln_be_free(be, &m->rope_cos);
-        kiln_be_free(be, &m->rope_sin);
-        m->rope_cap = 0;
-        m->rope_epoch++;
-        const int64_t shape[2] = {rows, d};
-        if (!kiln_be_alloc(be, &m->rope_cos, KILN_F32, 2, shape) &&
-            !kiln_be_alloc(be, &m->rope_sin, KILN_F32, 2, shape))
-            m->rope_cap = rows;
-    }
+    kiln_dit_rope_reserve(be, &m->rope_cos, &m->rope_sin, &m->rope_cap, &m->rope_epoch, rows, d);
     flux2_rope r = rope_rows(m, 0, rows);
     kiln_be_upload(be, &r.cos, tab, KILN_F32);
     kiln_be_upload(be, &r.sin, tab + rows * d, KILN_F32);

@@ -217,16 +217,8 @@ kiln_flux2_dit *kiln_flux2_dit_load(kiln_backend *be, const kiln_checkpoint *ck,
         kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    m->fwd = kiln_arena_create(be, 0, err);
-    if (!m->fwd)
+    if (kiln_dit_runtime_init(be, &m->fwd, &m->blk, &m->replay_enabled, err))
         goto fail;
-    m->blk = kiln_arena_create(be, 0, err);
-    if (!m->blk)
-        goto fail;
-    /* KILN_GRAPHS=0 runs every step op by op: for profiling and for
-     * telling a recording problem from a kernel problem. */
-    const char *graphs = getenv("KILN_GRAPHS");
-    m->replay_enabled = be->ops->graph_begin && !(graphs && !strcmp(graphs, "0"));
     kiln_st *st = kiln_checkpoint_weights(ck, "transformer", err);
     if (!st)
         goto fail;
@@ -240,12 +232,6 @@ fail:
     return NULL;
 }
 
-static void free_all(kiln_backend *be, kiln_tensor *t, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        kiln_be_free(be, &t[i]);
-}
-
 void kiln_flux2_dit_destroy(kiln_flux2_dit *m)
 {
     if (!m)
@@ -257,15 +243,8 @@ void kiln_flux2_dit_destroy(kiln_flux2_dit *m)
                           &m->proj_out,   &m->rope_cos,         &m->rope_sin};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         kiln_be_free(be, top[i]);
-    /* The block structs are arrays of tensors and nothing else. */
-    if (m->dbl)
-        for (int64_t i = 0; i < m->cfg.num_layers; i++)
-            free_all(be, (kiln_tensor *)&m->dbl[i], sizeof m->dbl[i] / sizeof(kiln_tensor));
-    if (m->sgl)
-        for (int64_t j = 0; j < m->cfg.num_single_layers; j++)
-            free_all(be, (kiln_tensor *)&m->sgl[j], sizeof m->sgl[j] / sizeof(kiln_tensor));
-    free(m->dbl);
-    free(m->sgl);
+    kiln_dit_free_blocks(be, m->dbl, m->cfg.num_layers, sizeof *m->dbl);
+    kiln_dit_free_blocks(be, m->sgl, m->cfg.num_single_layers, sizeof *m->sgl);
     kiln_arena_destroy(m->fwd);
     kiln_arena_destroy(m->blk);
     free(m->rope_ids);

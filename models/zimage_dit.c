@@ -134,16 +134,7 @@ static kiln_status rope_prepare(zimage_fwd *f, int64_t h, int64_t w, kiln_err *e
                                tab + b * per * d, tab + (rows + b * per) * d);
     }
     free(ids);
-    if (rows > m->rope_cap) {
-        kiln_be_free(be, &m->rope_cos);
-        kiln_be_free(be, &m->rope_sin);
-        m->rope_cap = 0;
-        m->rope_epoch++;
-        const int64_t shape[2] = {rows, d};
-        if (!kiln_be_alloc(be, &m->rope_cos, KILN_F32, 2, shape) &&
-            !kiln_be_alloc(be, &m->rope_sin, KILN_F32, 2, shape))
-            m->rope_cap = rows;
-    }
+    kiln_dit_rope_reserve(be, &m->rope_cos, &m->rope_sin, &m->rope_cap, &m->rope_epoch, rows, d);
     kiln_tensor c = m->rope_cos, s = m->rope_sin;
     kiln_tensor_set_shape(&c, KILN_F32, 2, (int64_t[]){rows, d});
     kiln_tensor_set_shape(&s, KILN_F32, 2, (int64_t[]){rows, d});

@@ -229,15 +229,8 @@ kiln_zimage_dit *kiln_zimage_dit_load(kiln_backend *be, const kiln_checkpoint *c
         kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    m->fwd = kiln_arena_create(be, 0, err);
-    if (!m->fwd)
+    if (kiln_dit_runtime_init(be, &m->fwd, &m->blk, &m->replay_enabled, err))
         goto fail;
-    m->blk = kiln_arena_create(be, 0, err);
-    if (!m->blk)
-        goto fail;
-    /* KILN_GRAPHS=0 runs every step op by op (as for klein). */
-    const char *graphs = getenv("KILN_GRAPHS");
-    m->replay_enabled = be->ops->graph_begin && !(graphs && !strcmp(graphs, "0"));
     kiln_st *st = kiln_checkpoint_weights(ck, "transformer", err);
     if (!st)
         goto fail;
@@ -249,19 +242,6 @@ kiln_zimage_dit *kiln_zimage_dit_load(kiln_backend *be, const kiln_checkpoint *c
 fail:
     kiln_zimage_dit_destroy(m);
     return NULL;
-}
-
-static void free_blocks(kiln_backend *be, zimage_block_w *b, int64_t n)
-{
-    if (!b)
-        return;
-    /* The block structs are arrays of tensors and nothing else. */
-    for (int64_t i = 0; i < n; i++) {
-        kiln_tensor *t = (kiln_tensor *)&b[i];
-        for (size_t k = 0; k < sizeof b[i] / sizeof(kiln_tensor); k++)
-            kiln_be_free(be, &t[k]);
-    }
-    free(b);
 }
 
 void kiln_zimage_dit_destroy(kiln_zimage_dit *m)
@@ -277,9 +257,9 @@ void kiln_zimage_dit_destroy(kiln_zimage_dit *m)
                           &m->rope_sin};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         kiln_be_free(be, top[i]);
-    free_blocks(be, m->noise_ref, m->cfg.n_refiner_layers);
-    free_blocks(be, m->ctx_ref, m->cfg.n_refiner_layers);
-    free_blocks(be, m->layers, m->cfg.n_layers);
+    kiln_dit_free_blocks(be, m->noise_ref, m->cfg.n_refiner_layers, sizeof *m->noise_ref);
+    kiln_dit_free_blocks(be, m->ctx_ref, m->cfg.n_refiner_layers, sizeof *m->ctx_ref);
+    kiln_dit_free_blocks(be, m->layers, m->cfg.n_layers, sizeof *m->layers);
     kiln_arena_destroy(m->fwd);
     kiln_arena_destroy(m->blk);
     free(m->rope_caps);
