@@ -76,21 +76,25 @@ typedef struct prep {
     kiln_tensor emb, neg, ref_tokens;
     const int32_t *ref_ids;
     int64_t R;
-    const int32_t *txt_len, *neg_len; /* real tokens per prompt row (the encoder's) */
+    /* real tokens per prompt row (the encoder's), copied: an input
+     * fetched by value need not be 4-byte aligned */
+    int txt_len[KILN_PROTO_MAX_PROMPTS], neg_len[1];
+    int has_neg_len;
     const float *mask; /* inpainting: N floats from the encoder, else NULL */
 } prep;
 
 /* An I32 vector input of n entries (txt_len and neg_len). */
-static kiln_status lens_input(kiln_worker *w, prep *p, const char *name, int64_t n,
-                              const int32_t **out, kiln_err *err)
+static kiln_status lens_input(kiln_worker *w, prep *p, const char *name, int64_t n, int *out,
+                              kiln_err *err)
 {
     const kiln_tensor_ref *ref;
     const void *data;
     if (kiln_worker_input_host(w, p->job, name, 1, &ref, &data, err))
         return kiln_err_wrap(err, "the encoder's token count of each prompt is missing");
-    if (ref->dtype != KILN_I32 || ref->ndim != 1 || ref->shape[0] != n)
+    if (ref->dtype != KILN_I32 || ref->ndim != 1 || ref->shape[0] != n ||
+        n > KILN_PROTO_MAX_PROMPTS)
         return kiln_err_set(err, KILN_ERR_INVALID, "%s must be (%lld) I32", name, (long long)n);
-    *out = data;
+    memcpy(out, data, (size_t)n * sizeof *out);
     return KILN_OK;
 }
 
@@ -111,8 +115,9 @@ static kiln_status prepare(kiln_worker *w, prep *p, kiln_err *err)
         return kiln_err_set(err, KILN_ERR_INVALID, "neg must be (1, T, J) like embeds");
     /* Each row's real tokens, for DiTs that read only those (Z-Image);
      * an encoder always sends them. */
-    if (lens_input(w, p, "txt_len", p->emb.shape[0], &p->txt_len, err) ||
-        (p->neg.data && lens_input(w, p, "neg_len", 1, &p->neg_len, err)))
+    p->has_neg_len = p->neg.data != NULL;
+    if (lens_input(w, p, "txt_len", p->emb.shape[0], p->txt_len, err) ||
+        (p->neg.data && lens_input(w, p, "neg_len", 1, p->neg_len, err)))
         return err->code;
     if (kiln_worker_input(w, p->job, "ref_tokens", 0, &p->ref_tokens, err))
         return err->code;
@@ -289,7 +294,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         st = kiln_err_set(&err, KILN_ERR_NOMEM, "out of memory");
     for (int i = 0, b = 0; lens && i < live; i++) {
         const kiln_job_denoise *di = &kiln_worker_job_msg(ps[i].job)->denoise;
-        kiln_plan_row_lens(di->n_seeds, di->n, ps[i].txt_len, ps[i].neg_len ? ps[i].neg_len[0] : 0,
+        kiln_plan_row_lens(di->n_seeds, di->n, ps[i].txt_len, ps[i].has_neg_len ? ps[i].neg_len[0] : 0,
                            lens + b, lens + B + b);
         b += di->n_seeds;
     }
