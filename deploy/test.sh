@@ -13,7 +13,16 @@
 #  6. tear-down.
 # Needs root; installs podman, podman-compose, debootstrap and runc with
 # apt-get when they are missing.  Work files go to $KILN_CT_DIR (default
-# /var/tmp/kiln-ct; the base image and build cache are reused from there).
+# /var/tmp/kiln-ct).  The base image and the build cache are Podman's
+# images, reused by later runs: from the machine's Podman storage, or when
+# $KILN_CT_PODMAN_DIR is set, from a Podman storage of the run's own under
+# that folder (images, build cache, containers, volumes, network
+# definitions and libpod's state; Podman 4.3 keeps IP allocations and
+# aardvark-dns's files in /run/containers/networks whatever the settings),
+# e.g. to time CI's run from nothing on a machine with earlier runs' images
+# (with a $KILN_CT_DIR and $KILN_CT_PORT of its own: default 18480).
+# `podman system reset` under those settings, then removing the folder,
+# forgets it all.
 # Ends with "N passed, N failed".
 set -uo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,6 +70,21 @@ mkdir -p "$work"
 # ulimits within the session's own hard limits (the defaults exceed them).
 nofile=$(ulimit -Hn)
 [ "$nofile" = unlimited ] && nofile=1048576
+own_engine="" own_network=""
+if [ -n "${KILN_CT_PODMAN_DIR:-}" ]; then
+  pd=$KILN_CT_PODMAN_DIR
+  mkdir -p "$pd/storage" "$pd/run" "$pd/tmp" "$pd/networks" || die "mkdir $pd"
+  cat >"$work/storage.conf" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "$pd/storage"
+runroot = "$pd/run"
+EOF
+  export CONTAINERS_STORAGE_CONF=$work/storage.conf
+  # libpod's own state and the compose network's definition
+  own_engine="tmp_dir = \"$pd/tmp\""
+  own_network="network_config_dir = \"$pd/networks\""
+fi
 cat >"$work/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=$nofile:$nofile", "nproc=4096:4096"]
@@ -68,22 +92,27 @@ default_ulimits = ["nofile=$nofile:$nofile", "nproc=4096:4096"]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+$own_engine
 [network]
 network_backend = "netavark"
+$own_network
 EOF
 export CONTAINERS_CONF=$work/containers.conf
 ulimits=(--ulimit "nofile=$nofile:$nofile" --ulimit nproc=4096:4096)
 
 # ---- 1. the base image ----
 base=localhost/kiln-base:bookworm
+t0=$(date +%s)
+made=present
 if ! podman image exists "$base"; then
   rm -rf "$work/rootfs"
   debootstrap --variant=minbase bookworm "$work/rootfs" http://deb.debian.org/debian \
     >"$work/debootstrap.log" 2>&1 || die "debootstrap (see $work/debootstrap.log)"
   tar -C "$work/rootfs" -c . | podman import - "$base" >"$work/import.log" 2>&1 || die "podman import"
   rm -rf "$work/rootfs"
+  made="made in $(($(date +%s) - t0)) s"
 fi
-ok "base image $base"
+ok "base image $base ($made)"
 
 # ---- 2. the images ----
 # The build's RUN steps (apt-get) use the host's network: Podman's default
@@ -139,13 +168,23 @@ compose() {
   KILN_MODEL=$work/model/klein KILN_KEYS=$work/keys KILN_PORT=$port \
     podman-compose -p "$project" -f "$src/deploy/compose.yaml" -f "$work/compose.test.yaml" "$@"
 }
+# podman-compose 1.0 `down` leaves the project's network: removed here.
+# After a failure the containers' logs are kept in $work/logs first.
 cleanup() {
+  if [ "$failed" -gt 0 ]; then
+    mkdir -p "$work/logs"
+    for c in $(podman ps -a --format '{{.Names}}' | grep "^${project}[_-]"); do
+      podman logs "$c" >"$work/logs/$c.log" 2>&1
+    done
+  fi
   podman pod rm -f kiln-pod2 >/dev/null 2>&1
   compose down -v >/dev/null 2>&1
   podman rm -f "${project}_denoiser_2" >/dev/null 2>&1
   podman volume rm -f "${project}_kiln-shm" >/dev/null 2>&1
+  podman network rm -f "${project}_default" >/dev/null 2>&1
 }
 cleanup
+trap cleanup EXIT
 # podman-compose 1.0 creates volumes without their driver_opts, which would
 # leave the stages a root-owned directory for /dev/shm: make the shared
 # tmpfs first (2 GiB in 4 KiB pages: Podman takes size= for a quota; it
@@ -155,7 +194,6 @@ podman volume create --opt type=tmpfs --opt device=tmpfs \
   --label io.podman.compose.project="$project" "${project}_kiln-shm" >/dev/null ||
   die "podman volume create"
 compose up -d >"$work/compose-up.log" 2>&1 || die "podman-compose up (see $work/compose-up.log)"
-trap cleanup EXIT
 
 ready() { # waits up to $1 s for /readyz
   local until=$(($(date +%s) + $1))
@@ -165,6 +203,7 @@ ready() { # waits up to $1 s for /readyz
   done
   return 1
 }
+t_checks=$(date +%s)
 ready 300 && ok "compose stack ready" || { podman ps -a; die "compose stack not ready"; }
 
 # ---- 5. requests against the CLI's bytes ----
@@ -334,5 +373,5 @@ else
   bad "shared /dev/shm with only the encoder running: $(tr '\n' ' ' <<<"$s")"
 fi
 
-echo "logs: podman logs ${project}_<service>_1; work files in $work"
+echo "checks took $(($(date +%s) - t_checks)) s; work files in $work (the containers' logs in $work/logs after a failure)"
 finish
