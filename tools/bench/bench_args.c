@@ -61,6 +61,23 @@ static int parse_conc(const char *s, kiln_bench_opts *o)
     }
 }
 
+kiln_status kiln_bench_next_opt(int argc, char **argv, int *i, const char **name,
+                                const char **value, int *help, kiln_err *err)
+{
+    const char *a = argv[*i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        *help = 1;
+        return KILN_OK;
+    }
+    if (strncmp(a, "--", 2))
+        return kiln_err_set(err, KILN_ERR_INVALID, "unexpected argument '%s'", a);
+    if (*i + 1 >= argc)
+        return kiln_err_set(err, KILN_ERR_INVALID, "%s needs a value", a);
+    *name = a;
+    *value = argv[++*i];
+    return KILN_OK;
+}
+
 kiln_status kiln_bench_parse_args(int argc, char **argv, kiln_bench_opts *o, kiln_err *err)
 {
     memset(o, 0, sizeof *o);
@@ -75,16 +92,11 @@ kiln_status kiln_bench_parse_args(int argc, char **argv, kiln_bench_opts *o, kil
     o->repeats = 3;
     o->timeout_s = 600;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            o->help = 1;
+        const char *a = NULL, *v = NULL;
+        if (kiln_bench_next_opt(argc, argv, &i, &a, &v, &o->help, err))
+            return err->code;
+        if (o->help)
             return KILN_OK;
-        }
-        if (strncmp(a, "--", 2))
-            return kiln_err_set(err, KILN_ERR_INVALID, "unexpected argument '%s'", a);
-        if (i + 1 >= argc)
-            return kiln_err_set(err, KILN_ERR_INVALID, "%s needs a value", a);
-        const char *v = argv[++i];
         int bad = 0;
         if (!strcmp(a, "--url"))
             o->url = v;

@@ -47,4 +47,12 @@ const char *kiln_bench_usage(void);
 int kiln_bench_parse_seconds(const char *s, double *out);
 int kiln_bench_parse_size(const char *s, int *w, int *h);
 
+/* The command-line walk shared with kiln-soak: every option is
+ * "--name value".  Takes argv[*i] (and its value, moving *i past it):
+ * *help = 1 for --help or -h (*name, *value unset); else *name and *value.
+ * KILN_ERR_INVALID for a word that is not an option or an option with no
+ * value. */
+kiln_status kiln_bench_next_opt(int argc, char **argv, int *i, const char **name,
+                                const char **value, int *help, kiln_err *err);
+
 #endif

@@ -116,16 +116,11 @@ kiln_status kiln_soak_parse_args(int argc, char **argv, kiln_soak_opts *o, kiln_
     o->timeout_s = 600;
     o->wait_ready_s = 300;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            o->help = 1;
+        const char *a = NULL, *v = NULL;
+        if (kiln_bench_next_opt(argc, argv, &i, &a, &v, &o->help, err))
+            return err->code;
+        if (o->help)
             return KILN_OK;
-        }
-        if (strncmp(a, "--", 2))
-            return kiln_err_set(err, KILN_ERR_INVALID, "unexpected argument '%s'", a);
-        if (i + 1 >= argc)
-            return kiln_err_set(err, KILN_ERR_INVALID, "%s needs a value", a);
-        const char *v = argv[++i];
         int bad = 0, iv;
         double d;
         if (!strcmp(a, "--url"))
