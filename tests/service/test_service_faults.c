@@ -160,28 +160,40 @@ static int last_count_after(const char *log, const char *key)
     return v;
 }
 
-static void test_sigterm_one_denoiser(void)
+/* kiln serve with two denoisers on a fresh port, bus `bus_name` and log
+ * `log_name` (set in *port, *log); both denoisers' pids in before[].  -1
+ * (a failure recorded, serve stopped) when it did not come up. */
+static pid_t serve_two_denoisers(const char *bus_name, const char *log_name, int *port,
+                                 const char **log, pid_t before[2])
 {
-    int port = svc_free_port();
+    *port = svc_free_port();
     char port_s[16], bus[128];
-    snprintf(port_s, sizeof port_s, "%d", port);
-    snprintf(bus, sizeof bus, "ipc://%s/bus-term", svc.tmpdir);
-    const char *log = svc_tmp("serve-term.log");
+    snprintf(port_s, sizeof port_s, "%d", *port);
+    snprintf(bus, sizeof bus, "ipc://%s/%s", svc.tmpdir, bus_name);
+    *log = svc_tmp(log_name);
     const char *argv[] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port", port_s,
                           "--bus", bus, "--min-size", "64", "--max-size", "128",
                           "--text-encoder-out-layers", "1,2,3", "--encoders", "1", "--denoisers",
                           "2", "--decoders", "1", NULL};
-    pid_t serve = svc_spawn(argv, proc_env, log);
+    pid_t serve = svc_spawn(argv, proc_env, *log);
     double v;
-    CHECKF(svc_wait_ready(port, 60000) == 0 &&
-               svc_wait_metric(port, "kiln_replicas{stage=\"denoise\"}", 2, 30000, &v) == 0,
-           "kiln serve with two denoisers did not come up (log %s)", log);
+    CHECKF(svc_wait_ready(*port, 60000) == 0 &&
+               svc_wait_metric(*port, "kiln_replicas{stage=\"denoise\"}", 2, 30000, &v) == 0,
+           "kiln serve with two denoisers did not come up (log %s)", *log);
     if (test_failures) {
         svc_stop(serve, 60000);
-        return;
+        return -1;
     }
-    pid_t before[2];
     CHECK(svc_children(serve, "kiln-denoiser", before, 2) == 2);
+    return serve;
+}
+
+/* Sends N_INFLIGHT slow requests, sends `sig` to the denoiser (of
+ * before[]) that starts a batch first (*t_sig: when) and reads every answer
+ * (an image or a 503, counted).  The denoiser signalled, or <= 0. */
+static pid_t signal_busy_denoiser(int port, const char *log, const pid_t before[2], int sig,
+                                  double *t_sig, int *images, int *unavail)
+{
     char bodies[N_INFLIGHT][256];
     int fds[N_INFLIGHT];
     for (int i = 0; i < N_INFLIGHT; i++)
@@ -192,15 +204,46 @@ static void test_sigterm_one_denoiser(void)
     CHECKF(victim == before[0] || victim == before[1], "no denoiser started a batch (got pid %ld)",
            (long)victim);
     if (victim > 0)
-        kill(victim, SIGTERM);
-    double t_term = kiln_now_ms();
-    int images = 0, unavail = 0;
+        kill(victim, sig);
+    *t_sig = kiln_now_ms();
     for (int i = 0; i < N_INFLIGHT; i++) {
         char what[64], ref[32];
         snprintf(what, sizeof what, "in-flight request %d", i);
         snprintf(ref, sizeof ref, "slow-%d.png", i);
-        expect_image_or_503(fds[i], ref, what, &images, &unavail);
+        expect_image_or_503(fds[i], ref, what, images, unavail);
     }
+    return victim;
+}
+
+/* The denoiser the supervisor started in place of one of before[] (within
+ * 60 s), or -1. */
+static pid_t replacement_denoiser(pid_t serve, const pid_t before[2])
+{
+    pid_t now[2] = {0, 0}, fresh = -1;
+    double until = kiln_now_ms() + 60000;
+    while (fresh < 0 && kiln_now_ms() < until) {
+        int n = svc_children(serve, "kiln-denoiser", now, 2);
+        for (int i = 0; i < n; i++)
+            if (now[i] != before[0] && now[i] != before[1])
+                fresh = now[i];
+        if (fresh < 0)
+            svc_sleep_ms(50);
+    }
+    return fresh;
+}
+
+static void test_sigterm_one_denoiser(void)
+{
+    int port;
+    const char *log;
+    pid_t before[2];
+    double v;
+    pid_t serve = serve_two_denoisers("bus-term", "serve-term.log", &port, &log, before);
+    if (serve < 0)
+        return;
+    int images = 0, unavail = 0;
+    double t_term;
+    pid_t victim = signal_busy_denoiser(port, log, before, SIGTERM, &t_term, &images, &unavail);
     KILN_LOG_INFO("faults: denoiser %ld stopped (SIGTERM); %d images, %d 503s, all answered "
                   "%.1f s later", (long)victim, images, unavail, (kiln_now_ms() - t_term) / 1000);
     CHECKF(images == N_INFLIGHT, "%d of %d requests got their image", images, N_INFLIGHT);
@@ -223,16 +266,7 @@ static void test_sigterm_one_denoiser(void)
     CHECKF(svc_shm_slabs(victim) == 0, "the stopped denoiser left slabs in /dev/shm");
 
     /* The supervisor starts it again; it registers and serves. */
-    pid_t now[2] = {0, 0}, fresh = -1;
-    double until = kiln_now_ms() + 60000;
-    while (fresh < 0 && kiln_now_ms() < until) {
-        int n = svc_children(serve, "kiln-denoiser", now, 2);
-        for (int i = 0; i < n; i++)
-            if (now[i] != before[0] && now[i] != before[1])
-                fresh = now[i];
-        if (fresh < 0)
-            svc_sleep_ms(50);
-    }
+    pid_t fresh = replacement_denoiser(serve, before);
     CHECKF(fresh > 0 && svc_wait_registered(log, fresh, 60000) == 0,
            "the stopped denoiser was not started again");
     CHECKF(svc_wait_metric(port, "kiln_replicas{stage=\"denoise\"}", 2, 30000, &v) == 0,
@@ -248,46 +282,17 @@ static void test_sigterm_one_denoiser(void)
 
 static void test_kill_one_denoiser(void)
 {
-    int port = svc_free_port();
-    char port_s[16], bus[128];
-    snprintf(port_s, sizeof port_s, "%d", port);
-    snprintf(bus, sizeof bus, "ipc://%s/bus-serve", svc.tmpdir);
-    const char *log = svc_tmp("serve.log");
-    const char *argv[] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port", port_s,
-                          "--bus", bus, "--min-size", "64", "--max-size", "128",
-                          "--text-encoder-out-layers", "1,2,3", "--encoders", "1", "--denoisers",
-                          "2", "--decoders", "1", NULL};
-    pid_t serve = svc_spawn(argv, proc_env, log);
-    double v;
-    CHECKF(svc_wait_ready(port, 60000) == 0 &&
-               svc_wait_metric(port, "kiln_replicas{stage=\"denoise\"}", 2, 30000, &v) == 0,
-           "kiln serve with two denoisers did not come up (log %s)", log);
-    if (test_failures) {
-        svc_stop(serve, 60000);
-        return;
-    }
+    int port;
+    const char *log;
     pid_t before[2];
-    CHECK(svc_children(serve, "kiln-denoiser", before, 2) == 2);
+    double v;
+    pid_t serve = serve_two_denoisers("bus-serve", "serve.log", &port, &log, before);
+    if (serve < 0)
+        return;
 
-    char bodies[N_INFLIGHT][256];
-    int fds[N_INFLIGHT];
-    for (int i = 0; i < N_INFLIGHT; i++)
-        slow_json(bodies[i], sizeof bodies[i], SEED_SLOW + i);
-    size_t from = svc_log_size(log);
-    send_all(port, bodies, N_INFLIGHT, fds);
-    pid_t victim = svc_batch_started(log, from, before, 2, 60000);
-    CHECKF(victim == before[0] || victim == before[1], "no denoiser started a batch (got pid %ld)",
-           (long)victim);
-    if (victim > 0)
-        kill(victim, SIGKILL);
-    double t_kill = kiln_now_ms();
     int images = 0, unavail = 0;
-    for (int i = 0; i < N_INFLIGHT; i++) {
-        char what[64], ref[32];
-        snprintf(what, sizeof what, "in-flight request %d", i);
-        snprintf(ref, sizeof ref, "slow-%d.png", i);
-        expect_image_or_503(fds[i], ref, what, &images, &unavail);
-    }
+    double t_kill;
+    pid_t victim = signal_busy_denoiser(port, log, before, SIGKILL, &t_kill, &images, &unavail);
     KILN_LOG_INFO("faults: denoiser %ld killed; %d images, %d 503s, all answered %.1f s later",
                   (long)victim, images, unavail, (kiln_now_ms() - t_kill) / 1000);
     /* The replica had jobs: they were re-dispatched (or failed with 503). */
@@ -300,16 +305,7 @@ static void test_kill_one_denoiser(void)
     snprintf(started, sizeof started, "(pid %ld) was killed by signal 9", (long)victim);
     CHECKF(svc_wait_log(log, started, 1, 10000) == 0, "kiln serve did not see denoiser %ld die",
            (long)victim);
-    pid_t now[2] = {0, 0}, fresh = -1;
-    double until = kiln_now_ms() + 60000;
-    while (fresh < 0 && kiln_now_ms() < until) {
-        int n = svc_children(serve, "kiln-denoiser", now, 2);
-        for (int i = 0; i < n; i++)
-            if (now[i] != before[0] && now[i] != before[1])
-                fresh = now[i];
-        if (fresh < 0)
-            svc_sleep_ms(50);
-    }
+    pid_t fresh = replacement_denoiser(serve, before);
     CHECKF(fresh > 0, "the killed denoiser was not restarted");
     CHECKF(svc_wait_registered(log, fresh, 60000) == 0,
            "the restarted denoiser %ld did not register", (long)fresh);
