@@ -56,6 +56,30 @@ static kiln_plan plan_of(cJSON *meta, const char *const *texts, int P,
     return plan;
 }
 
+/* Decodes the P final latents and compares each image with the case's
+ * image_fp32_<b>.png (PSNR >= 50 dB). */
+static void check_images(const kiln_checkpoint *ck, const kiln_tensor *lat, int width, int height,
+                         const char *name, int P)
+{
+    kiln_err err = {0};
+    kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
+    CHECKF(dec != NULL, "%s", err.msg);
+    kiln_image out[8] = {{0}};
+    CHECKF(kiln_decode_run(dec, lat, width, height, out, NULL, &err) == KILN_OK, "%s", err.msg);
+    for (int b = 0; b < P; b++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "cases/%s/image_fp32_%d.png", name, b);
+        kiln_image png = {0};
+        CHECK(kiln_image_read_file(oracle_path(rel), NULL, &png, &err) == KILN_OK);
+        double psnr = oracle_psnr_u8(out[b].pixels, png.pixels, (size_t)width * height * 3);
+        fprintf(stderr, "  image %d PSNR %.2f dB\n", b, psnr);
+        CHECK(psnr >= 50.0);
+        kiln_image_free(&png);
+        kiln_image_free(&out[b]);
+    }
+    kiln_decode_stage_destroy(dec);
+}
+
 static void run_case(const char *name)
 {
     cJSON *meta = oracle_meta(name);
@@ -156,28 +180,13 @@ static void run_case(const char *name)
     check_dev(&lat, want, "final latents");
     free(want);
 
-    kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
-    CHECKF(dec != NULL, "%s", err.msg);
-    kiln_image out[8] = {{0}};
-    CHECKF(kiln_decode_run(dec, &lat, width, height, out, NULL, &err) == KILN_OK, "%s", err.msg);
-    for (int b = 0; b < P; b++) {
-        char rel[256];
-        snprintf(rel, sizeof rel, "cases/%s/image_fp32_%d.png", name, b);
-        kiln_image png = {0};
-        CHECK(kiln_image_read_file(oracle_path(rel), NULL, &png, &err) == KILN_OK);
-        double psnr = oracle_psnr_u8(out[b].pixels, png.pixels, (size_t)width * height * 3);
-        fprintf(stderr, "  image %d PSNR %.2f dB\n", b, psnr);
-        CHECK(psnr >= 50.0);
-        kiln_image_free(&png);
-        kiln_image_free(&out[b]);
-    }
+    check_images(ck, &lat, width, height, name, P);
 
     for (int k = 0; k < n_refs; k++)
         kiln_image_free(&images[k]);
     kiln_be_free(be, &emb), kiln_be_free(be, &neg), kiln_be_free(be, &ref_tokens);
     kiln_be_free(be, &lat);
     free(ref_ids);
-    kiln_decode_stage_destroy(dec);
     kiln_denoise_stage_destroy(den);
     kiln_encode_stage_destroy(enc);
     kiln_st_close(ref);
@@ -282,23 +291,8 @@ static void run_zimage_case(const char *name, cJSON *meta)
     CHECK(moved > 1e-6 * size);
     free(before), free(want), free(want_tok);
 
-    kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
-    CHECKF(dec != NULL, "%s", err.msg);
-    kiln_image out[8] = {{0}};
-    CHECKF(kiln_decode_run(dec, &lat, width, height, out, NULL, &err) == KILN_OK, "%s", err.msg);
-    for (int b = 0; b < P; b++) {
-        char rel[256];
-        snprintf(rel, sizeof rel, "cases/%s/image_fp32_%d.png", name, b);
-        kiln_image png = {0};
-        CHECK(kiln_image_read_file(oracle_path(rel), NULL, &png, &err) == KILN_OK);
-        double psnr = oracle_psnr_u8(out[b].pixels, png.pixels, (size_t)width * height * 3);
-        fprintf(stderr, "  image %d PSNR %.2f dB\n", b, psnr);
-        CHECK(psnr >= 50.0);
-        kiln_image_free(&png);
-        kiln_image_free(&out[b]);
-    }
+    check_images(ck, &lat, width, height, name, P);
     kiln_be_free(be, &emb), kiln_be_free(be, &lat);
-    kiln_decode_stage_destroy(dec);
     kiln_denoise_stage_destroy(den);
     kiln_encode_stage_destroy(enc);
     kiln_st_close(ref);
