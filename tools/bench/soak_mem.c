@@ -31,17 +31,27 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* pid's parent and command name from /proc/<pid>/stat; 0 or -1. */
-static int proc_stat(pid_t pid, pid_t *ppid, char *comm, size_t cap)
+/* The start of /proc/<pid>/<file> (at most cap - 1 bytes) as a string in
+ * buf; 0 or -1 (no such process). */
+static int read_proc(pid_t pid, const char *file, char *buf, size_t cap)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
     FILE *f = fopen(path, "r");
     if (!f)
         return -1;
-    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    size_t k = fread(buf, 1, cap - 1, f);
     fclose(f);
     buf[k] = '\0';
+    return 0;
+}
+
+/* pid's parent and command name from /proc/<pid>/stat; 0 or -1. */
+static int proc_stat(pid_t pid, pid_t *ppid, char *comm, size_t cap)
+{
+    char buf[512];
+    if (read_proc(pid, "stat", buf, sizeof buf))
+        return -1;
     char *l = strchr(buf, '('), *r = strrchr(buf, ')');
     int pp;
     if (!l || !r || r < l || sscanf(r + 1, " %*c %d", &pp) != 1)
@@ -90,14 +100,9 @@ static long status_kb(const char *text, const char *field)
 
 static int read_status(pid_t pid, long *rss, long *anon)
 {
-    char path[64], buf[4096];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    char buf[4096];
+    if (read_proc(pid, "status", buf, sizeof buf))
         return -1;
-    size_t k = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[k] = '\0';
     *rss = status_kb(buf, "VmRSS");
     *anon = status_kb(buf, "RssAnon");
     return *rss < 0 ? -1 : 0;
