@@ -31,11 +31,11 @@ void kiln_checkpoint_model_name(const char *dir, char *out, size_t cap)
     const char *name = path + b0;
     size_t len = e0 - b0;
     /* models--ORG--NAME/snapshots/<commit> */
-    size_t b1, b2;
+    size_t b1 = 0, b2 = 0;
     size_t e1 = b0 ? last_part(path, b0, &b1) : 0;
     size_t e2 = e1 && b1 ? last_part(path, b1, &b2) : 0;
     char hub[256] = "";
-    if (e1 && e1 - b1 == 9 && !memcmp(path + b1, "snapshots", 9) && e2 - b2 > 8 &&
+    if (e1 && e1 - b1 == 9 && !memcmp(path + b1, "snapshots", 9) && e2 && e2 - b2 > 8 &&
         !memcmp(path + b2, "models--", 8) && e2 - b2 < sizeof hub) {
         snprintf(hub, sizeof hub, "%.*s", (int)(e2 - b2 - 8), path + b2 + 8);
         char *sep = strstr(hub, "--"); /* the hub's cache writes ORG/NAME as ORG--NAME */
