@@ -246,7 +246,7 @@ int main(int argc, char **argv)
     double *t = calloc((size_t)o.iters * T_COUNT, sizeof *t);
     int rc = !t;
     for (int i = 0; !rc && i < o.warmup + o.iters; i++) {
-        double tt[T_COUNT];
+        double tt[T_COUNT] = {0};
         uint64_t idx = (uint64_t)i % p.n;
         if (one_image(&s, &o, p.v[idx], idx, tt, &err)) {
             fprintf(stderr, "kiln-stagebench: %s\n", err.msg);
