@@ -67,6 +67,10 @@ RULES = [
     (r"^scripts/test\.sh$", "skip", "the test suite this test runs in"),
     (r"^sudo deploy/test\.sh", "skip",
      "the container end-to-end test: root and Podman, 15-30 minutes, run by hand"),
+    (r"^(T=\$\(mktemp -d /var/tmp/ct\.|sudo KILN_CT_DIR=\S+ .*deploy/test\.sh|"
+     r"sudo env CONTAINERS_CONF=\S+ .*podman system reset|sudo rm -rf \"\$T\")", "skip",
+     "the container test from nothing in a Podman storage of its own: root and Podman, run "
+     "by hand"),
     (r"^[a-z]+/ {2,}\S", "text", "the source tree's layout"),
     (r"^meson setup build ", "skip", "the build under test is already configured"),
     (r"^ninja -C build$", "skip", "the build under test is already built"),
