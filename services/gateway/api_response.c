@@ -150,6 +150,17 @@ kiln_status kiln_api_images_json(kiln_buf *out, const kiln_api_images_meta *m,
     return st;
 }
 
+/* One SSE event's start up to its image: 'event: TYPE', then the data
+ * object's type and its b64_json string, left open for the fields after it. */
+static kiln_status event_image_head(kiln_buf *out, const char *type, const kiln_api_image *image,
+                                    kiln_err *err)
+{
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "event: %s\ndata: {\"type\":\"%s\",\"b64_json\":\"", type, type);
+    kiln_status st = append_str(out, tmp, err);
+    return st ? st : kiln_base64_encode(image->data, image->len, out, err);
+}
+
 kiln_status kiln_api_stream_events(kiln_buf *out, const kiln_api_images_meta *m,
                                    const kiln_api_image *images, int n, int edit, kiln_err *err)
 {
@@ -160,11 +171,7 @@ kiln_status kiln_api_stream_events(kiln_buf *out, const kiln_api_images_meta *m,
     const char *type = edit ? "image_edit.completed" : "image_generation.completed";
     char tmp[400];
     for (int i = 0; !st && i < n; i++) {
-        snprintf(tmp, sizeof tmp, "event: %s\ndata: {\"type\":\"%s\",\"b64_json\":\"", type,
-                 type);
-        st = append_str(out, tmp, err);
-        if (!st)
-            st = kiln_base64_encode(images[i].data, images[i].len, out, err);
+        st = event_image_head(out, type, &images[i], err);
         if (!st) {
             snprintf(tmp, sizeof tmp,
                      "\",\"background\":\"%s\",\"created_at\":%" PRId64
@@ -201,11 +208,7 @@ kiln_status kiln_api_partial_events(kiln_buf *out, const kiln_api_images_meta *m
     const char *type = edit ? "image_edit.partial_image" : "image_generation.partial_image";
     char tmp[400];
     for (int i = 0; !st && i < n; i++) {
-        snprintf(tmp, sizeof tmp, "event: %s\ndata: {\"type\":\"%s\",\"b64_json\":\"", type,
-                 type);
-        st = append_str(out, tmp, err);
-        if (!st)
-            st = kiln_base64_encode(images[i].data, images[i].len, out, err);
+        st = event_image_head(out, type, &images[i], err);
         if (!st) {
             snprintf(tmp, sizeof tmp,
                      "\",\"background\":\"%s\",\"created_at\":%" PRId64
