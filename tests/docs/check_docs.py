@@ -39,7 +39,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_readme import free_port_pair, wait_ready  # noqa: E402
+from check_readme import bad_pngs, free_port_pair, wait_ready  # noqa: E402
 
 SRC = os.environ.get("KILN_SOURCE_ROOT", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("KILN_BUILD_ROOT", os.path.join(SRC, "build"))
@@ -274,12 +274,7 @@ def main():
         print("FAIL: answered with an error: " + l)
     failed += len(errors)
     print(f"ok  : the service answered {len(access)} requests, all 2xx" if not errors else "")
-    for name in sorted(os.listdir(work)):
-        if name.endswith(".png"):
-            with open(os.path.join(work, name), "rb") as f:
-                if f.read(8) != b"\x89PNG\r\n\x1a\n":
-                    print(f"FAIL: {name} is not a PNG")
-                    failed += 1
+    failed += bad_pngs(work)
     kinds = {}
     for _, kind, _, _ in plan:
         kinds[kind] = kinds.get(kind, 0) + 1

@@ -86,6 +86,18 @@ def wait_ready(proc, log_path, timeout_s=300):
     return False
 
 
+def bad_pngs(work):
+    """How many .png files in work are not PNGs (each named in a FAIL line)."""
+    bad = 0
+    for name in sorted(os.listdir(work)):
+        if name.endswith(".png"):
+            with open(os.path.join(work, name), "rb") as f:
+                if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                    print(f"FAIL: {name} is not a PNG")
+                    bad += 1
+    return bad
+
+
 def main():
     with open(os.path.join(SRC, "README.md")) as f:
         cmds = sh_commands(f.read())
@@ -147,12 +159,7 @@ def main():
             print(f"FAIL: {cmd}: exit {rc} after SIGINT\n" +
                   open(log, errors="replace").read()[-4000:])
             failed += 1
-    for name in sorted(os.listdir(work)):
-        if name.endswith(".png"):
-            with open(os.path.join(work, name), "rb") as f:
-                if f.read(8) != b"\x89PNG\r\n\x1a\n":
-                    print(f"FAIL: {name} is not a PNG")
-                    failed += 1
+    failed += bad_pngs(work)
     print(f"{len(cmds)} commands, {failed} failed")
     if not failed:
         shutil.rmtree(work, ignore_errors=True)
