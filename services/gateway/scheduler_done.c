@@ -317,10 +317,10 @@ static void restart_lost_inputs(kiln_sched *s, sched_job *j, double now)
 
 /* 1 when every shm / cuda_ipc reference in the done's outputs was made by
  * the incarnation that sent it: the only memory a done may hand on. */
-static int outputs_own(const sched_replica *r, const kiln_msg_done *d)
+int sched_outputs_own(const sched_replica *r, const kiln_ref_map *out)
 {
-    for (int i = 0; i < d->out.n; i++) {
-        const kiln_tensor_ref *ref = &d->out.items[i].ref;
+    for (int i = 0; i < out->n; i++) {
+        const kiln_tensor_ref *ref = &out->items[i].ref;
         if (releasable(ref) && (ref->epoch != r->epoch || strcmp(ref->owner, r->id)))
             return 0;
     }
@@ -337,7 +337,7 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
     /* Done with the job, the consumer is done with its inputs: what it
      * did not release goes back now. */
     sched_handoff_return(s, r, d->job);
-    if (!outputs_own(r, d)) {
+    if (!sched_outputs_own(r, &d->out)) {
         KILN_LOG_ERROR("gateway: %s answered job %llu with references it did not make",
                        r->id, (unsigned long long)d->job);
         kiln_metrics_rejected(s->metrics, KILN_REJECT_FOREIGN_REF, 1);

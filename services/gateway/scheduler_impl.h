@@ -260,6 +260,9 @@ void sched_free_map(kiln_sched *s, const kiln_ref_map *m);
 /* The references `sender` (incarnation `epoch`) made among refs[n]: the
  * only ones a done from it may return to it. */
 void sched_free_own(kiln_sched *s, const char *sender, uint64_t epoch, const kiln_ref_map *m);
+/* 1 when every shm / cuda_ipc reference in `out` was made by r's current
+ * incarnation (what a done or partial from r may carry). */
+int sched_outputs_own(const sched_replica *r, const kiln_ref_map *out);
 /* 1 when a held reference of j was made by incarnation `epoch` of `owner`. */
 int sched_job_holds_from(const sched_job *j, const char *owner, uint64_t epoch);
 /* Moves the job's held references to a new handoff of r (before its job
