@@ -1671,6 +1671,22 @@ static void test_previews(void)
     expect_free(&w, "encode-a", &emb);
     CHECK(w.n_partials == 1 && w.n_finished == 0);
     expect_idle(&w);
+
+    /* A preview naming references its sender did not make: refused, the
+     * sender fenced, nothing shown, and the job runs again from the start
+     * (as for such a done, test_forged_releases). */
+    w.n_partials = 0;
+    m = to_denoise(&w, "{\"prompt\":\"v\",\"size\":\"64x64\",\"stream\":true,"
+                       "\"partial_images\":1}", &id, &emb, &to);
+    kiln_tensor_ref theirs = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 256);
+    partial(&w, "denoise-a", id, 0, &theirs);
+    CHECK(rejected(&w, "foreign_ref") == 1);
+    expect_free(&w, "encode-a", &emb); /* its embeddings: the re-run encodes again */
+    expect_sent(&w, KILN_MSG_FENCED, "denoise-a");
+    m = expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    CHECK(m && m->job.job == id);
+    expect_quiet(&w);
+    CHECK(w.n_partials == 0 && w.n_finished == 0);
     world_free(&w);
 }
 
