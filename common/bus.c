@@ -21,6 +21,11 @@
     (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |               \
      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 
+typedef struct {
+    double next_ms; /* when the next line may be written */
+    int unlogged;   /* refused since the last line */
+} refusal_log;
+
 struct kiln_bus {
     void *ctx;
     void *sock;
@@ -35,8 +40,10 @@ struct kiln_bus {
      * again at this time, so a fixed gateway finds us without a restart. */
     double retry_at;
     char *endpoint;
-    double next_log_ms; /* refused handshakes: when the next may be logged */
-    int unlogged;       /* refused since the last line */
+    /* Refused handshakes (the monitor's view) and refused keys (ZAP) are
+     * rate-limited apart: a plaintext peer retrying must not hide that a
+     * keyed one was refused, which is the line an operator looks for. */
+    refusal_log handshake_log, key_log;
 };
 
 static kiln_status zfail(kiln_err *err, kiln_status code, const char *what)
@@ -99,21 +106,21 @@ void kiln_bus_close(kiln_bus *b)
 /* Logs a refused handshake, at most one line per REFUSED_LOG_MS with the
  * count of those not logged in between (a scan of the port must not
  * flood the log). */
-static void log_refused(kiln_bus *b, const char *fmt, const char *detail)
+static void log_refused(refusal_log *l, const char *fmt, const char *detail)
 {
     double now = kiln_now_ms();
-    if (now < b->next_log_ms) {
-        b->unlogged++;
+    if (now < l->next_ms) {
+        l->unlogged++;
         return;
     }
     char line[384];
     snprintf(line, sizeof line, fmt, detail);
-    if (b->unlogged)
-        KILN_LOG_WARN("bus: %s (and %d more refused since the last such line)", line, b->unlogged);
+    if (l->unlogged)
+        KILN_LOG_WARN("bus: %s (and %d more refused since the last such line)", line, l->unlogged);
     else
         KILN_LOG_WARN("bus: %s", line);
-    b->unlogged = 0;
-    b->next_log_ms = now + REFUSED_LOG_MS;
+    l->unlogged = 0;
+    l->next_ms = now + REFUSED_LOG_MS;
 }
 
 static kiln_status set_str(void *sock, int opt, const char *v, const char *what, kiln_err *err)
@@ -405,7 +412,7 @@ static void log_failed(kiln_bus *b, uint16_t id, uint32_t value)
                  b->keys.secret[0] ? "a wrong --bus-server-key, or a gateway without keys?"
                                    : "does the gateway require bus keys? --bus-key, "
                                      "--bus-server-key");
-    log_refused(b, b->router ? "refused a peer's handshake: %s"
+    log_refused(&b->handshake_log, b->router ? "refused a peer's handshake: %s"
                              : "the handshake with the gateway failed: %s", why);
 }
 
@@ -478,7 +485,7 @@ static void zap_serve(kiln_bus *b)
                  !strcmp(f[5], "CURVE") && n[6] == KILN_BUS_KEY_BYTES &&
                  kiln_bus_keys_allowed(&b->keys, (const uint8_t *)f[6]);
         if (!ok)
-            log_refused(b, "refused a replica whose key is not in the allow-list (from %s)",
+            log_refused(&b->key_log, "refused a replica whose key is not in the allow-list (from %s)",
                         got > 3 && n[3] < CAP ? f[3] : "?");
         const char *code = ok ? "200" : "400";
         const char *text = ok ? "OK" : "key not allowed";
