@@ -184,22 +184,29 @@ sec_ipc() {
   return "${PIPESTATUS[0]}"
 }
 
+# Waits up to 180 s for kiln serve's /readyz on PORT.  Usage: wait_ready PORT
+wait_ready() {
+  python3 - "$1" <<'PY'
+import sys, time, urllib.error, urllib.request
+for _ in range(1800):
+    try:
+        if urllib.request.urlopen("http://127.0.0.1:%s/readyz" % sys.argv[1], timeout=2).status == 200:
+            sys.exit(0)
+    except (urllib.error.URLError, ConnectionError):
+        pass
+    time.sleep(0.1)
+sys.exit("kiln serve did not become ready in 180 s")
+PY
+}
+
 # One request to kiln serve: waits for /readyz, posts a generation and
 # writes the returned PNG.  Usage: serve_request PORT OUT.png SIZE STEPS MAXSEQ
 serve_request() {
+  wait_ready "$1" || return 1
   python3 - "$@" <<'PY'
 import base64, json, sys, time, urllib.error, urllib.request
 port, out, size, steps, max_seq = sys.argv[1:6]
 base = "http://127.0.0.1:%s" % port
-for _ in range(1800):
-    try:
-        if urllib.request.urlopen(base + "/readyz", timeout=2).status == 200:
-            break
-    except (urllib.error.URLError, ConnectionError):
-        pass
-    time.sleep(0.1)
-else:
-    sys.exit("kiln serve did not become ready in 180 s")
 body = {"prompt": "a red fox sitting in fresh snow", "size": size, "seed": 42,
         "num_inference_steps": int(steps), "max_sequence_length": int(max_seq),
         "output_format": "png"}
@@ -408,19 +415,11 @@ sec_stream() {
   "$build/tools/kiln" serve --model "$(oracle_root)/oracle/ckpt/klein-tiny" --device cuda \
     --port "$port" --text-encoder-out-layers 1,2,3 >"$dir/serve.log" 2>&1 &
   pid=$!
+  wait_ready "$port" &&
   python3 - "$port" <<'PY'
 import base64, http.client, json, sys, time, urllib.error, urllib.request
 port = int(sys.argv[1])
 base = "http://127.0.0.1:%d" % port
-for _ in range(1800):
-    try:
-        if urllib.request.urlopen(base + "/readyz", timeout=2).status == 200:
-            break
-    except (urllib.error.URLError, ConnectionError):
-        pass
-    time.sleep(0.1)
-else:
-    sys.exit("kiln serve did not become ready in 180 s")
 body = {"prompt": "a red fox sitting in fresh snow", "size": "256x256", "seed": 42,
         "num_inference_steps": 4}
 def post(b):
@@ -636,19 +635,11 @@ sec_mixedfull() {
 # Seeds 1..N at concurrency C through kiln serve, each image written to
 # DIR/served-<seed>.png.  Usage: serve_seeds PORT DIR SIZE STEPS MAXSEQ N C
 serve_seeds() {
+  wait_ready "$1" || return 1
   python3 - "$@" <<'PY'
 import base64, concurrent.futures, json, sys, time, urllib.error, urllib.request
 port, out, size, steps, max_seq, n, conc = sys.argv[1:8]
 base = "http://127.0.0.1:%s" % port
-for _ in range(1800):
-    try:
-        if urllib.request.urlopen(base + "/readyz", timeout=2).status == 200:
-            break
-    except (urllib.error.URLError, ConnectionError):
-        pass
-    time.sleep(0.1)
-else:
-    sys.exit("kiln serve did not become ready in 180 s")
 def one(seed):
     body = {"prompt": "a red fox sitting in fresh snow", "size": size, "seed": seed,
             "num_inference_steps": int(steps), "max_sequence_length": int(max_seq),
