@@ -315,15 +315,32 @@ static void restart_lost_inputs(kiln_sched *s, sched_job *j, double now)
     sched_enqueue(s, j, KILN_STAGE_ENCODE, 1, now);
 }
 
-/* 1 when every shm / cuda_ipc reference in the done's outputs was made by
- * the incarnation that sent it: the only memory a done may hand on. */
-int sched_outputs_own(const sched_replica *r, const kiln_ref_map *out)
+/* 1 when every shm / cuda_ipc reference in the outputs was made by the
+ * incarnation that sent them: the only memory a done may hand on. */
+static int outputs_own(const sched_replica *r, const kiln_ref_map *out)
 {
     for (int i = 0; i < out->n; i++) {
         const kiln_tensor_ref *ref = &out->items[i].ref;
         if (releasable(ref) && (ref->epoch != r->epoch || strcmp(ref->owner, r->id)))
             return 0;
     }
+    return 1;
+}
+
+int sched_refuse_foreign(kiln_sched *s, sched_replica *r, kiln_msg *m, const char *what,
+                         double now)
+{
+    const kiln_msg_done *d = &m->done;
+    if (outputs_own(r, &d->out))
+        return 0;
+    KILN_LOG_ERROR("gateway: %s %s job %llu with references it did not make", r->id, what,
+                   (unsigned long long)d->job);
+    kiln_metrics_rejected(s->metrics, KILN_REJECT_FOREIGN_REF, 1);
+    sched_free_own(s, r->id, r->epoch, &d->out);
+    kiln_msg_free(m);
+    char why[96];
+    snprintf(why, sizeof why, "%s a job with references it did not make", what);
+    sched_replica_fence(s, r, why, now);
     return 1;
 }
 
@@ -337,15 +354,8 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
     /* Done with the job, the consumer is done with its inputs: what it
      * did not release goes back now. */
     sched_handoff_return(s, r, d->job);
-    if (!sched_outputs_own(r, &d->out)) {
-        KILN_LOG_ERROR("gateway: %s answered job %llu with references it did not make",
-                       r->id, (unsigned long long)d->job);
-        kiln_metrics_rejected(s->metrics, KILN_REJECT_FOREIGN_REF, 1);
-        sched_free_own(s, r->id, r->epoch, &d->out);
-        kiln_msg_free(m);
-        sched_replica_fence(s, r, "answered with references it did not make", now);
+    if (sched_refuse_foreign(s, r, m, "answered", now))
         return;
-    }
     if (!j || j->state != JOB_RUNNING || j->on != r) {
         /* Cancelled or timed out: what it made goes back. */
         sched_free_map(s, &d->out);

@@ -260,9 +260,13 @@ void sched_free_map(kiln_sched *s, const kiln_ref_map *m);
 /* The references `sender` (incarnation `epoch`) made among refs[n]: the
  * only ones a done from it may return to it. */
 void sched_free_own(kiln_sched *s, const char *sender, uint64_t epoch, const kiln_ref_map *m);
-/* 1 when every shm / cuda_ipc reference in `out` was made by r's current
- * incarnation (what a done or partial from r may carry). */
-int sched_outputs_own(const sched_replica *r, const kiln_ref_map *out);
+/* A done or partial (m) from r may carry only references r's current
+ * incarnation made.  When it carries another's: counted, what it made
+ * goes back to it, m is freed, r is fenced and 1 is returned (`what`
+ * names the message in the log: "answered", "sent a preview of").
+ * 0 otherwise, m untouched. */
+int sched_refuse_foreign(kiln_sched *s, sched_replica *r, kiln_msg *m, const char *what,
+                         double now);
 /* 1 when a held reference of j was made by incarnation `epoch` of `owner`. */
 int sched_job_holds_from(const sched_job *j, const char *owner, uint64_t epoch);
 /* Moves the job's held references to a new handoff of r (before its job

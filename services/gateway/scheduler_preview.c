@@ -28,16 +28,9 @@ static int wanted(const kiln_sched *s, const sched_job *j, const sched_replica *
 
 void sched_on_partial(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
 {
-    const kiln_msg_done *d = &m->done;
-    if (!sched_outputs_own(r, &d->out)) {
-        KILN_LOG_ERROR("gateway: %s sent a preview of job %llu with references it did not make",
-                       r->id, (unsigned long long)d->job);
-        kiln_metrics_rejected(s->metrics, KILN_REJECT_FOREIGN_REF, 1);
-        sched_free_own(s, r->id, r->epoch, &d->out);
-        kiln_msg_free(m);
-        sched_replica_fence(s, r, "sent a preview with references it did not make", now);
+    if (sched_refuse_foreign(s, r, m, "sent a preview of", now))
         return;
-    }
+    const kiln_msg_done *d = &m->done;
     sched_job *j = kiln_idmap_get(&s->jobs, d->job);
     sched_job *p = wanted(s, j, r, d->preview) ? calloc(1, sizeof *p) : NULL;
     kiln_err err = {0};
