@@ -776,18 +776,31 @@ static void test_idle_replicas_take_turns(void)
     world_free(&w);
 }
 
-static double rejected(world *w, const char *reason)
+/* The value of one /metrics sample: `key_fmt` with %s for its label
+ * value, e.g. "kiln_events_total{event=\"%s\"}"; -1 when absent. */
+static double metric_sample(world *w, const char *key_fmt, const char *label)
 {
     kiln_buf b = {0};
     kiln_metrics_gauges g;
     kiln_sched_gauges(w->s, &g);
     CHECK(kiln_metrics_render(w->metrics, &g, &b, NULL) == KILN_OK);
-    char key[96];
-    snprintf(key, sizeof key, "kiln_bus_rejected_total{reason=\"%s\"} ", reason);
+    char name[96], key[100];
+    snprintf(name, sizeof name, key_fmt, label);
+    snprintf(key, sizeof key, "%s ", name); /* the whole sample, not a prefix of another */
     const char *at = b.data ? memmem(b.data, b.len, key, strlen(key)) : NULL;
     double v = at ? strtod(at + strlen(key), NULL) : -1;
     kiln_buf_free(&b);
     return v;
+}
+
+static double rejected(world *w, const char *reason)
+{
+    return metric_sample(w, "kiln_bus_rejected_total{reason=\"%s\"}", reason);
+}
+
+static double event_count(world *w, const char *event)
+{
+    return metric_sample(w, "kiln_events_total{event=\"%s\"}", event);
 }
 
 /* Releases are honoured only from the consumer a reference was handed to,
@@ -1037,21 +1050,6 @@ static void test_bye(void)
     expect_quiet(&w);
     CHECK(w.n_finished == 0);
     world_free(&w);
-}
-
-/* kiln_events_total{event} as rendered for /metrics. */
-static double event_count(world *w, const char *event)
-{
-    kiln_buf b = {0};
-    kiln_metrics_gauges g;
-    kiln_sched_gauges(w->s, &g);
-    CHECK(kiln_metrics_render(w->metrics, &g, &b, NULL) == KILN_OK);
-    char key[96];
-    snprintf(key, sizeof key, "kiln_events_total{event=\"%s\"} ", event);
-    const char *at = b.data ? memmem(b.data, b.len, key, strlen(key)) : NULL;
-    double v = at ? strtod(at + strlen(key), NULL) : -1;
-    kiln_buf_free(&b);
-    return v;
 }
 
 /* A replica that says `leaving` (SIGTERM) gets no job and no credit from
