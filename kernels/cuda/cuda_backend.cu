@@ -190,6 +190,16 @@ extern "C" kiln_backend *kiln_cuda_backend_create(int device, kiln_err *err)
     c->lt_workspace_bytes = LT_WORKSPACE_BYTES;
     const char *poison = getenv("KILN_CUDA_POISON");
     c->poison = poison && !strcmp(poison, "1");
+    const char *max_align = getenv("KILN_CUBLASLT_MAX_ALIGN");
+    c->lt_max_align = 256;
+    if (max_align) {
+        long a = strtol(max_align, NULL, 10);
+        if (a >= 2 && a <= 256 && !(a & (a - 1)))
+            c->lt_max_align = (int)a;
+        else
+            kiln_be_fail(be, KILN_ERR_INVALID,
+                         "KILN_CUBLASLT_MAX_ALIGN=%s: want a power of two from 2 to 256", max_align);
+    }
 
     cudaDeviceProp prop;
     if (cuda_enter(be) && cuda_ok(be, cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties")) {

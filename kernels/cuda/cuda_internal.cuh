@@ -42,6 +42,12 @@ typedef struct cuda_impl {
     uint64_t scratch_epoch; /* bumped when scratch moves: recorded graphs go stale */
     struct cuda_cudnn *cudnn; /* NULL: cuDNN absent or disabled */
     int poison; /* KILN_CUDA_POISON=1: new device memory filled with NaN bytes (cuda_poison) */
+    /* KILN_CUBLASLT_MAX_ALIGN=N (a power of two, 2..256; default 256): the
+     * most operand alignment cuBLASLt is told of.  A diagnostic: below 16
+     * it cannot pick kernels that move data with the tensor memory
+     * accelerator, which is how tools/gpu/check.sh mixedsan tells an
+     * initcheck report on TMA-stored GEMM output from a real one. */
+    int lt_max_align;
     /* Device time (cuda_timer.cu): events made on first use and kept;
      * marks [0, n_marks) recorded since the last reset. */
     cudaEvent_t timer_events[KILN_BE_TIMER_MARKS];

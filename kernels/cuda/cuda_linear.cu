@@ -194,6 +194,8 @@ void cuda_linear(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const k
         key.align = ptr_align(w->data);
     if (ptr_align(y->data) < key.align)
         key.align = ptr_align(y->data);
+    if (cuda_of(be)->lt_max_align < key.align)
+        key.align = cuda_of(be)->lt_max_align;
     linear_plan *p = plan_get(be, &key);
     if (!p)
         return;
