@@ -19,6 +19,10 @@
 #   serve      kiln serve --device cuda, then kiln-bench through HTTP
 #              (latency, and throughput unless KILN_BENCH_MODE=latency);
 #              peak GPU memory of the whole service and of each process
+#   mps        the serve step again with the CUDA MPS control daemon running
+#              (issue 17: do the three stage processes stop time-slicing the
+#              GPU?); results as kiln-bench-<model>-mps.json; the daemon is
+#              stopped afterwards.  Not in the default steps.
 #   diffusers  diffusers' Flux2KleinPipeline (ZImagePipeline for Z-Image) on the same checkpoint folder,
 #              bf16, B=1 latency the same way (tools/bench/diffusers_bench.py);
 #              the diffusers wheel comes from .whl/ (carry it: see below)
@@ -61,6 +65,7 @@ n=${KILN_BENCH_N:-20}
 warmup=${KILN_BENCH_WARMUP:-3}
 port=${KILN_BENCH_PORT:-18500}
 limit=${KILN_BENCH_TIMEOUT:-1800}
+serve_tag= # names the serve step's results (step_mps: -mps)
 STEPS=(env ops parity opbench ckpt stages serve diffusers)
 log=$out/steps.log # the long outputs; stdout keeps the summaries
 mem=$(mktemp -d)    # memory samples (not returned: a device run returns 8 files)
@@ -184,7 +189,7 @@ step_serve() {
   for m in "${models[@]}"; do
     idle=$(mem_idle)
     "$build/tools/kiln" serve --model "$data/$m" --device cuda --port "$port" \
-      >"$out/serve-$m.log" 2>&1 &
+      >"$out/serve-$m$serve_tag.log" 2>&1 &
     local pid=$!
     mem_sampler "$mem/serve.txt" &
     local sampler=$!
@@ -194,7 +199,8 @@ step_serve() {
       --prompts tools/bench/prompts.txt \
       --mode "$mode" --size "$size" --steps "$(steps_of "$m")" --requests "$n" --warmup "$warmup" \
       --concurrency "${KILN_BENCH_CONC:-4,8,16}" --images "${KILN_BENCH_IMAGES:-32}" \
-      --repeats "${KILN_BENCH_REPEATS:-3}" --label "$m" --json "$out/kiln-bench-$m.json" || rc=1
+      --repeats "${KILN_BENCH_REPEATS:-3}" --label "$m$serve_tag" \
+      --json "$out/kiln-bench-$m$serve_tag.json" || rc=1
     kill "$sampler" "$apps"
     wait "$sampler" "$apps" 2>/dev/null
     echo "  peak GPU memory of the service $(mem_peak "$mem/serve.txt" "$idle")"
@@ -202,8 +208,24 @@ step_serve() {
     apps_peak "$mem/apps.txt"
     kill -TERM "$pid"
     wait "$pid"
-    [ $rc -eq 0 ] || tail -20 "$out/serve-$m.log"
+    [ $rc -eq 0 ] || tail -20 "$out/serve-$m$serve_tag.log"
   done
+  return $rc
+}
+
+# MPS lets the kernels of the stage processes run side by side instead of
+# taking turns on the GPU (docs.nvidia.com/deploy/mps).  The daemon's pipe
+# and log folders are private to this run.
+step_mps() {
+  local ctl rc=0
+  ctl=$(command -v nvidia-cuda-mps-control) || { echo "nvidia-cuda-mps-control not installed"; return 1; }
+  export CUDA_MPS_PIPE_DIRECTORY=$mem/mps-pipe CUDA_MPS_LOG_DIRECTORY=$mem/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  "$ctl" -d || { echo "the MPS control daemon did not start"; return 1; }
+  serve_tag=-mps step_serve || rc=1
+  echo quit | "$ctl"
+  grep -h -i -m 5 "error\|fail" "$CUDA_MPS_LOG_DIRECTORY"/*.log 2>/dev/null
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   return $rc
 }
 
