@@ -159,19 +159,27 @@ kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *mod
     if (req->n_refs < 0 || req->n_refs > lim->max_refs)
         return kiln_err_set(err, KILN_ERR_INVALID, "at most %d reference images are allowed",
                             lim->max_refs);
+    int size_of_image = 0; /* the size was not given: it follows image 1 */
     if (!req->width && !req->height) {
         if (req->n_refs) {
             if (kiln_image_flux2_ref_size(req->refs[0].width, req->refs[0].height, &req->width,
                                           &req->height, err))
                 return kiln_err_wrap(err, "image");
+            size_of_image = 1;
         } else {
             req->width = req->height = 1024;
         }
     }
     if (!req->width || !req->height)
         return kiln_err_set(err, KILN_ERR_INVALID, "size must give both width and height");
-    if (check_side("width", req->width, lim, err) || check_side("height", req->height, lim, err))
+    if (check_side("width", req->width, lim, err) || check_side("height", req->height, lim, err)) {
+        /* The caller sent no size: say where this one came from. */
+        if (size_of_image)
+            kiln_err_wrap(err, "size was not given, so the output is image 1's %dx%d (from "
+                          "%dx%d)", req->width, req->height, req->refs[0].width,
+                          req->refs[0].height);
         return err ? err->code : KILN_ERR_INVALID;
+    }
     if (req->steps == 0)
         req->steps = model->default_steps;
     if (req->steps < 1 || req->steps > lim->max_steps)

@@ -540,6 +540,16 @@ static void test_edit_json(void)
     CHECK(r.plan.req.width == 96 && r.plan.req.height == 80);
     CHECK(r.plan.req.refs == NULL && r.plan.req.n_refs == 2);
     kiln_api_request_free(&r);
+    /* A size taken from an image smaller than the service makes: the
+     * error says so (the client sent no size to blame). */
+    kiln_api_config big = config(&distilled);
+    big.limits.min_side = 256;
+    CHECK(kiln_api_parse(KILN_API_EDIT, "application/json", json, strlen(json), &big, &r, &e) ==
+          KILN_ERR_INVALID);
+    CHECKF(e.status == 400 && !strcmp(e.param, "size") &&
+               strstr(e.err.msg, "size was not given, so the output is image 1's 96x80 (from "
+                                 "96x80): width must be between 256"),
+           "%s", e.err.msg);
     /* One image as a plain string. */
     snprintf(json, cap, "{\"prompt\":\"edit\",\"size\":\"64x64\",\"image\":\"%.*s\"}", (int)b64.len,
              (char *)b64.data);
