@@ -53,62 +53,51 @@ static kiln_status add_json_image(api_draft *d, const char *param, const cJSON *
     return KILN_OK;
 }
 
-/* "mask": a base64 string or data URL, or OpenAI's JSON form
- * {"image_url": "data:..."} ({"file_id": ...} names a file kiln does not
- * have). */
+/* OpenAI's image object {"image_url": "data:..."} at `param` ("mask",
+ * "images[2]"): decoded as the image at param.image_url.  {"file_id": ...}
+ * names a file uploaded to OpenAI, which kiln does not have. */
+static kiln_status add_json_image_object(api_draft *d, const char *param, const cJSON *obj,
+                                         kiln_api_error *e)
+{
+    const cJSON *url = NULL, *f;
+    char sub[48]; /* api_fail keeps KILN_API_PARAM_MAX - 1 of it */
+    cJSON_ArrayForEach(f, obj)
+    {
+        snprintf(sub, sizeof sub, "%s.%.16s", param, f->string);
+        if (strcmp(f->string, "image_url") == 0)
+            url = f;
+        else if (strcmp(f->string, "file_id") == 0)
+            return api_fail(e, KILN_ERR_INVALID, sub, "unsupported_value",
+                            "file_id is not supported: kiln stores no files; send image_url "
+                            "as a data: URL");
+        else
+            return api_unknown(e, sub);
+    }
+    snprintf(sub, sizeof sub, "%s.image_url", param);
+    if (!url || cJSON_IsNull(url))
+        return api_fail(e, KILN_ERR_INVALID, sub, "missing_required_parameter",
+                        "Missing required parameter: '%s'.", sub);
+    return add_json_image(d, sub, url, e);
+}
+
+/* "mask": a base64 string or data URL, or OpenAI's image object. */
 static kiln_status read_mask(api_draft *d, const cJSON *item, kiln_api_error *e)
 {
     if (d->has_mask)
         return INVALID(e, "mask", "mask is given more than once");
     if (!cJSON_IsObject(item))
         return add_json_image(d, "mask", item, e);
-    const cJSON *url = NULL, *f;
-    cJSON_ArrayForEach(f, item)
-    {
-        char sub[48]; /* api_fail keeps KILN_API_PARAM_MAX - 1 of it */
-        snprintf(sub, sizeof sub, "mask.%.16s", f->string);
-        if (strcmp(f->string, "image_url") == 0)
-            url = f;
-        else if (strcmp(f->string, "file_id") == 0)
-            return api_fail(e, KILN_ERR_INVALID, sub, "unsupported_value",
-                            "file_id is not supported: kiln stores no files; send image_url "
-                            "as a data: URL");
-        else
-            return api_unknown(e, sub);
-    }
-    if (!url || cJSON_IsNull(url))
-        return api_fail(e, KILN_ERR_INVALID, "mask.image_url", "missing_required_parameter",
-                        "Missing required parameter: 'mask.image_url'.");
-    return add_json_image(d, "mask.image_url", url, e);
+    return add_json_image_object(d, "mask", item, e);
 }
 
-/* OpenAI's JSON edit form: "images": [{"image_url": "data:..."}, ...]
- * ({"file_id": ...} names a file uploaded to OpenAI: kiln stores none). */
+/* OpenAI's JSON edit form: "images": [{"image_url": "data:..."}, ...]. */
 static kiln_status add_json_image_ref(api_draft *d, const cJSON *el, int k, kiln_api_error *e)
 {
     char param[KILN_API_PARAM_MAX];
     snprintf(param, sizeof param, "images[%d]", k);
     if (!cJSON_IsObject(el))
         return api_bad_type(e, param, "an object", el);
-    const cJSON *url = NULL, *f;
-    cJSON_ArrayForEach(f, el)
-    {
-        char sub[48]; /* api_fail keeps KILN_API_PARAM_MAX - 1 of it */
-        snprintf(sub, sizeof sub, "images[%d].%.16s", k, f->string);
-        if (strcmp(f->string, "image_url") == 0)
-            url = f;
-        else if (strcmp(f->string, "file_id") == 0)
-            return api_fail(e, KILN_ERR_INVALID, sub, "unsupported_value",
-                            "file_id is not supported: kiln stores no files; send image_url "
-                            "as a data: URL");
-        else
-            return api_unknown(e, sub);
-    }
-    snprintf(param, sizeof param, "images[%d].image_url", k);
-    if (!url || cJSON_IsNull(url))
-        return api_fail(e, KILN_ERR_INVALID, param, "missing_required_parameter",
-                        "Missing required parameter: '%s'.", param);
-    return add_json_image(d, param, url, e);
+    return add_json_image_object(d, param, el, e);
 }
 
 /* "image", "image[]" or "images": one of them, once. */

@@ -1006,6 +1006,8 @@ static void test_mask(void)
     expect_error(json, E, 400, "mask", "invalid_value");
     expect_error("{\"prompt\":\"e\",\"image\":\"aGk=\",\"mask\":{\"file_id\":\"f\"}}", E, 400,
                  "mask.file_id", "unsupported_value");
+    expect_error("{\"prompt\":\"e\",\"image\":\"aGk=\",\"mask\":{}}", E, 400,
+                 "mask.image_url", "missing_required_parameter");
     expect_error("{\"prompt\":\"e\",\"mask\":\"aGk=\"}", KILN_API_GENERATE, 400, "mask",
                  "unknown_parameter");
     /* Multipart: a file part. */
