@@ -163,7 +163,7 @@ kiln_status kiln_tensor_ref_check(const kiln_tensor_ref *r, kiln_err *err)
     if (r->kind < 0 || r->kind >= KILN_REF_KIND_COUNT)
         return kiln_err_set(err, KILN_ERR_INVALID, "unknown reference kind");
     size_t esize = kiln_dtype_size(r->dtype);
-    if (r->dtype < 0 || r->dtype >= KILN_DTYPE_COUNT || !esize)
+    if (r->dtype < 0 || r->dtype >= KILN_DTYPE_COUNT || r->dtype == KILN_F8E4M3 || !esize)
         return kiln_err_set(err, KILN_ERR_INVALID, "unknown dtype");
     if (r->ndim < 1 || r->ndim > KILN_MAX_DIMS)
         return kiln_err_set(err, KILN_ERR_INVALID, "shape must have 1 to %d dims", KILN_MAX_DIMS);

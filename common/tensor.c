@@ -10,7 +10,7 @@ static const struct {
 } dtype_info[KILN_DTYPE_COUNT] = {
     [KILN_F32] = {"F32", 4}, [KILN_BF16] = {"BF16", 2}, [KILN_F16] = {"F16", 2},
     [KILN_F64] = {"F64", 8}, [KILN_I64] = {"I64", 8},   [KILN_I32] = {"I32", 4},
-    [KILN_U8] = {"U8", 1},
+    [KILN_U8] = {"U8", 1},      [KILN_F8E4M3] = {"F8_E4M3", 1},
 };
 
 size_t kiln_dtype_size(kiln_dtype dt)
@@ -26,7 +26,8 @@ const char *kiln_dtype_name(kiln_dtype dt)
 int kiln_dtype_parse(const char *name, kiln_dtype *out)
 {
     for (int i = 0; i < KILN_DTYPE_COUNT; i++) {
-        if (!strcmp(name, dtype_info[i].name)) {
+        /* kiln's F8E4M3 carries a scale no file or message has (tensor.h). */
+        if (i != KILN_F8E4M3 && !strcmp(name, dtype_info[i].name)) {
             *out = (kiln_dtype)i;
             return 0;
         }
@@ -44,6 +45,8 @@ int64_t kiln_tensor_numel(const kiln_tensor *t)
 
 size_t kiln_tensor_nbytes(const kiln_tensor *t)
 {
+    if (t->dtype == KILN_F8E4M3)
+        return kiln_f8_scale_offset(kiln_tensor_numel(t)) + 16;
     return (size_t)kiln_tensor_numel(t) * kiln_dtype_size(t->dtype);
 }
 
@@ -95,7 +98,8 @@ kiln_status kiln_tensor_host_alloc(kiln_tensor *t, kiln_dtype dt, int ndim,
             return kiln_err_set(err, KILN_ERR_INVALID, "bad tensor shape");
         n *= (uint64_t)shape[i];
     }
-    size_t bytes = (size_t)n * kiln_dtype_size(dt);
+    size_t bytes = dt == KILN_F8E4M3 ? kiln_f8_scale_offset((int64_t)n) + 16
+                                     : (size_t)n * kiln_dtype_size(dt);
     size_t rounded = (bytes + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (!p)

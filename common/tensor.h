@@ -30,6 +30,13 @@ typedef enum kiln_dtype {
     KILN_I64,
     KILN_I32,
     KILN_U8,
+    /* FP8 E4M3 codes with their fp32 scale (common/fp8.h): the FP8 mode's
+     * weights and quantised activations.  Only backends make them; no
+     * file or message carries them (kiln_dtype_parse does not know the
+     * name), since kiln's layout is its own: numel one-byte codes, then at
+     * kiln_f8_scale_offset(numel) the float s that dequantises them
+     * (value = e4m3(code) * s), all inside kiln_tensor_nbytes. */
+    KILN_F8E4M3,
     KILN_DTYPE_COUNT
 } kiln_dtype;
 
@@ -50,7 +57,16 @@ int kiln_dtype_parse(const char *name, kiln_dtype *out);
 
 /* Element count (product of the shape; 1 for ndim 0). */
 int64_t kiln_tensor_numel(const kiln_tensor *t);
+/* Bytes of the tensor's memory: numel * element size, and for F8E4M3 the
+ * codes padded to 16 bytes plus 16 bytes holding the scale. */
 size_t kiln_tensor_nbytes(const kiln_tensor *t);
+/* Where an F8E4M3 tensor of numel codes keeps its float scale: right after
+ * the codes, at a 16-byte boundary (so a matrix's codes and its scale can
+ * each be handed to cuBLASLt as they are). */
+static inline size_t kiln_f8_scale_offset(int64_t numel)
+{
+    return ((size_t)numel + 15) & ~(size_t)15;
+}
 /* Sets dtype/ndim/shape and leaves data untouched.  ndim <= KILN_MAX_DIMS. */
 void kiln_tensor_set_shape(kiln_tensor *t, kiln_dtype dt, int ndim, const int64_t *shape);
 /* Rows = product of all dims but the last; cols = the last dim. */

@@ -6,12 +6,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "models/latents.h"
 #include "models/rng.h"
 #include "models/scheduler.h"
 
+int kiln_precision_parse(const char *s, kiln_precision *out)
+{
+    if (!strcmp(s, "exact"))
+        *out = KILN_PRECISION_EXACT;
+    else if (!strcmp(s, "fp8"))
+        *out = KILN_PRECISION_FP8;
+    else
+        return -1;
+    return 0;
+}
+
+const char *kiln_precision_name(kiln_precision p)
+{
+    return p == KILN_PRECISION_FP8 ? "fp8" : "exact";
+}
+
+static void log_precision(kiln_precision precision, int fp8_weights)
+{
+    if (precision == KILN_PRECISION_FP8)
+        KILN_LOG_INFO("denoise: fp8 mode: %d transformer block weights in E4M3", fp8_weights);
+}
+
 kiln_denoise_stage *kiln_denoise_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
                                               kiln_err *err)
+{
+    return kiln_denoise_stage_create_at(be, ck, KILN_PRECISION_EXACT, err);
+}
+
+kiln_denoise_stage *kiln_denoise_stage_create_at(kiln_backend *be, const kiln_checkpoint *ck,
+                                                 kiln_precision precision, kiln_err *err)
 {
     kiln_denoise_stage *s = calloc(1, sizeof *s);
     if (!s) {
@@ -19,6 +48,7 @@ kiln_denoise_stage *kiln_denoise_stage_create(kiln_backend *be, const kiln_check
         return NULL;
     }
     s->be = be;
+    int fp8 = 0;
     const cJSON *sched_json = kiln_checkpoint_config(ck, "scheduler", err);
     if (!sched_json || kiln_sched_config_parse(sched_json, &s->sched, err))
         goto fail;
@@ -26,14 +56,18 @@ kiln_denoise_stage *kiln_denoise_stage_create(kiln_backend *be, const kiln_check
     s->family = kiln_family_of(ck)->id;
     if (s->family == KILN_FAMILY_ZIMAGE) {
         s->zdit = kiln_zimage_dit_load(be, ck, err);
-        if (!s->zdit)
+        if (!s->zdit ||
+            (precision == KILN_PRECISION_FP8 && kiln_zimage_dit_quantize_fp8(s->zdit, &fp8, err)))
             goto fail;
         s->channels = kiln_zimage_dit_get_config(s->zdit)->patch_features;
+        log_precision(precision, fp8);
         return s;
     }
     s->dit = kiln_flux2_dit_load(be, ck, err);
-    if (!s->dit)
+    if (!s->dit ||
+        (precision == KILN_PRECISION_FP8 && kiln_flux2_dit_quantize_fp8(s->dit, &fp8, err)))
         goto fail;
+    log_precision(precision, fp8);
     s->channels = kiln_flux2_dit_get_config(s->dit)->in_channels;
     if (s->traits.kv_cache) {
         s->kv = kiln_flux2_kv_cache_create(s->dit, err);

@@ -95,9 +95,29 @@ typedef struct kiln_denoise_job {
     void *user;
 } kiln_denoise_job;
 
+/* How the DiT computes (--precision of kiln generate, kiln serve and
+ * kiln-denoiser).  EXACT, the default: everything in be->act_dtype (bf16
+ * on CUDA, fp32 on the CPU), the oracle's bars.  FP8 (opt-in): the
+ * transformer blocks' linear layers as E4M3 GEMMs with per-tensor scales
+ * (kiln_flux2_dit_quantize_fp8, kiln_zimage_dit_quantize_fp8;
+ * docs/PERFORMANCE.md "FP8 mode"): faster on GPUs with FP8 tensor cores,
+ * at a cost in quality; the CPU backend computes the same quantisation in
+ * fp32 (the reference the CUDA kernels are tested against). */
+typedef enum kiln_precision {
+    KILN_PRECISION_EXACT = 0,
+    KILN_PRECISION_FP8,
+} kiln_precision;
+
+/* "exact" or "fp8" -> *out; -1 for anything else. */
+int kiln_precision_parse(const char *s, kiln_precision *out);
+const char *kiln_precision_name(kiln_precision p);
+
 /* Loads the transformer and the scheduler config.  NULL with err set. */
 kiln_denoise_stage *kiln_denoise_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
                                               kiln_err *err);
+/* The same at a precision (kiln_denoise_stage_create is EXACT). */
+kiln_denoise_stage *kiln_denoise_stage_create_at(kiln_backend *be, const kiln_checkpoint *ck,
+                                                 kiln_precision precision, kiln_err *err);
 void kiln_denoise_stage_destroy(kiln_denoise_stage *s);
 
 /* The request defaults this checkpoint implies (CFG, KV cache, steps). */

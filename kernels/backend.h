@@ -72,9 +72,25 @@ typedef struct kiln_backend_ops {
 
     /* --- dense layers ----------------------------------------------------
      * linear: y[r, n] = sum_k x[r, k] * w[n, k] (+ bias[n]); x (.., K),
-     * w (N, K) as checkpoints store it, bias (N) or NULL, y (.., N). */
+     * w (N, K) as checkpoints store it, bias (N) or NULL, y (.., N).
+     * With an F8E4M3 weight (the FP8 mode, docs/PERFORMANCE.md; N and K
+     * multiples of 16, common/fp8.h kiln_f8_linear_ok) x is quantised
+     * first, each batch entry alone (x's first dimension when it has 3 or
+     * more, else the whole of x) as quantize_fp8 does it, so a row's
+     * result never depends on the rest of its batch; then y = (x8 . w8^T)
+     * * sx * sw (+ bias) with the products summed in fp32 and y rounded to
+     * its dtype.  The quantised x lives in backend scratch memory (CUDA:
+     * its scratch buffer, whose growth makes recorded graphs stale as any
+     * op's does); nothing waits for the device, so it records in graphs.
+     * quantize_fp8: y (F8E4M3, numel of x) = x quantised per tensor: s =
+     * amax|x| / 448 (1 when amax is 0; NaNs are not counted), codes =
+     * e4m3(x / s) rounded as common/fp8.h does, s stored with the codes.
+     * The scale is computed and kept on the device (no host round trip,
+     * so it records in graphs too).  Download of an F8E4M3 tensor gives
+     * the dequantised values e4m3(code) * s. */
     void (*linear)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                    const kiln_tensor *bias);
+    void (*quantize_fp8)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 
     /* --- normalisation ---------------------------------------------------
      * rms_norm: groups of G = numel(w) consecutive elements of x are each
@@ -224,7 +240,7 @@ typedef struct kiln_backend_ops {
 struct kiln_backend {
     const kiln_backend_ops *ops;
     const char *name;     /* "cpu" or "cuda" */
-    kiln_dtype act_dtype; /* dtype of activations and weights */
+    kiln_dtype act_dtype; /* dtype of activations and weights (but the FP8 mode's F8E4M3 ones) */
     int device;           /* GPU index, 0 for the CPU */
     kiln_err error;       /* sticky error, see kiln_be_check */
     int lost;             /* set once (kiln_be_lose); read with kiln_be_lost */
@@ -333,6 +349,7 @@ static inline void kiln_be_sync(kiln_backend *be)
 }
 KILN_BE_WRAP(linear, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                       const kiln_tensor *bias), (be, y, x, w, bias))
+KILN_BE_WRAP(quantize_fp8, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x), (be, y, x))
 KILN_BE_WRAP(rms_norm, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
                         const kiln_tensor *w, float eps), (be, y, x, w, eps))
 KILN_BE_WRAP(layer_norm_mod, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fp8.h"
 #include "common/json.h"
 #include "weights.h"
 
@@ -114,4 +115,30 @@ void kiln_dit_free_blocks(kiln_backend *be, void *blocks, int64_t n, size_t bloc
             kiln_be_free(be, &t[k]);
     }
     free(blocks);
+}
+
+kiln_status kiln_dit_quantize_fp8(kiln_backend *be, kiln_tensor *const *ws, int n, int *converted)
+{
+    if (!be->ops->quantize_fp8) {
+        kiln_be_fail(be, KILN_ERR_UNSUPPORTED, "the %s backend has no fp8 mode", be->name);
+        return be->error.code;
+    }
+    for (int i = 0; i < n && !be->error.code; i++) {
+        kiln_tensor *w = ws[i], q;
+        if (!w->data || w->ndim != 2 || w->dtype == KILN_F8E4M3 ||
+            !kiln_f8_linear_ok(w->shape[0], w->shape[1]))
+            continue;
+        if (kiln_be_alloc(be, &q, KILN_F8E4M3, 2, w->shape))
+            break;
+        kiln_be_quantize_fp8(be, &q, w);
+        if (be->error.code) {
+            kiln_be_free(be, &q);
+            break;
+        }
+        kiln_be_free(be, w);
+        *w = q;
+        if (converted)
+            (*converted)++;
+    }
+    return be->error.code;
 }

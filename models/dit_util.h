@@ -46,6 +46,17 @@ kiln_status kiln_dit_load1(kiln_dit_loader *l, kiln_tensor *t, int64_t n, const 
 kiln_status kiln_dit_load_fused(kiln_dit_loader *l, kiln_tensor *t, int64_t rows, int64_t cols,
                                 const char *prefix, const char *const *names, int n);
 
+/* The FP8 mode (docs/PERFORMANCE.md): replaces the linear weights ws[0..n)
+ * by F8E4M3 copies quantised per tensor on the backend (kernels/backend.h
+ * quantize_fp8), freeing the originals, so every kiln_be_linear on them
+ * runs as an FP8 GEMM.  A weight whose shape FP8 GEMMs cannot take
+ * (common/fp8.h kiln_f8_linear_ok) or that is absent (data NULL) stays as
+ * it is.  *converted (may be NULL) counts the weights replaced.  Call
+ * before the first forward (recorded forwards hold the old addresses).
+ * The backend's sticky error code; a failure leaves each weight either
+ * replaced or as it was, so the model tears down as usual. */
+kiln_status kiln_dit_quantize_fp8(kiln_backend *be, kiln_tensor *const *ws, int n, int *converted);
+
 /* Grows a host float buffer (*buf, *cap floats) to at least `floats`;
  * KILN_ERR_NOMEM leaves it as it was. */
 kiln_status kiln_dit_host_reserve(float **buf, size_t *cap, size_t floats, kiln_err *err);

@@ -89,6 +89,18 @@ typedef struct kiln_flux2_dit kiln_flux2_dit;
 kiln_flux2_dit *kiln_flux2_dit_load(kiln_backend *be, const kiln_checkpoint *ck, kiln_err *err);
 void kiln_flux2_dit_destroy(kiln_flux2_dit *m);
 
+/* The FP8 mode (docs/PERFORMANCE.md "FP8 mode"): the transformer blocks'
+ * linear weights (the double blocks' fused q|k|v, output and MLP
+ * projections of both streams, the single blocks' q|k|v, MLP input and
+ * output projections) become E4M3 with one scale per tensor
+ * (models/dit_util.h kiln_dit_quantize_fp8); the embedders, modulations
+ * and output layer stay in be->act_dtype, as do attention and the norms.
+ * Call right after kiln_flux2_dit_load, before any forward.  *converted
+ * (may be NULL) gets the number of weights converted; the rest of the
+ * model is untouched.  A backend failure is reported in err (the model
+ * stays usable for destroy only). */
+kiln_status kiln_flux2_dit_quantize_fp8(kiln_flux2_dit *m, int *converted, kiln_err *err);
+
 const kiln_flux2_dit_config *kiln_flux2_dit_get_config(const kiln_flux2_dit *m);
 /* Bytes of backend scratch memory held for activations: it grows with the
  * first forward of a larger shape and stays put for repeats of a shape. */

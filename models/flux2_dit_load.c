@@ -252,6 +252,30 @@ void kiln_flux2_dit_destroy(kiln_flux2_dit *m)
     free(m);
 }
 
+kiln_status kiln_flux2_dit_quantize_fp8(kiln_flux2_dit *m, int *converted, kiln_err *err)
+{
+    kiln_backend *be = m->be;
+    int n = 0;
+    for (int64_t i = 0; i < m->cfg.num_layers; i++) {
+        flux2_double_w *w = &m->dbl[i];
+        kiln_tensor *const ws[] = {&w->qkv, &w->add_qkv, &w->out,    &w->add_out,
+                                   &w->ff_in, &w->ffc_in, &w->ff_out, &w->ffc_out};
+        if (kiln_dit_quantize_fp8(be, ws, 8, &n))
+            break;
+    }
+    for (int64_t j = 0; j < m->cfg.num_single_layers && !be->error.code; j++) {
+        flux2_single_w *w = &m->sgl[j];
+        kiln_tensor *const ws[] = {&w->qkv, &w->mlp_in, &w->out};
+        if (kiln_dit_quantize_fp8(be, ws, 3, &n))
+            break;
+    }
+    if (converted)
+        *converted = n;
+    if (kiln_be_check(be, err))
+        return kiln_err_wrap(err, "flux2 dit: quantising the block weights to fp8");
+    return KILN_OK;
+}
+
 const kiln_flux2_dit_config *kiln_flux2_dit_get_config(const kiln_flux2_dit *m)
 {
     return &m->cfg;

@@ -90,6 +90,13 @@ typedef struct kiln_zimage_dit kiln_zimage_dit;
 kiln_zimage_dit *kiln_zimage_dit_load(kiln_backend *be, const kiln_checkpoint *ck, kiln_err *err);
 void kiln_zimage_dit_destroy(kiln_zimage_dit *m);
 
+/* The FP8 mode, as kiln_flux2_dit_quantize_fp8: the q|k|v, output and
+ * feed-forward weights of every block (the main layers and both refiners)
+ * become E4M3 with one scale per tensor; the embedders, adaLN and final
+ * layer stay in be->act_dtype.  Call right after load, before any
+ * forward. */
+kiln_status kiln_zimage_dit_quantize_fp8(kiln_zimage_dit *m, int *converted, kiln_err *err);
+
 const kiln_zimage_dit_config *kiln_zimage_dit_get_config(const kiln_zimage_dit *m);
 /* Bytes of backend scratch memory held for activations. */
 size_t kiln_zimage_dit_scratch_bytes(const kiln_zimage_dit *m);

@@ -267,6 +267,25 @@ void kiln_zimage_dit_destroy(kiln_zimage_dit *m)
     free(m);
 }
 
+kiln_status kiln_zimage_dit_quantize_fp8(kiln_zimage_dit *m, int *converted, kiln_err *err)
+{
+    kiln_backend *be = m->be;
+    zimage_block_w *const sets[] = {m->noise_ref, m->ctx_ref, m->layers};
+    const int64_t counts[] = {m->cfg.n_refiner_layers, m->cfg.n_refiner_layers, m->cfg.n_layers};
+    int n = 0;
+    for (int s = 0; s < 3; s++)
+        for (int64_t i = 0; i < counts[s] && !be->error.code; i++) {
+            zimage_block_w *w = &sets[s][i];
+            kiln_tensor *const ws[] = {&w->qkv, &w->out, &w->w13, &w->w2};
+            kiln_dit_quantize_fp8(be, ws, 4, &n);
+        }
+    if (converted)
+        *converted = n;
+    if (kiln_be_check(be, err))
+        return kiln_err_wrap(err, "zimage dit: quantising the block weights to fp8");
+    return KILN_OK;
+}
+
 const kiln_zimage_dit_config *kiln_zimage_dit_get_config(const kiln_zimage_dit *m)
 {
     return &m->cfg;

@@ -29,14 +29,18 @@ static void usage(FILE *f, int edit)
             "  [--negative-prompt TEXT] [--max-sequence-length L]%s\n"
             "  [--text-encoder-out-layers A,B,C] [--batch-noise] [--fp32-noise]\n"
             "  [--latents-in FILE.safetensors] [--latents-out FILE.safetensors]\n"
-            "  [--device cpu|cuda] [--gpu N] [-q | --progress] [--no-metadata]\n"
+            "  [--device cpu|cuda] [--gpu N] [--precision exact|fp8] [-q | --progress]\n"
+            "  [--no-metadata]\n"
             "Image i of the run uses seed + i, drawn alone (--batch-noise: one draw for the\n"
             "batch, as diffusers with a single generator); without --seed a random seed is\n"
             "drawn.  Several images are written as FILE-0.png, FILE-1.png, ...; each path\n"
             "and its seed is printed.  The format follows the extension (.png, .jpg, .jpeg,\n"
             ".webp); PNGs carry the request (prompt, seed, steps, guidance, size, model) as\n"
             "text chunks unless --no-metadata.  Progress goes to stderr on a terminal, or\n"
-            "always with --progress; -q prints only errors and the paths.%s\n",
+            "always with --progress; -q prints only errors and the paths.  --precision fp8\n"
+            "runs the transformer blocks' linear layers as FP8 (E4M3) GEMMs: faster on GPUs\n"
+            "with FP8 tensor cores, slightly different images (docs/PERFORMANCE.md); the\n"
+            "default, exact, is the reference precision.%s\n",
             edit ? "edit" : "generate", edit ? " --image A.png [--image B.jpg ...]" : "",
             edit ? " [--strength S] [--mask M.png]" : "",
             edit ? "\n--strength S (0 < S <= 1): image-to-image from the one --image (diffusers'\n"
@@ -89,7 +93,7 @@ static int format_of(const char *path, kiln_image_format *f)
 int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
 {
     enum { O_NEG = 256, O_MAXSEQ, O_LAYERS, O_BATCH, O_FP32, O_LIN, O_LOUT, O_DEVICE, O_GPU,
-           O_PROGRESS, O_NO_META, O_STRENGTH, O_MASK };
+           O_PROGRESS, O_NO_META, O_STRENGTH, O_MASK, O_PRECISION };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
         {"out", required_argument, 0, 'o'},     {"seed", required_argument, 0, 's'},
@@ -105,6 +109,7 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         {"no-metadata", no_argument, 0, O_NO_META},
         {"strength", required_argument, 0, O_STRENGTH},
         {"mask", required_argument, 0, O_MASK},
+        {"precision", required_argument, 0, O_PRECISION},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
@@ -159,6 +164,7 @@ int cli_parse_gen_args(int argc, char **argv, int edit, cli_gen_opts *o)
         case O_PROGRESS: o->progress = CLI_PROGRESS_ON; break;
         case O_NO_META: o->no_metadata = 1; break;
         case O_MASK: o->mask = optarg, bad = !edit; break;
+        case O_PRECISION: bad = kiln_precision_parse(optarg, &o->precision); break;
         case O_STRENGTH:
             /* Checked by kiln_request_resolve, as the service's. */
             o->req.strength = strtod(optarg, &end);
@@ -378,7 +384,7 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     double t1 = kiln_now_ms();
 
     cli_progress_stage(&prog, "denoise: loading the transformer", 0);
-    r->den = kiln_denoise_stage_create(be, r->ck, err);
+    r->den = kiln_denoise_stage_create_at(be, r->ck, o->precision, err);
     if (!r->den)
         return err->code;
     double load_den = kiln_now_ms() - t1;

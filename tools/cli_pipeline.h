@@ -5,6 +5,7 @@
 #define KILN_TOOLS_CLI_PIPELINE_H
 
 #include "cli_progress.h"
+#include "engine/denoise_stage.h"
 #include "engine/request.h"
 
 #define CLI_MAX_PROMPTS 64
@@ -25,6 +26,7 @@ typedef struct cli_gen_opts {
     int n_images;
     const char *mask;         /* edit --mask: inpainting (engine/inpaint.h) */
     int fp32_noise;
+    kiln_precision precision; /* --precision exact|fp8 (engine/denoise_stage.h) */
     int seed_given;           /* else a random seed is drawn and printed */
     cli_progress_mode progress; /* -q, --progress, or on a terminal */
     int no_metadata;          /* --no-metadata: PNGs without the request's text chunks */

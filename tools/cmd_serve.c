@@ -16,6 +16,7 @@
 #include "common/bus_keys.h"
 #include "common/checkpoint.h"
 #include "common/log.h"
+#include "engine/denoise_stage.h"
 #include "supervisor.h"
 #include "common/args.h"
 
@@ -27,7 +28,7 @@ static void usage(FILE *f)
             "  [--gpus N] [--min-size PX] [--max-size PX] [--text-encoder-out-layers A,B,C]\n"
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
             "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--prompt-cache-mb N]\n"
-            "  [--vae-band-above MP] [--vae-band-rows N]\n"
+            "  [--vae-band-above MP] [--vae-band-rows N] [--precision exact|fp8]\n"
             "  [--served-model-name NAME] [--trace-file FILE]\n"
             "  [kiln-gateway's limits and timeouts: --max-body-mb N --max-header-kb N\n"
             "   --max-connections N --max-client-connections N --body-budget-mb N\n"
@@ -46,6 +47,9 @@ static void usage(FILE *f)
             "(default 256, 0: off) of prompt embeddings in host memory.  Images of more than\n"
             "--vae-band-above megapixels (default 1 = 1024x1024) run through the VAE in bands\n"
             "of --vae-band-rows rows (default 128), with the same result and less GPU memory.\n"
+            "--precision fp8 (never the default) runs the denoisers' transformer-block linear\n"
+            "layers as FP8 (E4M3) GEMMs: faster on GPUs with FP8 tensor cores, images close\n"
+            "to but not the same as the exact ones (docs/PERFORMANCE.md, \"FP8 mode\").\n"
             "A crashed child is\n"
             "restarted; SIGINT/SIGTERM stops the gateway (which drains), then the replicas.\n"
             "The gateway's limits are passed on to it (kiln-gateway --help).  A replica with\n"
@@ -60,6 +64,7 @@ typedef struct serve_opts {
     const char *min_size, *max_size;
     const char *prompt_cache_mb; /* NULL: the encoder's default */
     const char *band_above, *band_rows; /* NULL: the VAE stages' defaults */
+    const char *precision; /* NULL: the denoiser's default (exact) */
     int port, gpus, max_batch;
     int replicas[3]; /* encoders, denoisers, decoders */
     int stage_gpu[3]; /* -1: round robin over --gpus */
@@ -86,8 +91,8 @@ static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
            O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_BAND_ABOVE, O_BAND_ROWS, O_IGNORE_UNKNOWN,
-           O_GATEWAY };
-    static struct option longopts[22 + N_GATEWAY_OPTIONS] = {
+           O_PRECISION, O_GATEWAY };
+    static struct option longopts[23 + N_GATEWAY_OPTIONS] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
         {"gpus", required_argument, 0, O_GPUS},   {"min-size", required_argument, 0, O_MIN},
@@ -103,6 +108,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"vae-band-above", required_argument, 0, O_BAND_ABOVE},
         {"vae-band-rows", required_argument, 0, O_BAND_ROWS},
         {"ignore-unknown-fields", no_argument, 0, O_IGNORE_UNKNOWN},
+        {"precision", required_argument, 0, O_PRECISION},
         {"help", no_argument, 0, 'h'},
     };
     int n_fixed = 0;
@@ -147,6 +153,11 @@ static int parse(int argc, char **argv, serve_opts *o)
             o->band_rows = optarg, bad = kiln_parse_int(optarg, 1, 65536, &unused);
             break;
         case O_IGNORE_UNKNOWN: o->ignore_unknown = 1; break;
+        case O_PRECISION: {
+            kiln_precision p;
+            o->precision = optarg, bad = kiln_precision_parse(optarg, &p);
+            break;
+        }
         case O_GATEWAY:
             if (o->n_gw_args == N_GATEWAY_OPTIONS) {
                 bad = 1;
@@ -271,6 +282,8 @@ static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const c
                 argv[k++] = "--vae-band-above", argv[k++] = o->band_above;
             if (st != 1 && o->band_rows)
                 argv[k++] = "--vae-band-rows", argv[k++] = o->band_rows;
+            if (st == 1 && o->precision)
+                argv[k++] = "--precision", argv[k++] = o->precision;
             if (kiln_supervisor_add(s, name, KILN_CHILD_BACK, argv, err))
                 return err->code;
         }

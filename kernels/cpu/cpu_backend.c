@@ -14,6 +14,7 @@ static const kiln_backend_ops cpu_ops = {
     .copy = cpu_copy,
     .sync = cpu_sync,
     .linear = cpu_linear,
+    .quantize_fp8 = cpu_quantize_fp8,
     .rms_norm = cpu_rms_norm,
     .layer_norm_mod = cpu_layer_norm_mod,
     .group_norm = cpu_group_norm,

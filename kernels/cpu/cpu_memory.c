@@ -1,5 +1,6 @@
 #include <string.h>
 
+#include "common/fp8.h"
 #include "cpu_ops.h"
 
 kiln_status cpu_alloc(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim,
@@ -35,6 +36,13 @@ void cpu_upload(kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype
 
 void cpu_download(kiln_backend *be, const kiln_tensor *src, float *host)
 {
+    if (src->dtype == KILN_F8E4M3) { /* dequantised (backend.h quantize_fp8) */
+        const uint8_t *codes = src->data;
+        float s = kiln_f8_scale(src);
+        for (int64_t i = 0; i < kiln_tensor_numel(src); i++)
+            host[i] = kiln_e4m3_to_f32(codes[i]) * s;
+        return;
+    }
     if (kiln_convert_to_f32(host, src->data, src->dtype, (size_t)kiln_tensor_numel(src)))
         kiln_be_fail(be, KILN_ERR_INTERNAL, "cpu backend: cannot download dtype %s",
                      kiln_dtype_name(src->dtype));

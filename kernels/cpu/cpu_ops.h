@@ -29,6 +29,7 @@ void cpu_sync(kiln_backend *be);
 
 void cpu_linear(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                 const kiln_tensor *bias);
+void cpu_quantize_fp8(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 
 void cpu_rms_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                   float eps);

@@ -20,6 +20,7 @@
 #include "common/buf.h"
 #include "common/checkpoint.h"
 #include "common/proto.h"
+#include "engine/denoise_stage.h"
 #include "engine/request.h"
 #include "kernels/backend.h"
 
@@ -68,6 +69,9 @@ typedef struct kiln_worker_opts {
      * (1 MP = 1024 x 1024), bands of --vae-band-rows rows. */
     double vae_band_above_mp;
     int vae_band_rows;
+    /* kiln-denoiser's --precision (engine/denoise_stage.h kiln_precision:
+     * exact, the default, or fp8). */
+    kiln_precision precision;
 } kiln_worker_opts;
 
 /* --vae-band-above in pixels for kiln_vae_set_banding. */

@@ -43,7 +43,8 @@ static void usage(FILE *f, const kiln_stage_ops *ops)
                   "\n  [--vae-band-above MP (default 1)] [--vae-band-rows N (default 128)]"
                 : ops->stage == KILN_STAGE_DECODE
                 ? "\n  [--vae-band-above MP (default 1)] [--vae-band-rows N (default 128)]"
-                : "",
+                : "\n  [--precision exact|fp8 (default exact; fp8: the transformer blocks'\n"
+                  "   linear layers as FP8 GEMMs, docs/PERFORMANCE.md)]",
             kiln_stage_name(ops->stage));
 }
 
@@ -96,7 +97,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
 {
     enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID, O_BUS_KEY,
            O_BUS_SERVER_KEY, O_BUS_ALLOW, O_DATA_PORT, O_DATA_HOST, O_HEALTH_PORT, O_BAND_ABOVE,
-           O_BAND_ROWS, O_DRAIN };
+           O_BAND_ROWS, O_DRAIN, O_PRECISION };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
@@ -114,6 +115,7 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         {"vae-band-above", required_argument, 0, O_BAND_ABOVE},
         {"vae-band-rows", required_argument, 0, O_BAND_ROWS},
         {"drain-s", required_argument, 0, O_DRAIN},
+        {"precision", required_argument, 0, O_PRECISION},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     /* No batch window by default: an idle stage starts a job at once (a
@@ -154,6 +156,9 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         case O_DATA_PORT: bad = kiln_parse_int(optarg, -1, 65535, &o->data_port); break;
         case O_HEALTH_PORT: bad = kiln_parse_int(optarg, 1, 65535, &o->health_port); break;
         case O_DRAIN: bad = kiln_parse_int(optarg, 0, 3600, &o->drain_s); break;
+        case O_PRECISION:
+            bad = ops->stage != KILN_STAGE_DENOISE || kiln_precision_parse(optarg, &o->precision);
+            break;
         case O_DATA_HOST:
             o->data_host = optarg;
             bad = !kiln_domain_id_valid(optarg, KILN_PROTO_ENDPOINT_MAX - 24);

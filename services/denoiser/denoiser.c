@@ -32,14 +32,13 @@ typedef struct den_state {
 static void *den_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_worker_opts *o,
                       kiln_err *err)
 {
-    (void)o;
     den_state *s = calloc(1, sizeof *s);
     if (!s) {
         kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
         return NULL;
     }
     s->be = be;
-    s->den = kiln_denoise_stage_create(be, ck, err);
+    s->den = kiln_denoise_stage_create_at(be, ck, o->precision, err);
     if (!s->den) {
         free(s);
         return NULL;

@@ -5,7 +5,7 @@
  *
  *   kiln-stagebench --model DIR [--device cuda] [--gpu N] [--size 1024x1024]
  *                   [--steps S] [--iters 5] [--warmup 1] [--prompts FILE]
- *                   [--text-encoder-out-layers A,B,C]
+ *                   [--text-encoder-out-layers A,B,C] [--precision exact|fp8]
  *
  * Per iteration (B = 1, prompt i of the list, seed i, resolved as the CLI
  * and the service resolve a request (engine/plan.h): the checkpoint's
@@ -45,12 +45,14 @@ typedef struct opts {
     const char *model, *device, *prompts;
     int gpu, width, height, steps, iters, warmup;
     kiln_encode_opts enc; /* --text-encoder-out-layers, for tiny checkpoints */
+    kiln_precision precision; /* --precision (engine/denoise_stage.h) */
 } opts;
 
 static int parse(int argc, char **argv, opts *o)
 {
     /* steps 0: the checkpoint's default (its traits) */
-    *o = (opts){NULL, "cuda", KILN_BENCH_PROMPTS, 0, 1024, 1024, 0, 5, 1, KILN_ENCODE_DEFAULTS};
+    *o = (opts){NULL, "cuda", KILN_BENCH_PROMPTS, 0, 1024, 1024, 0, 5, 1, KILN_ENCODE_DEFAULTS,
+                KILN_PRECISION_EXACT};
     o->enc.with_references = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc)
@@ -65,6 +67,10 @@ static int parse(int argc, char **argv, opts *o)
             o->device = v;
         else if (!strcmp(a, "--prompts"))
             o->prompts = v;
+        else if (!strcmp(a, "--precision")) {
+            if (kiln_precision_parse(v, &o->precision))
+                return -1;
+        }
         else if (!strcmp(a, "--gpu") && num)
             o->gpu = (int)n;
         else if (!strcmp(a, "--steps") && num && n >= 2)
@@ -150,7 +156,7 @@ static kiln_status load(stages *s, const opts *o, kiln_err *err)
     if (!(s->enc = kiln_encode_stage_create(s->be, s->ck, &o->enc, err)))
         return err->code;
     mem_mark(s, M_ENCODER);
-    if (!(s->den = kiln_denoise_stage_create(s->be, s->ck, err)))
+    if (!(s->den = kiln_denoise_stage_create_at(s->be, s->ck, o->precision, err)))
         return err->code;
     mem_mark(s, M_DIT);
     if (!(s->dec = kiln_decode_stage_create(s->be, s->ck, err)))
@@ -230,7 +236,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: kiln-stagebench --model DIR [--device cuda|cpu] [--gpu N]\n"
                         "  [--size WxH] [--steps N>=2 (the model's default)] [--iters N]\n"
                         "  [--warmup N] [--prompts FILE]\n"
-                        "  [--text-encoder-out-layers A,B,C]\n");
+                        "  [--text-encoder-out-layers A,B,C] [--precision exact|fp8]\n");
         return 2;
     }
     kiln_err err = {0};
@@ -265,10 +271,10 @@ int main(int argc, char **argv)
         for (int k = 0; k < T_COUNT; k++)
             med[k] = kiln_bench_median(t + (size_t)k * (size_t)o.iters, (size_t)o.iters);
         double step = (med[T_DENOISE] - med[T_DENOISE1]) / (s.steps - 1);
-        printf("kiln-stagebench %s (%s) on %s, %dx%d, %d steps, B=1: median of %d after %d "
+        printf("kiln-stagebench %s (%s) on %s, %s, %dx%d, %d steps, B=1: median of %d after %d "
                "warm-up(s); load %.0f ms\n",
-               o.model, s.traits.family, o.device, o.width, o.height, s.steps, o.iters, o.warmup,
-               t_load);
+               o.model, s.traits.family, o.device, kiln_precision_name(o.precision), o.width,
+               o.height, s.steps, o.iters, o.warmup, t_load);
         for (int k = 0; k < T_COUNT; k++)
             printf("  %-28s %9.2f ms\n", t_names[k], med[k]);
         printf("  %-28s %9.2f ms\n", "one denoise step", step);
