@@ -114,6 +114,7 @@ static const kiln_backend_ops cuda_ops = {
     .copy = cuda_copy,
     .sync = cuda_sync,
     .linear = cuda_linear,
+    .quantize_fp8 = cuda_quantize_fp8,
     .rms_norm = cuda_rms_norm,
     .layer_norm_mod = cuda_layer_norm_mod,
     .group_norm = cuda_group_norm,

@@ -171,6 +171,15 @@ void cuda_linear_fini(kiln_backend *be);
 void cuda_linear(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                  const kiln_tensor *bias);
 
+/* The FP8 mode (cuda_fp8.cu).  cuda_fp8_quantize: `entries` consecutive
+ * slices of `per` elements of x (BF16 when x_bf16, else F32), each
+ * quantised alone into an F8E4M3 layout of `per` codes and its scale
+ * (common/tensor.h) at y + e * stride (stride >= kiln_tensor_nbytes of
+ * `per` codes); 1 when queued.  Nothing waits: graph-capturable. */
+void cuda_quantize_fp8(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+int cuda_fp8_quantize(kiln_backend *be, const void *x, int x_bf16, int64_t per, int entries,
+                      void *y, size_t stride);
+
 void cuda_rms_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                    float eps);
 void cuda_layer_norm_mod(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,

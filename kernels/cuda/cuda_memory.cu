@@ -6,6 +6,10 @@
 
 #include "cuda_internal.cuh"
 
+extern "C" {
+#include "common/fp8.h"
+}
+
 kiln_status cuda_alloc(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim,
                        const int64_t *shape)
 {
@@ -108,10 +112,16 @@ void cuda_download(kiln_backend *be, const kiln_tensor *src, float *host)
         kiln_be_fail(be, KILN_ERR_NOMEM, "cuda download: out of host memory");
         return;
     }
-    if (cuda_ok(be, cudaMemcpyAsync(raw, src->data, bytes, cudaMemcpyDeviceToHost, cuda_stream(be)),
+    int copied =
+        cuda_ok(be, cudaMemcpyAsync(raw, src->data, bytes, cudaMemcpyDeviceToHost, cuda_stream(be)),
                 "cudaMemcpyAsync(download)") &&
-        cuda_ok(be, cudaStreamSynchronize(cuda_stream(be)), "cudaStreamSynchronize(download)") &&
-        raw != host && kiln_convert_to_f32(host, raw, src->dtype, n))
+        cuda_ok(be, cudaStreamSynchronize(cuda_stream(be)), "cudaStreamSynchronize(download)");
+    if (copied && src->dtype == KILN_F8E4M3) { /* dequantised, as the CPU's */
+        kiln_tensor h = *src;
+        h.data = raw;
+        for (size_t i = 0; i < n; i++)
+            host[i] = kiln_e4m3_to_f32(((const uint8_t *)raw)[i]) * kiln_f8_scale(&h);
+    } else if (copied && raw != host && kiln_convert_to_f32(host, raw, src->dtype, n))
         kiln_be_fail(be, KILN_ERR_INTERNAL, "cuda download: cannot convert from %s",
                      kiln_dtype_name(src->dtype));
     if (raw != host)

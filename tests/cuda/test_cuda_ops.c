@@ -174,6 +174,106 @@ static void test_linear(void)
     case_linear(1, 37, 72, 40, 1, KILN_BF16);
 }
 
+/* --- the FP8 mode (kernels/backend.h linear on F8E4M3, quantize_fp8) ------- */
+
+/* The quantisation is exact: the same codes and scale bits on both sides
+ * (compared through download, which dequantises: equal values mean equal
+ * codes, up to the sign of zero, and an equal scale).  `zero` makes the
+ * input all zeros (scale 1), `outlier` puts one value 300 times larger than
+ * the rest at a random place (the amax comes from one block of the
+ * reduction). */
+static void case_quantize(int64_t rows, int64_t cols, kiln_dtype gdt, int zero, int outlier)
+{
+    dual x, q;
+    int64_t shape[2] = {rows, cols};
+    dual_in(&x, gdt, 2, shape, zero ? 0.0f : 3.0f);
+    if (outlier) {
+        int64_t n = rows * cols;
+        float *h = xmalloc_f(n);
+        kiln_be_download(cpu, &x.c, h);
+        h[next_u64() % (uint64_t)n] = kiln_round_bf16(-900.0f);
+        dual_upload(&x, h);
+        free(h);
+    }
+    kiln_be_alloc(cpu, &q.c, KILN_F8E4M3, 2, shape);
+    kiln_be_alloc(gpu, &q.g, KILN_F8E4M3, 2, shape);
+    kiln_be_quantize_fp8(cpu, &q.c, &x.c);
+    kiln_be_quantize_fp8(gpu, &q.g, &x.g);
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lldx%lld %s%s%s", (long long)rows, (long long)cols,
+             gdt == KILN_BF16 ? "BF16" : "F32", zero ? " zeros" : "", outlier ? " outlier" : "");
+    finish("quantize_fp8", desc, &q, TOL_EXACT);
+    dual_free(&x);
+    dual_free(&q);
+}
+
+/* The fp8 linear against the CPU reference.  Both sides quantise the same
+ * bf16 values to the same codes and scales (case_quantize proves it), and
+ * products of two E4M3 values are exact in fp32, so what differs is the
+ * order of the fp32 sums (~1e-6 relative at these K; Hopper's FP8 tensor
+ * cores also sum in narrower registers between promotions to fp32, ~1e-4)
+ * and the rounding of the output: bf16 holds 8 significant bits, at most
+ * 2^-9 relative per element, so the relative error stays under ~2e-3; the
+ * bar is twice that.  An f32 output has no final rounding: 1e-3.  Anything
+ * wrong in the path (a scale, a transposition, an entry's offset) moves
+ * results by the quantisation error (~3e-2) or far more. */
+#define TOL_FP8_BF16 4e-3
+#define TOL_FP8_F32 1e-3
+
+static void case_linear_fp8(int ndim, int64_t b, int64_t s, int64_t k, int64_t n, int bias,
+                            kiln_dtype ydt)
+{
+    dual x, w, w8, bi, y;
+    int64_t xs3[3] = {b, s, k}, xs2[2] = {b * s, k}, ys3[3] = {b, s, n}, ys2[2] = {b * s, n};
+    dual_in(&x, KILN_BF16, ndim, ndim == 3 ? xs3 : xs2, 1.0f);
+    dual_in(&w, KILN_BF16, 2, (int64_t[]){n, k}, 1.0f / sqrtf((float)k));
+    if (bias)
+        dual_in(&bi, ydt, 1, (int64_t[]){n}, 0.5f);
+    if (ndim == 3 && b > 1) { /* entry 1 ten times larger: its own scale */
+        float *h = xmalloc_f(b * s * k);
+        kiln_be_download(cpu, &x.c, h);
+        for (int64_t i = s * k; i < 2 * s * k; i++)
+            h[i] *= 8.0f; /* a power of two keeps the values bf16 */
+        dual_upload(&x, h);
+        free(h);
+    }
+    kiln_be_alloc(cpu, &w8.c, KILN_F8E4M3, 2, (int64_t[]){n, k});
+    kiln_be_alloc(gpu, &w8.g, KILN_F8E4M3, 2, (int64_t[]){n, k});
+    kiln_be_quantize_fp8(cpu, &w8.c, &w.c);
+    kiln_be_quantize_fp8(gpu, &w8.g, &w.g);
+    dual_out(&y, ydt, ndim, ndim == 3 ? ys3 : ys2);
+    kiln_be_linear(cpu, &y.c, &x.c, &w8.c, bias ? &bi.c : NULL);
+    kiln_be_linear(gpu, &y.g, &x.g, &w8.g, bias ? &bi.g : NULL);
+    char desc[96];
+    snprintf(desc, sizeof desc, "%s%lldx%lld K%lld N%lld%s%s", ndim == 2 ? "2-D " : "",
+             (long long)b, (long long)s, (long long)k, (long long)n, bias ? " +bias" : "",
+             ydt == KILN_F32 ? " f32 out" : "");
+    finish("linear fp8", desc, &y, ydt == KILN_F32 ? TOL_FP8_F32 : TOL_FP8_BF16);
+    dual_free(&x);
+    dual_free(&w);
+    dual_free(&w8);
+    if (bias)
+        dual_free(&bi);
+    dual_free(&y);
+}
+
+static void test_fp8(void)
+{
+    case_quantize(1, 16, KILN_BF16, 0, 0);
+    case_quantize(37, 1001, KILN_BF16, 0, 1);
+    case_quantize(512, 3072, KILN_BF16, 0, 1); /* many blocks: the atomic amax */
+    case_quantize(7, 33, KILN_F32, 0, 0);
+    case_quantize(8, 64, KILN_BF16, 1, 0);
+    case_linear_fp8(3, 1, 1, 64, 32, 0, KILN_BF16);
+    case_linear_fp8(3, 1, 77, 256, 128, 0, KILN_BF16);
+    case_linear_fp8(3, 3, 45, 128, 96, 1, KILN_BF16); /* 3 entries, odd rows, bias */
+    case_linear_fp8(2, 2, 40, 128, 64, 0, KILN_BF16); /* 2-D x: one scale */
+    case_linear_fp8(3, 2, 33, 64, 48, 0, KILN_F32);
+    case_linear_fp8(3, 1, 300, 1024, 512, 0, KILN_BF16);
+    /* The same shape again runs through the cached plan. */
+    case_linear_fp8(3, 1, 77, 256, 128, 0, KILN_BF16);
+}
+
 /* --- normalisation --------------------------------------------------------- */
 
 static void case_rms(int ndim, const int64_t *shape, int64_t g, int inplace)
@@ -996,6 +1096,7 @@ int main(void)
     printf("-------------------+------------------------------------+-----------+-----\n");
     test_transfers();
     test_linear();
+    test_fp8();
     test_rms_norm();
     test_layer_norm_mod();
     test_group_norm();

@@ -7,7 +7,8 @@
  * memory moved under existing recordings.  The same for the Z-Image DiT
  * (models/zimage_dit_replay.c) on the tiny Z-Image checkpoint, with batches
  * whose captions pad to different lengths (per-item RoPE rows and
- * attention) and captions that change length between calls.
+ * attention) and captions that change length between calls.  The klein
+ * comparison runs again in the FP8 mode (kiln_flux2_dit_quantize_fp8).
  *
  * Needs $KILN_SHARED/oracle; skipped (exit 77) without a CUDA device unless
  * KILN_REQUIRE_GPU=1. */
@@ -171,21 +172,24 @@ static void zimage_replay(kiln_backend *be)
     kiln_checkpoint_close(ck);
 }
 
-int main(void)
+/* The klein DiT recorded and op by op, exact or in the FP8 mode (whose
+ * activation quantisation keeps its scales on the device and its codes in
+ * the backend's scratch, so recordings must replay it bit for bit too). */
+static void klein_replay(kiln_backend *be, kiln_checkpoint *ck, int fp8)
 {
     kiln_err err = {0};
-    kiln_backend *be = kiln_backend_create("cuda", 0, &err);
-    if (!be)
-        return gpu_test_unavailable("cuda backend", &err);
-    kiln_checkpoint *ck = kiln_checkpoint_open(oracle_path("ckpt/klein-tiny"), &err);
-    CHECKF(ck != NULL, "checkpoint: %s", err.msg);
-    if (!ck)
-        return test_finish();
     setenv("KILN_GRAPHS", "0", 1);
     kiln_flux2_dit *plain = kiln_flux2_dit_load(be, ck, &err);
     unsetenv("KILN_GRAPHS");
     kiln_flux2_dit *rec = plain ? kiln_flux2_dit_load(be, ck, &err) : NULL;
     CHECKF(plain && rec, "load: %s", err.msg);
+    if (fp8 && plain && rec) {
+        int n1 = 0, n2 = 0;
+        CHECKF(!kiln_flux2_dit_quantize_fp8(plain, &n1, &err) &&
+                   !kiln_flux2_dit_quantize_fp8(rec, &n2, &err),
+               "fp8: %s", err.msg);
+        CHECK(n1 > 0 && n1 == n2);
+    }
 
     /* Seven calls per shape: a key runs op by op twice while the arenas
      * settle, then is recorded and replayed. */
@@ -220,10 +224,25 @@ int main(void)
             kiln_be_free(be, &q), kiln_be_free(be, &o);
         }
     }
-    printf("recorded vs op-by-op DiT forwards: %d of %d bit-identical\n", identical, compared);
+    printf("recorded vs op-by-op DiT forwards%s: %d of %d bit-identical\n",
+           fp8 ? " (fp8)" : "", identical, compared);
     CHECK(compared == 21);
     kiln_flux2_dit_destroy(rec);
     kiln_flux2_dit_destroy(plain);
+}
+
+int main(void)
+{
+    kiln_err err = {0};
+    kiln_backend *be = kiln_backend_create("cuda", 0, &err);
+    if (!be)
+        return gpu_test_unavailable("cuda backend", &err);
+    kiln_checkpoint *ck = kiln_checkpoint_open(oracle_path("ckpt/klein-tiny"), &err);
+    CHECKF(ck != NULL, "checkpoint: %s", err.msg);
+    if (!ck)
+        return test_finish();
+    klein_replay(be, ck, 0);
+    klein_replay(be, ck, 1);
     kiln_checkpoint_close(ck);
     zimage_replay(be);
     kiln_backend_destroy(be);
