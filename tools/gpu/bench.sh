@@ -46,7 +46,11 @@
 #      KILN_BENCH_ITERS (5: kiln-stagebench), KILN_BENCH_DIFFUSERS_N (= N),
 #      KILN_BENCH_PORT (18500), KILN_BENCH_WHEELS (.whl: the wheels folder),
 #      KILN_BENCH_TIMEOUT (1800: seconds for each long command of a step;
-#      a timed-out kiln-bench still lets the step stop kiln serve).
+#      a timed-out kiln-bench still lets the step stop kiln serve),
+#      KILN_BENCH_PRECISION ("exact"; "exact fp8" runs the stages, serve and
+#      mps steps once per precision, fp8 being the opt-in FP8 mode of
+#      docs/PERFORMANCE.md, kiln serve --precision fp8; its results are
+#      labelled <model>-fp8, e.g. kiln-bench-klein-4b-fp8.json).
 # Results go to $OUT (the device tool's return folder) when set, else to
 # $KILN_BUILD/bench: kiln-bench-<model>.json, diffusers-<model>.json and the
 # logs; at most a few files, since a device run returns at most 8.
@@ -66,6 +70,9 @@ warmup=${KILN_BENCH_WARMUP:-3}
 port=${KILN_BENCH_PORT:-18500}
 limit=${KILN_BENCH_TIMEOUT:-1800}
 serve_tag= # names the serve step's results (step_mps: -mps)
+precisions=(${KILN_BENCH_PRECISION:-exact})
+# The tag of precision $1 in result names: none for exact, -fp8 for fp8.
+ptag() { if [ "$1" = exact ]; then echo ""; else echo "-$1"; fi; }
 STEPS=(env ops parity opbench ckpt stages serve diffusers)
 log=$out/steps.log # the long outputs; stdout keeps the summaries
 mem=$(mktemp -d)    # memory samples (not returned: a device run returns 8 files)
@@ -169,27 +176,31 @@ step_ckpt() {
 }
 
 step_stages() {
-  local m idle rc=0
+  local m p idle rc=0
   for m in "${models[@]}"; do
+  for p in "${precisions[@]}"; do
     idle=$(mem_idle)
     mem_sampler "$mem/stages.txt" &
     local sampler=$!
     timeout "$limit" "$build/tools/bench/kiln-stagebench" --model "$data/$m" --device cuda \
       --size "$size" --steps "$(steps_of "$m")" --iters "${KILN_BENCH_ITERS:-5}" --warmup 1 \
-      --prompts tools/bench/prompts.txt 2>>"$log" || rc=1
+      --precision "$p" --prompts tools/bench/prompts.txt 2>>"$log" || rc=1
     kill "$sampler"
     wait "$sampler" 2>/dev/null
     echo "  peak GPU memory $(mem_peak "$mem/stages.txt" "$idle")"
+  done
   done
   return $rc
 }
 
 step_serve() {
-  local m idle rc=0 mode=${KILN_BENCH_MODE:-both}
+  local m p l idle rc=0 mode=${KILN_BENCH_MODE:-both}
   for m in "${models[@]}"; do
+  for p in "${precisions[@]}"; do
+    l=$m$(ptag "$p")$serve_tag
     idle=$(mem_idle)
-    "$build/tools/kiln" serve --model "$data/$m" --device cuda --port "$port" \
-      >"$out/serve-$m$serve_tag.log" 2>&1 &
+    "$build/tools/kiln" serve --model "$data/$m" --device cuda --port "$port" --precision "$p" \
+      >"$out/serve-$l.log" 2>&1 &
     local pid=$!
     mem_sampler "$mem/serve.txt" &
     local sampler=$!
@@ -199,8 +210,7 @@ step_serve() {
       --prompts tools/bench/prompts.txt \
       --mode "$mode" --size "$size" --steps "$(steps_of "$m")" --requests "$n" --warmup "$warmup" \
       --concurrency "${KILN_BENCH_CONC:-4,8,16}" --images "${KILN_BENCH_IMAGES:-32}" \
-      --repeats "${KILN_BENCH_REPEATS:-3}" --label "$m$serve_tag" \
-      --json "$out/kiln-bench-$m$serve_tag.json" || rc=1
+      --repeats "${KILN_BENCH_REPEATS:-3}" --label "$l" --json "$out/kiln-bench-$l.json" || rc=1
     kill "$sampler" "$apps"
     wait "$sampler" "$apps" 2>/dev/null
     echo "  peak GPU memory of the service $(mem_peak "$mem/serve.txt" "$idle")"
@@ -208,7 +218,8 @@ step_serve() {
     apps_peak "$mem/apps.txt"
     kill -TERM "$pid"
     wait "$pid"
-    [ $rc -eq 0 ] || tail -20 "$out/serve-$m$serve_tag.log"
+    [ $rc -eq 0 ] || tail -20 "$out/serve-$l.log"
+  done
   done
   return $rc
 }

@@ -20,6 +20,7 @@ targets=("$@")
                                      tests/cuda/test_cuda_vae_band
                                      tests/cuda/test_cuda_ipc tests/cuda/compare_outputs tools/kiln
                                      tools/bench/kiln-soak tools/bench/kiln-pngbench
+                                     tools/bench/kiln-quality
                                      services/gateway/kiln-gateway services/kiln-encoder
                                      services/kiln-denoiser services/kiln-decoder)
 

@@ -75,6 +75,23 @@
 #              NaN bytes) and without: latents and images must be
 #              bit-identical, so no result reads memory no op wrote; then
 #              test_cuda_mixed poisoned
+#   fp8        the FP8 mode (--precision fp8, docs/PERFORMANCE.md "FP8 mode"):
+#              test_cuda_ops' fp8 rows (quantize_fp8 exact against the CPU,
+#              linear fp8 within 4e-3), test_cuda_replay's fp8 line (recorded
+#              fp8 steps bit-identical to op by op), kiln generate --precision
+#              fp8 on the tiny checkpoint CUDA vs CPU (fp32 noise: latents rel
+#              err < 3e-2, image >= 40 dB, the bars of fullcpu and img2img),
+#              kiln serve --precision fp8 vs kiln generate --precision fp8
+#              (identical), then the quality run on the klein-4B random
+#              checkpoint (see fullsize; KILN_FP8_MODEL=DIR takes a published
+#              folder instead): kiln serve exact, then --precision fp8, each
+#              asked for the 100 prompts of tools/bench/prompts.txt at 1024x1024,
+#              4 steps, seed i for prompt i (images in $KILN_FP8_WORK, default
+#              /tmp/kiln-fp8); kiln-quality prints PSNR and SSIM of each fp8
+#              image against the exact one, median and worst, and writes an
+#              8-prompt contact sheet (exact | fp8) to $logs/fp8/contact.png;
+#              each service's mean request time is printed (not a benchmark:
+#              tools/gpu/bench.sh is)
 #   mixedfull  test_cuda_mixed on the random klein-4B checkpoint (see fullsize)
 #   memcheck   test_cuda_ops under compute-sanitizer memcheck (out-of-bounds)
 #   racecheck  test_cuda_ops under compute-sanitizer racecheck (shared memory)
@@ -121,10 +138,10 @@ logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
 SECTIONS=(env build ops pipeline replay ipc serve stream img2img editoracle zserve observe mixed devices)
 OPTIONAL=(devicefault mixedsan poison mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull
-          pngbench)
+          pngbench fp8)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
           tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed tests/cuda/test_cuda_vae_band
-          tests/cuda/compare_outputs tools/kiln services/gateway/kiln-gateway
+          tests/cuda/compare_outputs tools/kiln tools/bench/kiln-quality services/gateway/kiln-gateway
           services/kiln-encoder services/kiln-denoiser services/kiln-decoder)
 
 . "$root/tools/gpu/common.sh"
@@ -772,6 +789,77 @@ PY
 sec_devices() {
   devices_run "$logs/devices/cuda-cpu-cuda" cuda cpu cuda || return 1
   devices_run "$logs/devices/cpu-cuda-cpu" cpu cuda cpu
+}
+
+# Asks kiln serve on PORT for one image per line of PROMPTS (seed i for
+# line i), written to DIR/<i>.png; prints the mean request time.
+# Usage: serve_prompts PORT PROMPTS DIR SIZE STEPS
+serve_prompts() {
+  wait_ready "$1" || return 1
+  python3 - "$@" <<'PY'
+import base64, json, sys, time, urllib.request
+port, prompts, out, size, steps = sys.argv[1:6]
+base = "http://127.0.0.1:%s" % port
+lines = [l.strip() for l in open(prompts) if l.strip()]
+t = []
+for i, p in enumerate(lines):
+    body = {"prompt": p, "size": size, "seed": i, "num_inference_steps": int(steps),
+            "output_format": "png"}
+    req = urllib.request.Request(base + "/v1/images/generations", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    t0 = time.time()
+    reply = json.load(urllib.request.urlopen(req, timeout=600))
+    t.append(time.time() - t0)
+    open("%s/%d.png" % (out, i), "wb").write(base64.b64decode(reply["data"][0]["b64_json"]))
+print("%d images %s, %s steps: mean request %.0f ms (first %.0f ms)"
+      % (len(t), size, steps, 1e3 * sum(t[1:]) / max(1, len(t) - 1), 1e3 * t[0]))
+PY
+}
+
+sec_fp8() {
+  local d=$logs/fp8 kiln=$build/tools/kiln rc=0
+  local ck=$(oracle_root)/oracle/ckpt/klein-tiny
+  mkdir -p "$d"
+  "$build/tests/cuda/test_cuda_ops" >"$d/ops.log" 2>&1 || rc=1
+  grep -E "fp8|cases, " "$d/ops.log"
+  KILN_SHARED=$(oracle_root) "$build/tests/cuda/test_cuda_replay" >"$d/replay.log" 2>&1 || rc=1
+  grep -E "recorded vs|CHECK failed" "$d/replay.log"
+  [ $rc -eq 0 ] || return 1
+  local small=(generate --model "$ck" --text-encoder-out-layers 1,2,3 --prompt "a red fox in snow"
+               --width 256 --height 256 --steps 4 --seed 5 --fp32-noise --precision fp8)
+  local dev
+  for dev in cuda cpu; do
+    "$kiln" "${small[@]}" --device "$dev" --out "$d/tiny-$dev.png"       --latents-out "$d/tiny-$dev.safetensors" >"$d/tiny-$dev.log" 2>&1 ||
+      { tail -5 "$d/tiny-$dev.log"; return 1; }
+  done
+  echo "tiny klein, --precision fp8, CUDA vs CPU:"
+  "$build/tests/cuda/compare_outputs" --latents "$d/tiny-cuda.safetensors"     "$d/tiny-cpu.safetensors" --image "$d/tiny-cuda.png" "$d/tiny-cpu.png" --max-rel-err 3e-2     --min-psnr 40 || return 1
+  echo "tiny klein, kiln serve --precision fp8 vs kiln generate --precision fp8:"
+  serve_vs_cli "$d/serve" "$ck" 256 256 4 64 --text-encoder-out-layers 1,2,3 --precision fp8 ||
+    return 1
+  # The quality run.
+  local model=${KILN_FP8_MODEL:-}
+  if [ -z "$model" ]; then
+    fullsize_checkpoint || return 1
+    model=$fulldir
+  fi
+  local work=${KILN_FP8_WORK:-/tmp/kiln-fp8} port=${KILN_SERVE_PORT:-18400} p pid
+  for p in exact fp8; do
+    rm -rf "${work:?}/$p"
+    mkdir -p "$work/$p"
+    "$kiln" serve --model "$model" --device cuda --port "$port" --precision "$p"       >"$d/serve-$p.log" 2>&1 &
+    pid=$!
+    echo -n "$p: "
+    serve_prompts "$port" tools/bench/prompts.txt "$work/$p" 1024x1024 4 || rc=1
+    kill -TERM "$pid"
+    wait "$pid"
+    [ $rc -eq 0 ] || { tail -20 "$d/serve-$p.log"; return 1; }
+  done
+  grep -h "fp8 mode" "$d/serve-fp8.log" | head -1
+  "$build/tools/bench/kiln-quality" --ref "$work/exact" --test "$work/fp8" \
+    --n "$(grep -c . tools/bench/prompts.txt)" \
+    --sheet "$d/contact.png" --sheet-n 8 --thumb 384 --cols 2 >"$d/quality.log" || return 1
+  tail -2 "$d/quality.log"
 }
 
 sec_pngbench() {
