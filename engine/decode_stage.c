@@ -93,13 +93,12 @@ kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, in
         return kiln_err_set(err, KILN_ERR_INVALID, "decode: latents do not match %dx%d", width,
                             height);
     int64_t B = latents->shape[0], H = height, W = width;
-    size_t n_lat = (size_t)(B * h * w * C), n_img = (size_t)(B * 3 * H * W);
+    size_t n_lat = (size_t)(B * h * w * C);
     float *packed = malloc(n_lat * sizeof(float)), *grid = malloc(n_lat * sizeof(float));
-    float *pix = raw_out ? raw_out : malloc(n_img * sizeof(float));
-    kiln_tensor zt = {0}, img = {0};
+    kiln_tensor zt = {0}, img = {0}, rgb = {0};
     kiln_status st = KILN_OK;
     int made = 0;
-    if (!packed || !grid || !pix) {
+    if (!packed || !grid) {
         st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory decoding latents");
         goto done;
     }
@@ -132,22 +131,30 @@ kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, in
         if ((st = kiln_vae_decode(s->vae, &zv, &iv, NULL, err)))
             goto done;
     }
-    kiln_be_download(be, &img, pix);
-    if ((st = kiln_be_check(be, err)))
+    /* diffusers' postprocess (clamp, * 255, round) on the backend
+     * (kernels/rgb8.h's rule, the bytes kiln_latents_to_rgb8 gives on the
+     * host): 3 bytes a pixel come back instead of 3 activations, and the
+     * host does no per-pixel work. */
+    kiln_be_free(be, &zt);
+    if (kiln_be_alloc(be, &rgb, KILN_U8, 4, (int64_t[]){B, H, W, 3})) {
+        st = kiln_be_check(be, err);
         goto done;
+    }
+    kiln_be_to_rgb8(be, &rgb, &img);
+    if (raw_out)
+        kiln_be_download(be, &img, raw_out);
     for (; made < B; made++) {
         if ((st = kiln_image_alloc(&images[made], width, height, err)))
-            break;
-        kiln_latents_to_rgb8(pix + (size_t)made * 3 * H * W, images[made].pixels, 1, H, W,
-                             be->act_dtype);
+            goto done;
+        kiln_tensor one = kiln_tensor_batch_view(&rgb, made, 1);
+        kiln_be_download_bytes(be, &one, images[made].pixels);
     }
+    st = kiln_be_check(be, err);
 done:
     if (st)
         for (int i = 0; i < made; i++)
             kiln_image_free(&images[i]);
-    kiln_be_free(be, &zt), kiln_be_free(be, &img);
+    kiln_be_free(be, &zt), kiln_be_free(be, &img), kiln_be_free(be, &rgb);
     free(packed), free(grid);
-    if (!raw_out)
-        free(pix);
     return st;
 }

@@ -60,6 +60,13 @@ typedef struct kiln_backend_ops {
      * free: accepts a zeroed tensor.  upload: host buffer of `host_dtype`
      * (F32, BF16, F16 or F64) converted into dst's dtype; numel must match.
      * download: src converted to f32 into a host buffer of numel floats.
+     * download_bytes: src's bytes as they are (any dtype, nbytes(src)) into
+     * a host buffer of that size; waits for them like download.  CUDA
+     * copies them into page-locked staging memory the instance keeps
+     * (allocated on first use, grown to the largest download, released
+     * with the backend; the instance's thread only, like every op), then
+     * into `host`: the device-to-host copy runs at full bus speed without
+     * the caller pinning its buffer.
      * copy: same numel; where the dtypes differ (F32 and BF16 activations)
      * each value is converted, rounding to nearest even. */
     kiln_status (*alloc)(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim,
@@ -67,6 +74,7 @@ typedef struct kiln_backend_ops {
     void (*free)(kiln_backend *be, kiln_tensor *t);
     void (*upload)(kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype host_dtype);
     void (*download)(kiln_backend *be, const kiln_tensor *src, float *host);
+    void (*download_bytes)(kiln_backend *be, const kiln_tensor *src, void *host);
     void (*copy)(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src);
     void (*sync)(kiln_backend *be);
 
@@ -179,6 +187,14 @@ typedef struct kiln_backend_ops {
     void (*conv2d)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                    const kiln_tensor *bias, int stride, const int pad[4]);
     void (*upsample_nearest2x)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+
+    /* --- image output ----------------------------------------------------
+     * to_rgb8: the decoder output x (B, 3, H, W), F32 or BF16, as 8-bit
+     * RGB rgb (B, H, W, 3) U8 (channels interleaved, as kiln_image holds
+     * them): each value by kernels/rgb8.h's rule in x's dtype (diffusers'
+     * clamp and rounding), so every backend gives the same bytes for the
+     * same values (models/latents.c kiln_latents_to_rgb8 on the host too). */
+    void (*to_rgb8)(kiln_backend *be, kiln_tensor *rgb, const kiln_tensor *x);
 
     /* --- fused transformer ops (one pass where the ops above take several)
      * qkv_split: P (B, S, 3D) the fused q|k|v projection -> q, k, v
@@ -341,6 +357,8 @@ static inline int kiln_be_halted(kiln_backend *be)
 KILN_BE_WRAP(upload, (kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype hd),
              (be, dst, host, hd))
 KILN_BE_WRAP(download, (kiln_backend *be, const kiln_tensor *src, float *host), (be, src, host))
+KILN_BE_WRAP(download_bytes, (kiln_backend *be, const kiln_tensor *src, void *host),
+             (be, src, host))
 KILN_BE_WRAP(copy, (kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src), (be, dst, src))
 static inline void kiln_be_sync(kiln_backend *be)
 {
@@ -393,6 +411,7 @@ KILN_BE_WRAP(conv2d, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
              (be, y, x, w, bias, stride, pad))
 KILN_BE_WRAP(upsample_nearest2x, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x),
              (be, y, x))
+KILN_BE_WRAP(to_rgb8, (kiln_backend *be, kiln_tensor *rgb, const kiln_tensor *x), (be, rgb, x))
 KILN_BE_WRAP(qkv_split, (kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
                          const kiln_tensor *P, const kiln_tensor *norm_q,
                          const kiln_tensor *norm_k, float eps, const kiln_tensor *cos,

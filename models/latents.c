@@ -12,6 +12,8 @@
 #include <assert.h>
 #include <math.h>
 
+#include "kernels/rgb8.h"
+
 /* Below this many elements a loop stays on the calling thread. */
 #define PARALLEL_MIN (1 << 16)
 
@@ -158,24 +160,6 @@ void kiln_latents_text_ids(int32_t *ids, int64_t T)
     }
 }
 
-/* One pixel value: `(x / 2 + 0.5).clamp(0, 1)` in the decoder's dtype, then
- * numpy's `(v * 255).round()` in fp32 (round half to even under the default
- * rounding mode).  A NaN (a broken decode) becomes 0 instead of the undefined
- * float-to-integer conversion numpy would do. */
-static uint8_t to_byte(float v, int bf16)
-{
-    v = to_dt(to_dt(v * 0.5f, bf16) + 0.5f, bf16);
-    if (!(v > 0.0f))
-        return 0;
-    if (v > 1.0f)
-        v = 1.0f;
-    /* Round half to even of a value in [0, 255] by adding and removing
-     * 1.5 * 2^23 (whose ulp is 1): what nearbyintf does, without a libm
-     * call per pixel. */
-    const float magic = 12582912.0f;
-    return (uint8_t)((v * 255.0f + magic) - magic);
-}
-
 void kiln_latents_to_rgb8(const float *x, uint8_t *rgb, int64_t B, int64_t H, int64_t W,
                           kiln_dtype dt)
 {
@@ -188,7 +172,7 @@ void kiln_latents_to_rgb8(const float *x, uint8_t *rgb, int64_t B, int64_t H, in
 #pragma omp parallel for if (plane >= PARALLEL_MIN)
         for (int64_t i = 0; i < plane; i++)
             for (int64_t ch = 0; ch < 3; ch++)
-                dst[3 * i + ch] = to_byte(src[ch * plane + i], bf16);
+                dst[3 * i + ch] = kiln_rgb8_byte(src[ch * plane + i], bf16);
     }
 }
 

@@ -80,7 +80,8 @@ void kiln_latents_text_ids(int32_t *ids, int64_t T);
 
 /* Decoder output (B, 3, H, W) -> 8-bit RGB (B, H, W, 3) as diffusers'
  * postprocess + numpy_to_pil: clamp(x * 0.5 + 0.5, 0, 1) in `dt`, then
- * round_half_even(fp32(v) * 255). */
+ * round_half_even(fp32(v) * 255).  The per-value rule is kernels/rgb8.h's,
+ * which the backends' to_rgb8 op (the decode stage's path) applies too. */
 void kiln_latents_to_rgb8(const float *x, uint8_t *rgb, int64_t B, int64_t H, int64_t W,
                           kiln_dtype dt);
 

@@ -48,6 +48,14 @@ void cpu_download(kiln_backend *be, const kiln_tensor *src, float *host)
                      kiln_dtype_name(src->dtype));
 }
 
+void cpu_download_bytes(kiln_backend *be, const kiln_tensor *src, void *host)
+{
+    (void)be;
+    size_t n = kiln_tensor_nbytes(src);
+    if (n)
+        memcpy(host, src->data, n);
+}
+
 void cpu_copy(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src)
 {
     if (CPU_REQUIRE(be, dst->dtype == src->dtype &&

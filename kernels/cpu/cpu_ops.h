@@ -1,6 +1,6 @@
 /* The CPU reference backend's operations, one file per family
  * (cpu_memory.c, cpu_linear.c, cpu_norm.c, cpu_attention.c, cpu_elementwise.c,
- * cpu_conv.c, cpu_fused.c), gathered into the ops table by cpu_backend.c.
+ * cpu_conv.c, cpu_fused.c, cpu_rgb8.c), gathered into the ops table by cpu_backend.c.
  *
  * Plain fp32 loops written for clarity: this backend is the oracle the CUDA
  * kernels are tested against.  Shape mismatches are caller bugs and become a
@@ -24,6 +24,7 @@ kiln_status cpu_alloc(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim,
 void cpu_free(kiln_backend *be, kiln_tensor *t);
 void cpu_upload(kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype host_dtype);
 void cpu_download(kiln_backend *be, const kiln_tensor *src, float *host);
+void cpu_download_bytes(kiln_backend *be, const kiln_tensor *src, void *host);
 void cpu_copy(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src);
 void cpu_sync(kiln_backend *be);
 
@@ -66,6 +67,8 @@ void cpu_transpose(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cpu_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                 const kiln_tensor *bias, int stride, const int pad[4]);
 void cpu_upsample_nearest2x(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+
+void cpu_to_rgb8(kiln_backend *be, kiln_tensor *rgb, const kiln_tensor *x);
 
 void cpu_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
                    const kiln_tensor *P, const kiln_tensor *norm_q, const kiln_tensor *norm_k,

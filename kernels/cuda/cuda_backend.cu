@@ -99,6 +99,8 @@ static void cuda_destroy(kiln_backend *be)
             cublasLtDestroy(c->lt);
         cudaFree(c->lt_workspace);
         cudaFree(c->scratch);
+        if (c->pinned)
+            cudaFreeHost(c->pinned);
         if (c->stream)
             cudaStreamDestroy(c->stream);
         free(c);
@@ -111,6 +113,7 @@ static const kiln_backend_ops cuda_ops = {
     .free = cuda_free,
     .upload = cuda_upload,
     .download = cuda_download,
+    .download_bytes = cuda_download_bytes,
     .copy = cuda_copy,
     .sync = cuda_sync,
     .linear = cuda_linear,
@@ -134,6 +137,7 @@ static const kiln_backend_ops cuda_ops = {
     .transpose = cuda_transpose,
     .conv2d = cuda_conv2d,
     .upsample_nearest2x = cuda_upsample_nearest2x,
+    .to_rgb8 = cuda_to_rgb8,
     .qkv_split = cuda_qkv_split,
     .swiglu_cols = cuda_swiglu_cols,
     .graph_begin = cuda_graph_begin,

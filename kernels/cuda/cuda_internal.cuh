@@ -42,6 +42,10 @@ typedef struct cuda_impl {
     uint64_t scratch_epoch; /* bumped when scratch moves: recorded graphs go stale */
     struct cuda_cudnn *cudnn; /* NULL: cuDNN absent or disabled */
     int poison; /* KILN_CUDA_POISON=1: new device memory filled with NaN bytes (cuda_poison) */
+    /* Page-locked host staging for download_bytes (cuda_memory.cu): made on
+     * first use, grown to the largest download, freed with the instance. */
+    void *pinned;
+    size_t pinned_bytes;
     /* KILN_CUBLASLT_MAX_ALIGN=N (a power of two, 2..256; default 256): the
      * most operand alignment cuBLASLt is told of.  A diagnostic: below 16
      * it cannot pick kernels that move data with the tensor memory
@@ -163,6 +167,7 @@ kiln_status cuda_alloc(kiln_backend *be, kiln_tensor *t, kiln_dtype dt, int ndim
 void cuda_free(kiln_backend *be, kiln_tensor *t);
 void cuda_upload(kiln_backend *be, kiln_tensor *dst, const void *host, kiln_dtype host_dtype);
 void cuda_download(kiln_backend *be, const kiln_tensor *src, float *host);
+void cuda_download_bytes(kiln_backend *be, const kiln_tensor *src, void *host);
 void cuda_copy(kiln_backend *be, kiln_tensor *dst, const kiln_tensor *src);
 void cuda_sync(kiln_backend *be);
 
@@ -229,6 +234,7 @@ void cuda_copy_cols(kiln_backend *be, kiln_tensor *dst, int64_t dst_col0, const 
                     int64_t src_col0, int64_t n);
 void cuda_transpose(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 void cuda_upsample_nearest2x(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+void cuda_to_rgb8(kiln_backend *be, kiln_tensor *rgb, const kiln_tensor *x);
 
 void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
                     const kiln_tensor *P, const kiln_tensor *norm_q, const kiln_tensor *norm_k,

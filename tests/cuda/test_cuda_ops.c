@@ -981,6 +981,151 @@ static void test_conv(void)
     case_conv(1, 512, 8, 8, 64, 3, 1, (int[]){1, 1, 1, 1}, 1);   /* K = 4608 */
 }
 
+/* --- image output ------------------------------------------------------------ */
+
+/* Prints a row for a case whose result is a count of wrong bytes. */
+static void finish_bytes(const char *op, const char *shape, int64_t bad, kiln_status cs,
+                         kiln_status gs, const char *gmsg)
+{
+    int pass = !cs && !gs && bad == 0;
+    cases++;
+    failed += !pass;
+    char res[32];
+    if (bad)
+        snprintf(res, sizeof res, "%lld bad", (long long)bad);
+    else
+        snprintf(res, sizeof res, "exact");
+    printf("%-18s | %-34s | %9s | %s\n", op, shape, cs || gs ? "error" : res,
+           pass ? "pass" : "FAIL");
+    if (gs)
+        printf("    cuda error: %s\n", gmsg);
+    fflush(stdout);
+}
+
+/* One rgb8 input value, as f32 bits: the rule's hard cases come often. */
+static float rgb8_value(int64_t i, int bf16)
+{
+    /* Every bf16 value once (NaNs, infinities, zeros, subnormals
+     * included): for a bf16 input that is every case there is. */
+    if (i < 65536)
+        return kiln_bf16_to_f32((uint16_t)i);
+    uint64_t r = next_u64();
+    float v;
+    switch (r % 4) {
+    case 0: { /* x whose (x / 2 + 0.5) * 255 lies a few ulps from k + 0.5 */
+        float half = ((float)(r >> 8 & 0xff) + 0.5f) / 255.0f;
+        v = (half - 0.5f) * 2.0f;
+        int steps = (int)(r >> 16 & 7) - 4;
+        for (; steps > 0; steps--)
+            v = nextafterf(v, INFINITY);
+        for (; steps < 0; steps++)
+            v = nextafterf(v, -INFINITY);
+        break;
+    }
+    case 1: { /* any bit pattern */
+        uint32_t u = (uint32_t)(r >> 32);
+        memcpy(&v, &u, sizeof v);
+        break;
+    }
+    default:
+        v = 1.1f * frand();
+    }
+    return bf16 ? kiln_round_bf16(v) : v;
+}
+
+/* to_rgb8 on both backends from the same values, in bf16 or f32: the
+ * bytes must be identical (the rule is exact, kernels/rgb8.h).  Run twice
+ * over outputs poisoned with 0x00 and 0xFF, so a byte the kernel never
+ * writes cannot match both times. */
+static void case_rgb8(int64_t B, int64_t H, int64_t W, kiln_dtype dt)
+{
+    int64_t n = B * 3 * H * W, nb = B * H * W * 3;
+    int bf = dt == KILN_BF16;
+    void *h = malloc((size_t)n * 4);
+    uint8_t *got = malloc((size_t)nb), *want = malloc((size_t)nb);
+    if (!h || !got || !want) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float v = rgb8_value(i, bf);
+        if (bf)
+            ((uint16_t *)h)[i] = kiln_f32_to_bf16(v);
+        else
+            ((float *)h)[i] = v;
+    }
+    int64_t xs[4] = {B, 3, H, W}, rs[4] = {B, H, W, 3};
+    kiln_tensor xc, xg, rc, rg;
+    kiln_be_alloc(cpu, &xc, dt, 4, xs);
+    kiln_be_alloc(gpu, &xg, dt, 4, xs);
+    kiln_be_alloc(cpu, &rc, KILN_U8, 4, rs);
+    kiln_be_alloc(gpu, &rg, KILN_U8, 4, rs);
+    kiln_be_upload(cpu, &xc, h, dt);
+    kiln_be_upload(gpu, &xg, h, dt);
+    kiln_be_to_rgb8(cpu, &rc, &xc);
+    kiln_be_download_bytes(cpu, &rc, want);
+    int64_t bad = 0;
+    for (int poison = 0; poison < 2; poison++) {
+        memset(got, poison ? 0xFF : 0x00, (size_t)nb);
+        kiln_be_upload(gpu, &rg, got, KILN_U8);
+        kiln_be_to_rgb8(gpu, &rg, &xg);
+        memset(got, 0x5A, (size_t)nb);
+        kiln_be_download_bytes(gpu, &rg, got);
+        for (int64_t i = 0; i < nb; i++)
+            bad += got[i] != want[i];
+    }
+    kiln_err ce = {0}, ge = {0};
+    kiln_status cs = kiln_be_check(cpu, &ce), gs = kiln_be_check(gpu, &ge);
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lldx3x%lldx%lld %s", (long long)B, (long long)H, (long long)W,
+             bf ? "bf16" : "f32");
+    finish_bytes("to_rgb8", desc, bad, cs, gs, ge.msg);
+    if (cs)
+        printf("    cpu error: %s\n", ce.msg);
+    kiln_be_free(cpu, &xc), kiln_be_free(gpu, &xg), kiln_be_free(cpu, &rc),
+        kiln_be_free(gpu, &rg);
+    free(h), free(got), free(want);
+}
+
+static void test_to_rgb8(void)
+{
+    case_rgb8(2, 131, 127, KILN_BF16); /* every bf16 value, odd sides */
+    case_rgb8(2, 131, 127, KILN_F32);
+    case_rgb8(1, 1, 1, KILN_F32);
+    case_rgb8(3, 517, 263, KILN_BF16); /* more pixels than the grid has threads */
+    case_rgb8(3, 517, 263, KILN_F32);
+}
+
+/* download_bytes: any dtype's bytes unchanged, through staging that grows
+ * (a small download, a large one, a small one again). */
+static void test_download_bytes(void)
+{
+    const int64_t sizes[3] = {1001, 3 * (1 << 20) + 7, 13};
+    const kiln_dtype dts[3] = {KILN_U8, KILN_BF16, KILN_F32};
+    int64_t bad = 0;
+    for (int k = 0; k < 3; k++) {
+        kiln_tensor t;
+        kiln_be_alloc(gpu, &t, dts[k], 1, &sizes[k]);
+        size_t nbytes = kiln_tensor_nbytes(&t);
+        uint8_t *src = malloc(nbytes), *back = malloc(nbytes);
+        if (!src || !back) {
+            fprintf(stderr, "out of host memory\n");
+            exit(1);
+        }
+        for (size_t i = 0; i < nbytes; i++)
+            src[i] = (uint8_t)next_u64();
+        kiln_be_upload(gpu, &t, src, dts[k]);
+        memset(back, 0, nbytes);
+        kiln_be_download_bytes(gpu, &t, back);
+        bad += memcmp(src, back, nbytes) != 0;
+        kiln_be_free(gpu, &t);
+        free(src), free(back);
+    }
+    kiln_err ge = {0};
+    kiln_status gs = kiln_be_check(gpu, &ge);
+    finish_bytes("download_bytes", "u8 1001, bf16 3M+7, f32 13", bad, KILN_OK, gs, ge.msg);
+}
+
 /* --- transfers and errors ----------------------------------------------------- */
 
 static void test_transfers(void)
@@ -1112,6 +1257,8 @@ int main(void)
     test_cfg();
     test_copies();
     test_conv();
+    test_to_rgb8();
+    test_download_bytes();
     test_native_kernels();
     test_sticky_error();
     printf("%d cases, %d failed\n", cases, failed);

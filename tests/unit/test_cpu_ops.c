@@ -1,8 +1,11 @@
 /* Properties of the CPU reference ops (they are the oracle for CUDA, so they
  * are checked against hand-computed values and invariants here). */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "models/latents.h"
 #include "tests/test.h"
 
 static kiln_backend *be;
@@ -283,6 +286,72 @@ static void test_elementwise_and_movement(void)
     kiln_be_free(be, &cs), kiln_be_free(be, &cd), kiln_be_free(be, &up), kiln_be_free(be, &upx);
 }
 
+/* to_rgb8 gives kiln_latents_to_rgb8's bytes (the host conversion the
+ * decode stage used before) in the interleaved layout, in fp32 and bf16
+ * (every bf16 value); download_bytes hands the bytes back as they are. */
+static void test_to_rgb8(void)
+{
+    enum { B = 2, H = 3, W = 5, N = B * 3 * H * W };
+    float v[N];
+    uint32_t seed = 7;
+    for (int i = 0; i < N; i++)
+        v[i] = 1.2f * lcg_val(&seed);
+    /* clamps, NaN -> 0, infinities, and exact halves (64.5 -> 64, 65.5 -> 66) */
+    const float edge[] = {-3.0f, 3.0f, NAN, INFINITY, -INFINITY, -0.494117618f, -0.486274481f};
+    memcpy(v + 11, edge, sizeof edge);
+    kiln_tensor x, rgb;
+    tensor(&x, 4, (int64_t[]){B, 3, H, W}, v);
+    kiln_be_alloc(be, &rgb, KILN_U8, 4, (int64_t[]){B, H, W, 3});
+    kiln_be_to_rgb8(be, &rgb, &x);
+    uint8_t want[N], got[N];
+    kiln_latents_to_rgb8(v, want, B, H, W, KILN_F32);
+    memset(got, 0, sizeof got);
+    kiln_be_download_bytes(be, &rgb, got);
+    CHECK(kiln_be_check(be, NULL) == KILN_OK && !memcmp(got, want, N) &&
+          !memcmp(rgb.data, want, N));
+    /* Pixel (y 0, x 1) of image 1 holds its three planes' values. */
+    int64_t p = 1 * 3 * H * W + 1;
+    uint8_t px[3];
+    kiln_latents_to_rgb8((float[]){v[p], v[p + H * W], v[p + 2 * H * W]}, px, 1, 1, 1,
+                         KILN_F32);
+    CHECK(!memcmp(got + (1 * H * W + 1) * 3, px, 3));
+    /* v[11..14]: red of pixels 11..14; v[15..17]: green of pixels 0..2. */
+    CHECK(got[33] == 0 && got[36] == 255 && got[39] == 0 && got[42] == 255);
+    CHECK(got[1] == 0 && got[4] == 64 && got[7] == 66);
+    kiln_be_free(be, &x), kiln_be_free(be, &rgb);
+
+    /* bf16: every bit pattern, rounded as the bf16 pipeline rounds. */
+    enum { BH = 128, BW = 171, BN = 3 * BH * BW };
+    uint16_t *hb = malloc(BN * sizeof *hb);
+    float *hf = malloc(BN * sizeof *hf);
+    uint8_t *w8 = malloc(BN), *f8 = malloc(BN);
+    CHECK(hb && hf && w8 && f8);
+    if (hb && hf && w8 && f8) {
+        for (int i = 0; i < BN; i++) {
+            hb[i] = (uint16_t)(i * 40503u); /* a permutation of the 65536 patterns, repeating */
+            hf[i] = kiln_bf16_to_f32(hb[i]);
+        }
+        kiln_be_alloc(be, &x, KILN_BF16, 4, (int64_t[]){1, 3, BH, BW});
+        kiln_be_upload(be, &x, hb, KILN_BF16);
+        kiln_be_alloc(be, &rgb, KILN_U8, 4, (int64_t[]){1, BH, BW, 3});
+        kiln_be_to_rgb8(be, &rgb, &x);
+        kiln_latents_to_rgb8(hf, w8, 1, BH, BW, KILN_BF16);
+        kiln_latents_to_rgb8(hf, f8, 1, BH, BW, KILN_F32);
+        CHECK(kiln_be_check(be, NULL) == KILN_OK && !memcmp(rgb.data, w8, BN));
+        CHECK(memcmp(w8, f8, BN) != 0); /* the dtype matters: bf16 rounds (x / 2 + 0.5) */
+        kiln_be_free(be, &x), kiln_be_free(be, &rgb);
+    }
+    free(hb), free(hf), free(w8), free(f8);
+
+    /* A caller bug (planes not 3, or an output of the wrong shape). */
+    tensor(&x, 4, (int64_t[]){1, 4, 2, 2}, NULL);
+    kiln_be_alloc(be, &rgb, KILN_U8, 4, (int64_t[]){1, 2, 2, 3});
+    kiln_be_to_rgb8(be, &rgb, &x);
+    kiln_err err = {0};
+    CHECK(kiln_be_check(be, &err) == KILN_ERR_INTERNAL && strstr(err.msg, "to_rgb8"));
+    kiln_be_free(be, &x), kiln_be_free(be, &rgb);
+}
+
 static void test_arena_reuse(void)
 {
     kiln_err err = {0};
@@ -382,6 +451,7 @@ int main(void)
     RUN(test_group_norm_bands);
     RUN(test_conv_matches_linear);
     RUN(test_elementwise_and_movement);
+    RUN(test_to_rgb8);
     RUN(test_arena_reuse);
     RUN(test_arena_reserve_rewind);
     RUN(test_lost);
