@@ -119,7 +119,8 @@ kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, in
         kiln_latents_unpatchify(grid, packed, B, z, h, w);
     }
     if (kiln_be_from_host(be, &zt, 4, (int64_t[]){B, z, 2 * h, 2 * w}, packed, KILN_F32) ||
-        kiln_be_alloc(be, &img, be->act_dtype, 4, (int64_t[]){B, 3, H, W})) {
+        kiln_be_alloc(be, &img, be->act_dtype, 4, (int64_t[]){B, 3, H, W}) ||
+        kiln_be_alloc(be, &rgb, KILN_U8, 4, (int64_t[]){B, H, W, 3})) {
         st = kiln_be_check(be, err);
         goto done;
     }
@@ -135,11 +136,6 @@ kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, in
      * (kernels/rgb8.h's rule, the bytes kiln_latents_to_rgb8 gives on the
      * host): 3 bytes a pixel come back instead of 3 activations, and the
      * host does no per-pixel work. */
-    kiln_be_free(be, &zt);
-    if (kiln_be_alloc(be, &rgb, KILN_U8, 4, (int64_t[]){B, H, W, 3})) {
-        st = kiln_be_check(be, err);
-        goto done;
-    }
     kiln_be_to_rgb8(be, &rgb, &img);
     if (raw_out)
         kiln_be_download(be, &img, raw_out);
