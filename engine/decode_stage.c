@@ -1,17 +1,15 @@
 #include "decode_stage.h"
 
 #include <stdlib.h>
-#include <string.h>
 
-#include "family.h"
-#include "models/latents.h"
+#include "family_stages.h"
 #include "models/vae.h"
-#include "models/zimage_dit.h"
 
 struct kiln_decode_stage {
     kiln_backend *be;
     kiln_vae *vae;
-    int64_t patch; /* Z-Image: the DiT's patch size (tokens -> latents) */
+    const kiln_family_stages *family; /* the checkpoint's */
+    kiln_token_layout layout;         /* the DiT's tokens over the VAE's latents */
 };
 
 kiln_decode_stage *kiln_decode_stage_create(kiln_backend *be, const kiln_checkpoint *ck,
@@ -32,27 +30,14 @@ kiln_decode_stage *kiln_decode_stage_create(kiln_backend *be, const kiln_checkpo
     if (!s->vae)
         goto fail;
     const kiln_vae_info *info = kiln_vae_get_info(s->vae);
-    int zimage = kiln_family_of(ck)->id == KILN_FAMILY_ZIMAGE;
-    if (info->kind != (zimage ? KILN_VAE_KL : KILN_VAE_FLUX2)) {
+    s->family = kiln_family_stages_of(ck);
+    if (info->kind != s->family->vae_kind) {
         kiln_err_set(err, KILN_ERR_UNSUPPORTED, "vae: the %s pipeline needs %s",
-                     zimage ? "Z-Image" : "klein", zimage ? "AutoencoderKL" : "AutoencoderKLFlux2");
+                     s->family->title, s->family->vae_class);
         goto fail;
     }
-    if (zimage) {
-        const cJSON *tcfg = kiln_checkpoint_config(ck, "transformer", err);
-        kiln_zimage_dit_config zc;
-        if (!tcfg || kiln_zimage_dit_config_parse(tcfg, &zc, err))
-            goto fail;
-        if (zc.in_channels != info->latent_channels || zc.patch * 8 != 16 ||
-            info->downscale != 8) {
-            kiln_err_set(err, KILN_ERR_FORMAT,
-                         "the transformer's %lld channels in %lld-patches do not match the "
-                         "VAE's %d latent channels at 1/%d scale", (long long)zc.in_channels,
-                         (long long)zc.patch, info->latent_channels, info->downscale);
-            goto fail;
-        }
-        s->patch = zc.patch;
-    }
+    if (s->family->token_layout(ck, info, &s->layout, err))
+        goto fail;
     return s;
 fail:
     kiln_decode_stage_destroy(s);
@@ -87,7 +72,7 @@ kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, in
     kiln_backend *be = s->be;
     const kiln_vae_info *info = kiln_vae_get_info(s->vae);
     int64_t h = height / 16, w = width / 16, z = info->latent_channels;
-    int64_t C = s->patch ? z * s->patch * s->patch : (int64_t)info->bn_channels;
+    int64_t C = s->layout.channels, p = s->layout.patch;
     if (latents->ndim != 3 || latents->shape[1] != h * w || latents->shape[2] != C ||
         width % 16 || height % 16 || width < 16 || height < 16)
         return kiln_err_set(err, KILN_ERR_INVALID, "decode: latents do not match %dx%d", width,
@@ -103,22 +88,9 @@ kiln_status kiln_decode_run(kiln_decode_stage *s, const kiln_tensor *latents, in
         goto done;
     }
     kiln_be_download(be, latents, packed);
-    if (s->patch) {
-        /* Z-Image (z-image-turbo.md §4 item 6): the DiT's tokens back to
-         * (B, z, 2h, 2w), then latents.to(vae dtype) / scaling + shift. */
-        kiln_latents_zimage_unpatchify(packed, grid, B, z, s->patch, h, w);
-        kiln_latents_kl_unscale(grid, (int64_t)n_lat, info->scaling_factor, info->shift_factor,
-                                be->act_dtype);
-        memcpy(packed, grid, n_lat * sizeof(float));
-    } else {
-        /* pipeline.md section 10: unpack, x * std + mean with the BN
-         * statistics, unpatchify to (B, z, 2h, 2w). */
-        kiln_latents_unpack(packed, grid, B, C, h, w);
-        kiln_latents_bn_denormalize(grid, B, C, h * w, info->bn_mean, info->bn_var, info->bn_eps,
-                                    be->act_dtype);
-        kiln_latents_unpatchify(grid, packed, B, z, h, w);
-    }
-    if (kiln_be_from_host(be, &zt, 4, (int64_t[]){B, z, 2 * h, 2 * w}, packed, KILN_F32) ||
+    /* The family's unpacking and de-normalisation, to (B, z, ph, pw). */
+    s->family->unpack(&s->layout, info, packed, grid, B, h, w, be->act_dtype);
+    if (kiln_be_from_host(be, &zt, 4, (int64_t[]){B, z, p * h, p * w}, packed, KILN_F32) ||
         kiln_be_alloc(be, &img, be->act_dtype, 4, (int64_t[]){B, 3, H, W}) ||
         kiln_be_alloc(be, &rgb, KILN_U8, 4, (int64_t[]){B, H, W, 3})) {
         st = kiln_be_check(be, err);

@@ -1,8 +1,9 @@
-/* The decode stage: the denoise stage's latents to 8-bit RGB images: packed
- * FLUX.2 latents (BatchNorm de-normalisation, unpatchify) or Z-Image patch
- * tokens (unpatchify, / scaling_factor + shift_factor), then the VAE
- * decoder, clamp and rounding as diffusers' image processor does (on the
- * backend, ops.to_rgb8: only the 8-bit image comes back to the host).
+/* The decode stage: the denoise stage's latents to 8-bit RGB images: the
+ * family's tokens back to VAE latents (engine/family_stages.h: packed
+ * FLUX.2 latents are BatchNorm de-normalised and unpatchified, Z-Image
+ * patch tokens unpatchified, / scaling_factor + shift_factor), then the
+ * VAE decoder, clamp and rounding as diffusers' image processor does (on
+ * the backend, ops.to_rgb8: only the 8-bit image comes back to the host).
  *
  *   kiln_decode_stage *dec = kiln_decode_stage_create(be, ck, &err);
  *   kiln_image imgs[B];

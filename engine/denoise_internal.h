@@ -1,31 +1,55 @@
-/* Private parts of the denoise stage, shared by denoise_stage.c (family
- * dispatch, FLUX.2 klein loop) and denoise_zimage.c (Z-Image loop). */
+/* Private parts of the denoise stage, shared by denoise_stage.c (checks,
+ * noise and the calls through the family seam) and each family's loop
+ * (denoise_klein.c, denoise_zimage.c). */
 #ifndef KILN_ENGINE_DENOISE_INTERNAL_H
 #define KILN_ENGINE_DENOISE_INTERNAL_H
 
 #include "denoise_stage.h"
-#include "models/flux2_dit.h"
+#include "family_stages.h"
 #include "models/scheduler.h"
-#include "models/zimage_dit.h"
 
 struct kiln_denoise_stage {
     kiln_backend *be;
-    kiln_flux2_dit *dit;      /* FLUX.2 klein, or */
-    kiln_zimage_dit *zdit;    /* Z-Image */
-    kiln_flux2_kv_cache *kv;
+    const kiln_family_stages *family; /* the checkpoint's */
+    const kiln_denoise_loop *loop;    /* family->denoise */
+    void *dit;                     /* the loop's DiT (and what it keeps across runs) */
     kiln_sched_config sched;
     kiln_model_traits traits;
-    kiln_model_family family;
     int64_t channels;
 };
 
-/* Image plus text tokens per DiT forward: a batch of large images runs a
- * few rows at a time (see denoise_stage.c). */
-#define DENOISE_PASS_TOKENS 8192
+/* A family's DiT and loop, its entry of the seam (family_stages.h). */
+struct kiln_denoise_loop {
+    /* Loads the DiT of ck into s->dit, at `precision` (FP8: its block
+     * weights quantised, their count in *fp8_weights), and sets
+     * s->channels (s->be and s->traits are set).  err set on failure;
+     * s->dit, when set, is then freed by destroy. */
+    kiln_status (*load)(kiln_denoise_stage *s, const kiln_checkpoint *ck, kiln_precision precision,
+                        int *fp8_weights, kiln_err *err);
+    void (*destroy)(void *dit); /* NULL-safe */
+    /* 1: the initial noise is drawn in fp32 on every backend; 0: in the
+     * backend's dtype (unless the job's fp32_noise). */
+    int noise_fp32;
+    /* The initial noise, B rows of channels*h*w floats drawn as the
+     * pipeline's latents (host f32 in grid), to the DiT's tokens (B, h*w,
+     * channels) in out (h, w: the image in 16-pixel tokens). */
+    void (*pack_noise)(const kiln_denoise_stage *s, const float *grid, float *out, int64_t B,
+                       int64_t h, int64_t w);
+    /* The loop, after kiln_denoise_run checked the job; out as there. */
+    kiln_status (*run)(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_tensor *out,
+                       kiln_err *err);
+};
 
-/* The Z-Image loop (ZImagePipeline.__call__ from the noise to the last
- * latents); the job was checked by kiln_denoise_run. */
-kiln_status denoise_zimage_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
-                               kiln_tensor *out, kiln_err *err);
+/* The loops, for the family entries (family_klein.c, family_zimage.c). */
+extern const kiln_denoise_loop kiln_denoise_loop_klein, kiln_denoise_loop_zimage;
+
+/* Image plus text tokens per DiT forward, in every family's loop.  The
+ * DiT's activations grow with rows x tokens (about 140 KB a token for
+ * klein-4B, 640 MB for a 1024x1024 row), and a 1024x1024 row (4608 tokens)
+ * already fills the GPU, so a batch of large images runs a row at a time
+ * (small ones still together): the service's peak memory stays that of one
+ * row while its batches keep their queueing benefit.  Rows never interact
+ * in the DiT. */
+#define DENOISE_PASS_TOKENS 8192
 
 #endif

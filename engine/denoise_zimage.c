@@ -1,4 +1,5 @@
-/* The Z-Image denoising loop, as diffusers' ZImagePipeline.__call__ runs it
+/* The Z-Image DiT and denoising loop (the seam's entry is family_zimage.c),
+ * as diffusers' ZImagePipeline.__call__ runs it
  * (spec/z-image-turbo.md §4): fp32 latents drawn as (B, 16, H/8, W/8) and
  * handed to the DiT as patch tokens cast to the model dtype; the shifted
  * schedule with the DiT time (1000 - tau) / 1000; the model output negated;
@@ -14,6 +15,30 @@
 
 #include "denoise_internal.h"
 #include "models/latents.h"
+#include "models/zimage_dit.h"
+
+static kiln_status load(kiln_denoise_stage *s, const kiln_checkpoint *ck, kiln_precision precision,
+                        int *fp8_weights, kiln_err *err)
+{
+    kiln_zimage_dit *dit = kiln_zimage_dit_load(s->be, ck, err);
+    s->dit = dit;
+    if (!dit || (precision == KILN_PRECISION_FP8 &&
+                 kiln_zimage_dit_quantize_fp8(dit, fp8_weights, err)))
+        return err ? err->code : KILN_ERR_INTERNAL;
+    s->channels = kiln_zimage_dit_get_config(dit)->patch_features;
+    return KILN_OK;
+}
+
+static void destroy(void *dit) { kiln_zimage_dit_destroy(dit); }
+
+/* Drawn as latents (B, in_channels, 2h, 2w) in fp32 (z-image-turbo.md §4
+ * item 2), handed to the DiT as its patch tokens. */
+static void pack_noise(const kiln_denoise_stage *s, const float *grid, float *out, int64_t B,
+                       int64_t h, int64_t w)
+{
+    const kiln_zimage_dit_config *zc = kiln_zimage_dit_get_config(s->dit);
+    kiln_latents_zimage_patchify(grid, out, B, zc->in_channels, zc->patch, h, w);
+}
 
 typedef struct zi_loop {
     kiln_denoise_stage *s;
@@ -54,7 +79,7 @@ static kiln_status forward(zi_loop *c, const kiln_tensor *txt, const int64_t *le
         kiln_tensor vv = kiln_tensor_batch_view(v, b0, n);
         kiln_zimage_dit_input in = {.x = &xv, .h = c->h, .w = c->w, .cap = &tv,
                                     .cap_len = len + b0, .t = c->t + b0};
-        if (kiln_zimage_dit_forward(c->s->zdit, &in, &vv, err))
+        if (kiln_zimage_dit_forward(c->s->dit, &in, &vv, err))
             return err->code;
     }
     return KILN_OK;
@@ -133,8 +158,8 @@ static void release(zi_loop *c, const kiln_tensor *out)
     free(c->len), free(c->t);
 }
 
-kiln_status denoise_zimage_run(kiln_denoise_stage *s, const kiln_denoise_job *job,
-                               kiln_tensor *out, kiln_err *err)
+static kiln_status run(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_tensor *out,
+                       kiln_err *err)
 {
     kiln_backend *be = s->be;
     float sigmas[KILN_SCHED_MAX_STEPS + 1], timesteps[KILN_SCHED_MAX_STEPS];
@@ -192,3 +217,6 @@ kiln_status denoise_zimage_run(kiln_denoise_stage *s, const kiln_denoise_job *jo
         kiln_be_free(be, out);
     return st;
 }
+
+/* ZImagePipeline draws its noise in fp32 on every backend. */
+const kiln_denoise_loop kiln_denoise_loop_zimage = {load, destroy, 1, pack_noise, run};

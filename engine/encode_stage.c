@@ -7,6 +7,7 @@
 
 #include "common/json.h"
 #include "family.h"
+#include "family_stages.h"
 #include "models/latents.h"
 #include "models/qwen3.h"
 #include "models/tokenizer.h"
@@ -66,9 +67,7 @@ kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpo
         kiln_err_wrap(err, "tokenizer");
         goto fail;
     }
-    /* The family's enable_thinking: Flux2KleinPipeline False (the klein
-     * template), ZImagePipeline True (the Z-Image one). */
-    s->tmpl = kiln_family_of(ck)->chat_thinking ? KILN_CHAT_ZIMAGE : KILN_CHAT_KLEIN;
+    s->tmpl = kiln_family_stages_of(ck)->chat; /* the pipeline's enable_thinking */
     int layers[KILN_MAX_OUT_LAYERS], n_layers = opts->n_out_layers;
     memcpy(layers, opts->out_layers, sizeof layers);
     if (!n_layers && kiln_encode_layers_of(ck, layers, &n_layers, err))

@@ -64,9 +64,9 @@ static void zimage_traits(const kiln_checkpoint *ck, kiln_model_traits *t)
 
 static const kiln_family families[] = {
     /* Flux2KleinPipeline: hidden states 9, 18, 27 concatenated. */
-    {KILN_FAMILY_FLUX2, "flux2", flux2_matches, flux2_traits, 0, 3, {9, 18, 27}},
+    {KILN_FAMILY_FLUX2, "flux2", flux2_matches, flux2_traits, 3, {9, 18, 27}},
     /* ZImagePipeline: hidden_states[-2]. */
-    {KILN_FAMILY_ZIMAGE, "zimage", zimage_matches, zimage_traits, 1, 1, {-2}},
+    {KILN_FAMILY_ZIMAGE, "zimage", zimage_matches, zimage_traits, 1, {-2}},
 };
 
 const kiln_family *kiln_family_of(const kiln_checkpoint *ck)

@@ -1,11 +1,9 @@
 /* kiln model families: the one table that maps a checkpoint's pipeline
- * class to its family and the request traits it implies.  Outside engine/
- * nothing branches on a family: front ends (the CLI, the gateway, the
- * bench) read traits and plans (engine/plan.h); the encode stage reads
- * its template and hidden states here, and the denoise and decode stages
- * dispatch on kiln_family_of's id to their family's DiT loop and latent
- * layout in models/.  A third family is its models/ folder, an entry here
- * and its branch of the denoise and decode stages.
+ * class to its family and the request traits it implies.  Nothing
+ * branches on a family: front ends (the CLI, the gateway, the bench) read
+ * traits and plans (engine/plan.h); the encode stage reads the default
+ * hidden states here; the stages reach the family's models/ code through
+ * engine/family_stages.h (the seam, which says how to add a family).
  *
  *   const kiln_family *f = kiln_family_of(ck);       // never NULL
  *   kiln_model_traits t = kiln_model_traits_of(ck);  // f->traits filled in
@@ -21,6 +19,7 @@
 typedef enum kiln_model_family {
     KILN_FAMILY_FLUX2,  /* Flux2KleinPipeline, Flux2KleinKVPipeline */
     KILN_FAMILY_ZIMAGE, /* ZImagePipeline */
+    KILN_FAMILY_COUNT,  /* not a family: how many there are */
 } kiln_model_family;
 
 typedef struct kiln_family {
@@ -31,12 +30,9 @@ typedef struct kiln_family {
     /* The request defaults and rules of a checkpoint of this family
      * (everything but the name and the widths, which the table fills). */
     void (*traits)(const kiln_checkpoint *ck, kiln_model_traits *t);
-    /* The encode stage's prompt handling: the Qwen3 chat template's
-     * enable_thinking (Flux2KleinPipeline False: an empty think block;
-     * ZImagePipeline True: none), and the hidden states the pipeline
-     * takes by default (kiln_encode_layers_of, when model_index.json does
-     * not record text_encoder_out_layers). */
-    int chat_thinking;
+    /* The hidden states the pipeline takes by default (the encode stage's
+     * kiln_encode_layers_of, when model_index.json does not record
+     * text_encoder_out_layers); its chat template is engine/family_stages.h's. */
     int n_default_layers;
     int default_layers[3];
 } kiln_family;

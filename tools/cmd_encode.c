@@ -13,6 +13,7 @@
 #include "common/safetensors.h"
 #include "kernels/backend.h"
 #include "engine/encode_stage.h"
+#include "engine/family_stages.h"
 #include "models/qwen3.h"
 #include "models/tokenizer.h"
 #include "common/args.h"
@@ -135,15 +136,15 @@ static int parse_args(int argc, char **argv, encode_args *a)
     return 0;
 }
 
-/* Defaults that depend on the pipeline: diffusers' Flux2KleinPipeline
- * templates with enable_thinking=False, ZImagePipeline with
- * enable_thinking=True; the hidden states are the checkpoint's
- * (kiln_encode_layers_of: 9, 18, 27 for klein, -2 for Z-Image). */
+/* Defaults that depend on the pipeline, from its family (the encode
+ * stage's): the chat template (diffusers' Flux2KleinPipeline templates
+ * with enable_thinking=False, ZImagePipeline with enable_thinking=True)
+ * and the hidden states (kiln_encode_layers_of: the checkpoint's, else
+ * 9, 18, 27 for klein, -2 for Z-Image). */
 static kiln_status pipeline_defaults(const kiln_checkpoint *ck, encode_args *a, kiln_err *err)
 {
-    int zimage = kiln_checkpoint_pipeline(ck) == KILN_PIPE_ZIMAGE;
     if (!a->template_set)
-        a->template = zimage ? KILN_CHAT_ZIMAGE : KILN_CHAT_KLEIN;
+        a->template = kiln_family_stages_of(ck)->chat;
     return a->n_layers ? KILN_OK : kiln_encode_layers_of(ck, a->layers, &a->n_layers, err);
 }
 

@@ -1,4 +1,5 @@
-/* Request plans (engine/plan.h) and the family table (engine/family.h):
+/* Request plans (engine/plan.h) and the family tables (engine/family.h,
+ * family_stages.h):
  * the traits of the oracle's tiny klein, klein base and Z-Image
  * checkpoints, and what a plan makes of a request for each (defaults, rows
  * and their prompts and seeds, CFG and its negative prompt, refusals, the
@@ -9,6 +10,7 @@
 
 #include "engine/denoise_stage.h"
 #include "engine/family.h"
+#include "engine/family_stages.h"
 #include "engine/plan.h"
 #include "tests/oracle/oracle_util.h"
 #include "tests/test.h"
@@ -27,8 +29,10 @@ static kiln_model_traits traits_of_ckpt(const char *name)
     return t;
 }
 
-/* The family table's encode-stage entries, by the checkpoint's class. */
-static void check_family(const char *name, const char *family, int thinking, int layer0, int n)
+/* The family table's encode-stage entries and the seam's (chat template,
+ * VAE), by the checkpoint's class. */
+static void check_family(const char *name, const char *family, kiln_chat_template chat,
+                         kiln_vae_kind vae, int layer0, int n)
 {
     char rel[64];
     snprintf(rel, sizeof rel, "ckpt/%s", name);
@@ -38,7 +42,8 @@ static void check_family(const char *name, const char *family, int thinking, int
     if (!ck)
         return;
     const kiln_family *f = kiln_family_of(ck);
-    CHECKF(!strcmp(f->name, family) && f->chat_thinking == thinking &&
+    const kiln_family_stages *fs = kiln_family_stages_of(ck);
+    CHECKF(!strcmp(f->name, family) && fs->chat == chat && fs->vae_kind == vae &&
                f->n_default_layers == n && f->default_layers[0] == layer0,
            "%s: family %s", name, f->name);
     kiln_checkpoint_close(ck);
@@ -46,8 +51,9 @@ static void check_family(const char *name, const char *family, int thinking, int
 
 static void test_family_traits(void)
 {
-    check_family("klein-tiny", "flux2", 0, 9, 3);
-    check_family("zimage-tiny", "zimage", 1, -2, 1);
+    check_family("klein-tiny", "flux2", KILN_CHAT_KLEIN, KILN_VAE_FLUX2, 9, 3);
+    check_family("klein-base-tiny", "flux2", KILN_CHAT_KLEIN, KILN_VAE_FLUX2, 9, 3);
+    check_family("zimage-tiny", "zimage", KILN_CHAT_ZIMAGE, KILN_VAE_KL, -2, 1);
     kiln_model_traits k = traits_of_ckpt("klein-tiny");
     CHECK(!strcmp(k.family, "flux2") && !k.cfg && !k.kv_cache && !k.no_edits);
     CHECK(k.default_steps == 4 && k.default_guidance == 1.0f);

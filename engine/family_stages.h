@@ -1,0 +1,72 @@
+/* The engine's model-family seam: what the encode, denoise and decode
+ * stages need of a family, one constant entry per family.  The stages
+ * call through it and name no family themselves.
+ *
+ *   const kiln_family_stages *fs = kiln_family_stages_of(ck);  // never NULL
+ *   if (vae_info->kind != fs->vae_kind) ...                    // decode stage
+ *   fs->denoise->run(stage, job, &latents, &err);              // denoise stage
+ *
+ * Each family's entry is written once, in its own files: FLUX.2 klein in
+ * family_klein.c (latents <-> VAE, template) and denoise_klein.c (its DiT
+ * and loop), Z-Image in family_zimage.c and denoise_zimage.c.  A new family
+ * is those two files, its enum value and traits entry in engine/family.c,
+ * and its line in family_stages.c's table (a static assertion there fails
+ * to compile when a family has no line).
+ *
+ * Why a second table beside engine/family.h: family.c (the pipeline class
+ * to family and request traits) is linked by the service tests' fake
+ * replicas without any model code, while this one names models/ code.
+ *
+ * The entries are constant: thread-safe.
+ */
+#ifndef KILN_ENGINE_FAMILY_STAGES_H
+#define KILN_ENGINE_FAMILY_STAGES_H
+
+#include <stdint.h>
+
+#include "common/checkpoint.h"
+#include "models/tokenizer.h"
+#include "models/vae.h"
+
+/* A family's DiT and denoising loop (engine/denoise_internal.h): private to
+ * the denoise stage. */
+typedef struct kiln_denoise_loop kiln_denoise_loop;
+
+/* How the DiT's latent tokens (B, h*w, channels), one token per 16x16
+ * pixels, lie over the VAE's latents (B, z, h*patch, w*patch). */
+typedef struct kiln_token_layout {
+    int64_t channels; /* features per token */
+    int64_t patch;    /* latent pixels per token side */
+} kiln_token_layout;
+
+typedef struct kiln_family_stages {
+    const char *title; /* the family in messages: "klein", "Z-Image" */
+    /* Encode stage: the pipeline's Qwen3 chat template (its
+     * enable_thinking: Flux2KleinPipeline False, ZImagePipeline True). */
+    kiln_chat_template chat;
+    /* Denoise stage: the DiT, the initial noise and the loop. */
+    const kiln_denoise_loop *denoise;
+    /* Decode stage: the VAE class the pipeline takes (checked on load) and
+     * its diffusers name for the refusal. */
+    kiln_vae_kind vae_kind;
+    const char *vae_class;
+    /* The token layout of checkpoint ck over its loaded VAE; fails
+     * (KILN_ERR_FORMAT, err set) when the transformer and VAE disagree. */
+    kiln_status (*token_layout)(const kiln_checkpoint *ck, const kiln_vae_info *vae,
+                                kiln_token_layout *out, kiln_err *err);
+    /* The denoised tokens x (B, h*w, channels), host f32, to the VAE's
+     * input latents (B, z, h*patch, w*patch) in x, with the pipeline's
+     * de-normalisation rounded to act (the backend's dtype, as diffusers'
+     * latents.to(vae dtype)).  scratch holds as many floats as x. */
+    void (*unpack)(const kiln_token_layout *l, const kiln_vae_info *vae, float *x, float *scratch,
+                   int64_t B, int64_t h, int64_t w, kiln_dtype act);
+} kiln_family_stages;
+
+/* The entry of a checkpoint's family (engine/family.h kiln_family_of).
+ * Never NULL. */
+const kiln_family_stages *kiln_family_stages_of(const kiln_checkpoint *ck);
+
+/* The entries, for family_stages.c's table. */
+extern const kiln_family_stages kiln_family_stages_klein, kiln_family_stages_zimage;
+
+#endif
