@@ -109,11 +109,6 @@ kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_j
     return st;
 }
 
-static int first_step(const kiln_denoise_job *job)
-{
-    return kiln_denoise_first_step(job->steps, job->strength);
-}
-
 static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job *job,
                              kiln_err *err)
 {
@@ -140,7 +135,7 @@ static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job
                             "denoise: inpainting needs a strength, and no reference K/V cache");
     if (job->preview_at && !job->on_preview)
         return kiln_err_set(err, KILN_ERR_INVALID, "denoise: preview_at without on_preview");
-    if (job->strength > 0 && first_step(job) >= job->steps)
+    if (job->strength > 0 && kiln_denoise_first_step(job->steps, job->strength) >= job->steps)
         return kiln_err_set(err, KILN_ERR_INVALID,
                             "denoise: strength %g leaves none of the %d steps to run",
                             job->strength, job->steps);
