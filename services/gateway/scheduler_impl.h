@@ -47,6 +47,10 @@ typedef struct sched_replica {
      * answers those it holds, then says `bye`.  Not live for readiness,
      * admission or placement (sched_live), still trusted for its work. */
     int leaving;
+    /* Its incarnation ended with `bye` after `leaving`: it exits by itself
+     * with 0, so a heartbeat of it still on the way is not answered
+     * `fenced` (which would make it exit 75 and be restarted). */
+    int left;
     int credits;
     int max_batch;
     double last_seen;
@@ -146,11 +150,13 @@ struct kiln_sched {
     int handoff_failures;
     int handoff_streak[KILN_STAGE_COUNT];
     double last_tick; /* 0 before the first */
-    /* Fenced incarnations whose records were forgotten: their late
-     * messages are still answered `fenced` (a ring, oldest overwritten). */
+    /* Ended incarnations whose records were forgotten: late messages of a
+     * fenced one are still answered `fenced`, of one that left ignored (a
+     * ring, oldest overwritten). */
     struct {
         char id[KILN_PROTO_ID_MAX];
         uint64_t epoch;
+        int left;
     } tombs[SCHED_TOMBSTONES];
     int n_tombs, next_tomb;
 };

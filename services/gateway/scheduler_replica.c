@@ -21,20 +21,22 @@ sched_replica *sched_replica_find(kiln_sched *s, const char *id)
     return NULL;
 }
 
-static void bury(kiln_sched *s, const char *id, uint64_t epoch)
+static void bury(kiln_sched *s, const sched_replica *r)
 {
-    snprintf(s->tombs[s->next_tomb].id, sizeof s->tombs[0].id, "%s", id);
-    s->tombs[s->next_tomb].epoch = epoch;
+    snprintf(s->tombs[s->next_tomb].id, sizeof s->tombs[0].id, "%s", r->id);
+    s->tombs[s->next_tomb].epoch = r->epoch;
+    s->tombs[s->next_tomb].left = r->left;
     s->next_tomb = (s->next_tomb + 1) % SCHED_TOMBSTONES;
     if (s->n_tombs < SCHED_TOMBSTONES)
         s->n_tombs++;
 }
 
+/* 0: incarnation (id, epoch) has no tombstone; 1: it was fenced; 2: it left. */
 static int buried(const kiln_sched *s, const char *id, uint64_t epoch)
 {
     for (int i = 0; i < s->n_tombs; i++)
         if (s->tombs[i].epoch == epoch && !strcmp(s->tombs[i].id, id))
-            return 1;
+            return s->tombs[i].left ? 2 : 1;
     return 0;
 }
 
@@ -97,6 +99,7 @@ static void end_incarnation(kiln_sched *s, sched_replica *r, const char *why, in
     if (!r->alive)
         return;
     r->alive = 0;
+    r->left = left;
     r->credits = 0;
     kiln_metrics_event(s->metrics, left ? KILN_EVENT_REPLICA_LEFT : KILN_EVENT_REPLICA_LOST);
     if (left)
@@ -158,7 +161,17 @@ void sched_replica_leaving(sched_replica *r)
 
 void sched_on_stale(kiln_sched *s, sched_replica *r, const char *peer, kiln_msg *m)
 {
-    int fenced = (r && r->epoch == m->epoch) || buried(s, peer, m->epoch);
+    int ours = r && r->epoch == m->epoch, tomb = ours ? 0 : buried(s, peer, m->epoch);
+    if ((ours && r->left) || tomb == 2) {
+        /* A heartbeat it sent before its `bye` was read: it is on its way
+         * out, exiting with 0; nothing to refuse and nothing to tell it. */
+        if (m->type == KILN_MSG_DONE || m->type == KILN_MSG_PARTIAL)
+            sched_free_own(s, peer, m->epoch, &m->done.out);
+        KILN_LOG_DEBUG("gateway: ignored a %s from %s epoch %016llx (it left)",
+                       kiln_msg_type_name(m->type), peer, (unsigned long long)m->epoch);
+        return;
+    }
+    int fenced = ours || tomb;
     kiln_metrics_rejected(s->metrics, fenced ? KILN_REJECT_FENCED : KILN_REJECT_UNREGISTERED, 1);
     if (m->type == KILN_MSG_DONE || m->type == KILN_MSG_PARTIAL) {
         /* Its outputs are its own memory: back to it (a fenced incarnation
@@ -209,7 +222,7 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
     }
     if (r) {
         sched_replica_fence(s, r, "was replaced by a new incarnation", now);
-        bury(s, r->id, r->epoch);
+        bury(s, r);
     } else {
         r = calloc(1, sizeof *r);
         if (!r) {
@@ -245,6 +258,7 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
     r->stage = h->stage;
     r->alive = 1;
     r->leaving = 0;
+    r->left = 0;
     r->credits = 0;
     r->max_batch = h->max_batch;
     r->last_seen = now;
@@ -263,7 +277,7 @@ void sched_replica_gc(kiln_sched *s, double now)
         next = l->next;
         sched_replica *r = LINK_OWNER(l, sched_replica, node);
         if (!r->alive && now - r->last_seen > DEAD_RECORD_MS) {
-            bury(s, r->id, r->epoch);
+            bury(s, r);
             link_remove(&r->node);
             sched_cancel_forget(r);
             free(r);

@@ -1103,6 +1103,13 @@ static void test_leaving(void)
     expect_quiet(&w); /* no `fenced`, no job re-run */
     CHECK(event_count(&w, "replica_left") == 1 && event_count(&w, "replica_lost") == 0 &&
           event_count(&w, "redispatch") == 0);
+    /* A heartbeat it sent before the gateway read its bye arrives late:
+     * ignored, not answered `fenced` (it exits with 0 by itself). */
+    double fenced_before = rejected(&w, "fenced");
+    kiln_msg hb = {.type = KILN_MSG_HB};
+    deliver(&w, leaver, &hb);
+    expect_quiet(&w);
+    CHECK(rejected(&w, "fenced") == fenced_before);
 
     /* The last denoiser leaves too: the stage has no live replica (not
      * ready, new requests 503), and its drain time runs out with b and c
