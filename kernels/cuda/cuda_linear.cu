@@ -211,6 +211,20 @@ static void set_pointer(kiln_backend *be, cublasLtMatmulDesc_t op,
     *ok = *ok && lt_ok(be, cublasLtMatmulDescSetAttribute(op, attr, &ptr, sizeof ptr), what);
 }
 
+/* The plan key of a GEMM of m x k by n x k into y (alignment and fp8
+ * left to the caller).  Filled in place, not returned: the key is compared
+ * bytewise, padding included, and a struct copy need not keep padding. */
+static void key_init(linear_key *key, int64_t m, int64_t n, int64_t k, const kiln_tensor *y,
+                     const kiln_tensor *bias)
+{
+    memset(key, 0, sizeof *key);
+    key->m = m;
+    key->n = n;
+    key->k = k;
+    key->ydt = y->dtype;
+    key->bdt = bias ? (int)bias->dtype : -1;
+}
+
 /* The FP8 path (see the top of the file); arguments checked by the caller. */
 static void linear_fp8(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
                        const kiln_tensor *w, const kiln_tensor *bias)
@@ -227,12 +241,7 @@ static void linear_fp8(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
     const size_t ybytes = (size_t)(per * n) * kiln_dtype_size(y->dtype);
     const float *sw = (const float *)((const char *)w->data + kiln_f8_scale_offset(n * k));
     linear_key key;
-    memset(&key, 0, sizeof key); /* the key is compared bytewise, padding included */
-    key.m = per;
-    key.n = n;
-    key.k = k;
-    key.ydt = y->dtype;
-    key.bdt = bias ? (int)bias->dtype : -1;
+    key_init(&key, per, n, k, y, bias);
     key.fp8 = 1;
     /* The smallest alignment of any operand of the entries' GEMMs: the
      * scratch entries are 256-aligned, y's entries ybytes apart (n a
@@ -287,12 +296,7 @@ void cuda_linear(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const k
         return;
     }
     linear_key key;
-    memset(&key, 0, sizeof key); /* the key is compared bytewise, padding included */
-    key.m = rows;
-    key.n = n;
-    key.k = k;
-    key.ydt = y->dtype;
-    key.bdt = bias ? (int)bias->dtype : -1;
+    key_init(&key, rows, n, k, y, bias);
     key.align = ptr_align(x->data);
     if (ptr_align(w->data) < key.align)
         key.align = ptr_align(w->data);
