@@ -412,8 +412,10 @@ static void log_failed(kiln_bus *b, uint16_t id, uint32_t value)
                  b->keys.secret[0] ? "a wrong --bus-server-key, or a gateway without keys?"
                                    : "does the gateway require bus keys? --bus-key, "
                                      "--bus-server-key");
-    log_refused(&b->handshake_log, b->router ? "refused a peer's handshake: %s"
-                             : "the handshake with the gateway failed: %s", why);
+    log_refused(&b->handshake_log,
+                b->router ? "refused a peer's handshake: %s"
+                          : "the handshake with the gateway failed: %s",
+                why);
 }
 
 /* Consumes pending monitor events; 1 when one was a completed handshake. */
@@ -485,7 +487,8 @@ static void zap_serve(kiln_bus *b)
                  !strcmp(f[5], "CURVE") && n[6] == KILN_BUS_KEY_BYTES &&
                  kiln_bus_keys_allowed(&b->keys, (const uint8_t *)f[6]);
         if (!ok)
-            log_refused(&b->key_log, "refused a replica whose key is not in the allow-list (from %s)",
+            log_refused(&b->key_log,
+                        "refused a replica whose key is not in the allow-list (from %s)",
                         got > 3 && n[3] < CAP ? f[3] : "?");
         const char *code = ok ? "200" : "400";
         const char *text = ok ? "OK" : "key not allowed";
