@@ -16,6 +16,7 @@
 #include "common/bus_keys.h"
 #include "common/checkpoint.h"
 #include "common/log.h"
+#include "common/proto.h"
 #include "engine/denoise_stage.h"
 #include "supervisor.h"
 #include "common/args.h"
@@ -27,7 +28,8 @@ static void usage(FILE *f)
             "  [--device cpu|cuda]\n"
             "  [--gpus N] [--min-size PX] [--max-size PX] [--text-encoder-out-layers A,B,C]\n"
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
-            "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--prompt-cache-mb N]\n"
+            "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--colocate]\n"
+            "  [--prompt-cache-mb N]\n"
             "  [--vae-band-above MP] [--vae-band-rows N] [--precision exact|fp8]\n"
             "  [--served-model-name NAME] [--trace-file FILE]\n"
             "  [kiln-gateway's limits and timeouts: --max-body-mb N --max-header-kb N\n"
@@ -43,7 +45,10 @@ static void usage(FILE *f)
             "tcp://127.0.0.1:<P+1>), secured with a CURVE keypair made for this run (only\n"
             "these children hold it).  --api-key-file: Bearer keys the HTTP API requires.\n"
             "With --gpus N, replica i of each stage runs on GPU i %% N; --<stage>-gpu G pins\n"
-            "every replica of that stage to GPU G instead.  Each encoder keeps up to N MiB\n"
+            "every replica of that stage to GPU G instead.  --colocate runs replica i of\n"
+            "every stage as threads of one process (kiln-stages) sharing one CUDA context,\n"
+            "so the stages' kernels overlap instead of time-slicing the GPU between\n"
+            "processes; a fault in one restarts all of them.  Each encoder keeps up to N MiB\n"
             "(default 256, 0: off) of prompt embeddings in host memory.  Images of more than\n"
             "--vae-band-above megapixels (default 1 = 1024x1024) run through the VAE in bands\n"
             "of --vae-band-rows rows (default 128), with the same result and less GPU memory.\n"
@@ -72,6 +77,7 @@ typedef struct serve_opts {
     const char *gw_value[32]; /* ... and their values */
     int n_gw_args;
     int ignore_unknown;       /* kiln-gateway --ignore-unknown-fields */
+    int colocate;             /* replica i of every stage in one kiln-stages process */
 } serve_opts;
 
 /* kiln-gateway's options kiln serve passes on as given (the gateway checks
@@ -91,8 +97,8 @@ static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
            O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_BAND_ABOVE, O_BAND_ROWS, O_IGNORE_UNKNOWN,
-           O_PRECISION, O_GATEWAY };
-    static struct option longopts[23 + N_GATEWAY_OPTIONS] = {
+           O_PRECISION, O_COLOCATE, O_GATEWAY };
+    static struct option longopts[24 + N_GATEWAY_OPTIONS] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
         {"gpus", required_argument, 0, O_GPUS},   {"min-size", required_argument, 0, O_MIN},
@@ -109,6 +115,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"vae-band-rows", required_argument, 0, O_BAND_ROWS},
         {"ignore-unknown-fields", no_argument, 0, O_IGNORE_UNKNOWN},
         {"precision", required_argument, 0, O_PRECISION},
+        {"colocate", no_argument, 0, O_COLOCATE},
         {"help", no_argument, 0, 'h'},
     };
     int n_fixed = 0;
@@ -153,6 +160,7 @@ static int parse(int argc, char **argv, serve_opts *o)
             o->band_rows = optarg, bad = kiln_parse_int(optarg, 1, 65536, &unused);
             break;
         case O_IGNORE_UNKNOWN: o->ignore_unknown = 1; break;
+        case O_COLOCATE: o->colocate = 1; break;
         case O_PRECISION: {
             kiln_precision p;
             o->precision = optarg, bad = kiln_precision_parse(optarg, &p);
@@ -257,36 +265,84 @@ static kiln_status add_gateway(kiln_supervisor *s, const serve_opts *o, const ch
     return kiln_supervisor_add(s, "kiln-gateway", KILN_CHILD_FRONT, argv, err);
 }
 
+/* The GPU of replica i of stage st. */
+static int replica_gpu(const serve_opts *o, int st, int i)
+{
+    return o->stage_gpu[st] >= 0 ? o->stage_gpu[st] : i % o->gpus;
+}
+
+/* One stage process: `stages` (bits of kiln_stage) on GPU `gpu`, with the
+ * options of those stages. */
+static kiln_status add_stage_process(kiln_supervisor *s, const serve_opts *o, const char *bus,
+                                     const run_keys *keys, const char *bin, const char *name,
+                                     unsigned stages, int gpu, kiln_err *err)
+{
+    char exe[PATH_MAX], gpu_s[16], batch[16], list[64] = "";
+    if (kiln_supervisor_find_exe(bin, exe, sizeof exe, err))
+        return err->code;
+    snprintf(gpu_s, sizeof gpu_s, "%d", gpu);
+    snprintf(batch, sizeof batch, "%d", o->max_batch);
+    const char *argv[40] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
+                            "--gpu", gpu_s, "--max-batch", batch, "--bus-key", keys->rep_key,
+                            "--bus-server-key", keys->gw_pub, "--bus-allow", keys->rep_pub};
+    int k = 17;
+    const unsigned enc = 1u << KILN_STAGE_ENCODE, den = 1u << KILN_STAGE_DENOISE,
+                   dec = 1u << KILN_STAGE_DECODE;
+    if (!strcmp(bin, "kiln-stages")) {
+        for (int st = 0; st < 3; st++)
+            if (stages & (1u << st))
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                         list[0] ? "," : "", kiln_stage_name((kiln_stage)st));
+        argv[k++] = "--stages", argv[k++] = list;
+    }
+    if ((stages & enc) && o->layers)
+        argv[k++] = "--text-encoder-out-layers", argv[k++] = o->layers;
+    if ((stages & enc) && o->prompt_cache_mb)
+        argv[k++] = "--prompt-cache-mb", argv[k++] = o->prompt_cache_mb;
+    if ((stages & (enc | dec)) && o->band_above)
+        argv[k++] = "--vae-band-above", argv[k++] = o->band_above;
+    if ((stages & (enc | dec)) && o->band_rows)
+        argv[k++] = "--vae-band-rows", argv[k++] = o->band_rows;
+    if ((stages & den) && o->precision)
+        argv[k++] = "--precision", argv[k++] = o->precision;
+    return kiln_supervisor_add(s, name, KILN_CHILD_BACK, argv, err);
+}
+
 static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const char *bus,
                                 const run_keys *keys, kiln_err *err)
 {
     static const char *const bins[] = {"kiln-encoder", "kiln-denoiser", "kiln-decoder"};
-    for (int st = 0; st < 3; st++) {
-        char exe[PATH_MAX];
-        if (kiln_supervisor_find_exe(bins[st], exe, sizeof exe, err))
-            return err->code;
-        for (int i = 0; i < o->replicas[st]; i++) {
-            char name[64], gpu[16], batch[16];
-            snprintf(name, sizeof name, "%s[%d]", bins[st], i);
-            snprintf(gpu, sizeof gpu, "%d", o->stage_gpu[st] >= 0 ? o->stage_gpu[st] : i % o->gpus);
-            snprintf(batch, sizeof batch, "%d", o->max_batch);
-            const char *argv[32] = {exe, "--model", o->model, "--bus", bus, "--device", o->device,
-                                    "--gpu", gpu, "--max-batch", batch, "--bus-key", keys->rep_key,
-                                    "--bus-server-key", keys->gw_pub, "--bus-allow", keys->rep_pub};
-            int k = 17;
-            if (st == 0 && o->layers)
-                argv[k++] = "--text-encoder-out-layers", argv[k++] = o->layers;
-            if (st == 0 && o->prompt_cache_mb)
-                argv[k++] = "--prompt-cache-mb", argv[k++] = o->prompt_cache_mb;
-            if (st != 1 && o->band_above)
-                argv[k++] = "--vae-band-above", argv[k++] = o->band_above;
-            if (st != 1 && o->band_rows)
-                argv[k++] = "--vae-band-rows", argv[k++] = o->band_rows;
-            if (st == 1 && o->precision)
-                argv[k++] = "--precision", argv[k++] = o->precision;
-            if (kiln_supervisor_add(s, name, KILN_CHILD_BACK, argv, err))
-                return err->code;
+    char name[64];
+    if (!o->colocate) {
+        for (int st = 0; st < 3; st++)
+            for (int i = 0; i < o->replicas[st]; i++) {
+                snprintf(name, sizeof name, "%s[%d]", bins[st], i);
+                if (add_stage_process(s, o, bus, keys, bins[st], name, 1u << st,
+                                      replica_gpu(o, st, i), err))
+                    return err->code;
+            }
+        return KILN_OK;
+    }
+    /* Process i runs replica i of each stage that has one. */
+    int n = o->replicas[0] > o->replicas[1] ? o->replicas[0] : o->replicas[1];
+    n = n > o->replicas[2] ? n : o->replicas[2];
+    for (int i = 0; i < n; i++) {
+        unsigned stages = 0;
+        int gpu = -1;
+        for (int st = 0; st < 3; st++) {
+            if (i >= o->replicas[st])
+                continue;
+            if (gpu >= 0 && replica_gpu(o, st, i) != gpu)
+                return kiln_err_set(err, KILN_ERR_INVALID, "--colocate runs replica %d of every "
+                                    "stage in one process on one GPU, but the --<stage>-gpu "
+                                    "options put its stages on GPUs %d and %d", i, gpu,
+                                    replica_gpu(o, st, i));
+            gpu = replica_gpu(o, st, i);
+            stages |= 1u << st;
         }
+        snprintf(name, sizeof name, "kiln-stages[%d]", i);
+        if (add_stage_process(s, o, bus, keys, "kiln-stages", name, stages, gpu, err))
+            return err->code;
     }
     return KILN_OK;
 }
@@ -359,9 +415,9 @@ int kiln_cmd_serve(int argc, char **argv)
     }
     /* No URL yet: the gateway prints "ready: http://..." once every stage
      * has loaded its model and registered. */
-    KILN_LOG_INFO("kiln serve: starting %s with %d/%d/%d replicas on %s, bus %s (CURVE, keys of "
-                  "this run)", o.model, o.replicas[0], o.replicas[1], o.replicas[2], o.device,
-                  bus);
+    KILN_LOG_INFO("kiln serve: starting %s with %d/%d/%d replicas%s on %s, bus %s (CURVE, keys "
+                  "of this run)", o.model, o.replicas[0], o.replicas[1], o.replicas[2],
+                  o.colocate ? " (colocated)" : "", o.device, bus);
     rc = kiln_supervisor_run(s);
     kiln_supervisor_destroy(s);
     remove_keys(&keys);

@@ -229,6 +229,7 @@ void worker_halt(kiln_worker *w, int why, const char *reason)
     atomic_store(&w->stop, 1);
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    worker_group_halt_others(w, reason);
 }
 
 static void dispatch(kiln_worker *w, const kiln_buf *f)
@@ -473,7 +474,7 @@ static void *bus_main(void *arg)
     return NULL;
 }
 
-kiln_status worker_start(kiln_worker *w, kiln_err *err)
+kiln_status worker_init(kiln_worker *w, kiln_err *err)
 {
     w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->efd < 0)
@@ -481,6 +482,11 @@ kiln_status worker_start(kiln_worker *w, kiln_err *err)
     if (pthread_mutex_init(&w->mu, NULL) || pthread_mutex_init(&w->out_mu, NULL) ||
         pthread_cond_init(&w->cv, NULL))
         return kiln_err_set(err, KILN_ERR_NOMEM, "cannot create worker locks");
+    return KILN_OK;
+}
+
+kiln_status worker_start(kiln_worker *w, kiln_err *err)
+{
     w->bus = kiln_bus_connect(w->opts.bus, w->replica, &w->bus_keys, err);
     if (!w->bus)
         return err->code;

@@ -1,13 +1,19 @@
-/* kiln stage workers: the loop shared by kiln-encoder, kiln-denoiser and
- * kiln-decoder.  A stage supplies a kiln_stage_ops table; the worker does
- * the rest: registration, heartbeats, credits, the job queue, batching of
+/* kiln stage workers: the loop shared by kiln-encoder, kiln-denoiser,
+ * kiln-decoder and kiln-stages (several stages in one process).  A stage
+ * supplies a kiln_stage_ops table; the worker does the rest:
+ * registration, heartbeats, credits, the job queue, batching of
  * compatible jobs, cancellation, tensor references in and out, and the
  * `done` / `release` replies.
  *
- *   int main(int argc, char **argv) { return kiln_worker_main(argc, argv, &kiln_decoder_ops); }
+ *   int main(int argc, char **argv)
+ *   {
+ *       const kiln_stage_ops *ops[] = {&kiln_decoder_ops};
+ *       return kiln_worker_main(argc, argv, "kiln-decoder", ops, 1);
+ *   }
  *
- * Threads: the main thread loads the model and runs batches (it owns the
- * backend); a bus thread owns the ZeroMQ socket, sends heartbeats every
+ * Threads, per stage: a backend thread loads the model and runs batches
+ * (it owns the backend; the process's main thread for its first stage);
+ * a bus thread owns the ZeroMQ socket, sends heartbeats every
  * 250 ms however long a batch runs, queues incoming jobs, answers cancels
  * of queued jobs and returns freed ranges to the shm pool.  Stages may
  * finish jobs from other threads (the decoder's image encoders):
@@ -102,17 +108,22 @@ typedef struct kiln_stage_ops {
  * fenced it): it must be started again (sysexits' EX_TEMPFAIL). */
 #define KILN_WORKER_EXIT_RESTART 75
 
-/* Parses the common command line (--model --bus [--bus-key
- * --bus-server-key] [--device] [--gpu]
- * [--max-batch] [--text-encoder-out-layers] [--prompt-cache-mb]
- * [--vae-band-above MP] [--vae-band-rows N]
- * [--batch-window-ms] [--tensor-transport auto|shm|cuda_ipc]
- * [--replica-id ID]), loads the
- * stage, serves until SIGINT/SIGTERM, and returns the exit status (0, 2 on
- * a usage error, KILN_WORKER_EXIT_CONFIG when the checkpoint or options are
- * unusable, KILN_WORKER_EXIT_RESTART when the gateway fenced this
- * incarnation, 1 on another fatal error). */
-int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops);
+/* The three stages (services/<stage>/<stage>.c). */
+extern const kiln_stage_ops kiln_encoder_ops, kiln_denoiser_ops, kiln_decoder_ops;
+
+/* The main of executable `binary`, which offers the stages ops[0..n_ops)
+ * (one of each at most): parses the common command line (--model --bus
+ * [--bus-key --bus-server-key] [--device] [--gpu] [--max-batch]
+ * [--text-encoder-out-layers] [--prompt-cache-mb] [--vae-band-above MP]
+ * [--vae-band-rows N] [--batch-window-ms] [--tensor-transport
+ * auto|shm|cuda_ipc] [--replica-id ID], and with several stages offered
+ * --stages, default all), loads the stages, serves until SIGINT/SIGTERM
+ * or until one halts, and returns the exit status (0, 2 on a usage error,
+ * KILN_WORKER_EXIT_CONFIG when the checkpoint or options are unusable,
+ * KILN_WORKER_EXIT_RESTART when the gateway fenced this incarnation or
+ * its device was lost, 1 on another fatal error).  Main thread, once. */
+int kiln_worker_main(int argc, char **argv, const char *binary, const kiln_stage_ops *const *ops,
+                     int n_ops);
 
 /* ---- for stage implementations ---- */
 

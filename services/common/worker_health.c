@@ -1,11 +1,12 @@
-/* The health port of a stage worker (--health-port): what a container
+/* The health port of a stage process (--health-port): what a container
  * runtime or Kubernetes probes, since a stage has no HTTP API of its own.
- * GET /healthz is 200 once the model is loaded while the bus thread keeps
- * running (it heartbeats every 250 ms; 10 s without a turn is a hung
- * process), else 503; GET /readyz is 200 when, besides, the replica is
- * registered with the gateway, not halted, has room in /dev/shm for its
- * outputs and is not shutting down.  One thread, one connection at a
- * time, answers within a second or drops it. */
+ * It answers for every stage the process runs (worker_group): GET
+ * /healthz is 200 once each is loaded while its bus thread keeps running
+ * (it heartbeats every 250 ms; 10 s without a turn is a hung process),
+ * else 503; GET /readyz is 200 when, besides, each is registered with the
+ * gateway, not halted, has room in /dev/shm for its outputs and is not
+ * shutting down.  One thread, one connection at a time, answers within a
+ * second or drops it. */
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -19,7 +20,21 @@
 
 #define STUCK_MS 10000.0
 
-static void answer(kiln_worker *w, int fd)
+static int stage_live(kiln_worker *w)
+{
+    return atomic_load(&w->loaded) &&
+           kiln_now_ms() - (double)atomic_load(&w->bus_tick_ms) < STUCK_MS;
+}
+
+/* A halted incarnation (fenced, or its device lost) takes no work and
+ * exits to be restarted. */
+static int stage_ready(kiln_worker *w)
+{
+    return stage_live(w) && atomic_load(&w->registered) && !atomic_load(&w->stop) &&
+           !atomic_load(&w->leaving) && !worker_halted(w) && !atomic_load(&w->shm_short);
+}
+
+static void answer(worker_group *g, int fd)
 {
     char req[512];
     size_t n = 0;
@@ -34,13 +49,11 @@ static void answer(kiln_worker *w, int fd)
         n += (size_t)r;
     }
     req[n] = '\0';
-    int live = atomic_load(&w->loaded) &&
-               kiln_now_ms() - (double)atomic_load(&w->bus_tick_ms) < STUCK_MS;
-    /* A halted incarnation (fenced, or its device lost) takes no work
-     * and exits to be restarted. */
-    int ready = live && atomic_load(&w->registered) && !atomic_load(&w->stop) &&
-                !atomic_load(&w->leaving) &&
-                !worker_halted(w) && !atomic_load(&w->shm_short);
+    int live = 1, ready = 1;
+    for (int i = 0; i < g->n; i++) {
+        live = live && stage_live(g->w[i]);
+        ready = ready && stage_ready(g->w[i]);
+    }
     int ok, known = 1;
     if (!strncmp(req, "GET /healthz ", 13) || !strncmp(req, "HEAD /healthz ", 14))
         ok = live;
@@ -58,20 +71,20 @@ static void answer(kiln_worker *w, int fd)
                        !known ? "404 Not Found" : ok ? "200 OK" : "503 Service Unavailable",
                        strlen(body), body);
     if (write(fd, out, (size_t)len) != len)
-        KILN_LOG_DEBUG("%s: health probe went away", w->ops->binary);
+        KILN_LOG_DEBUG("%s: health probe went away", g->binary);
 }
 
 static void *health_main(void *arg)
 {
-    kiln_worker *w = arg;
-    while (!atomic_load(&w->health_stop)) {
-        struct pollfd p = {.fd = w->health_fd, .events = POLLIN};
+    worker_group *g = arg;
+    while (!atomic_load(&g->health_stop)) {
+        struct pollfd p = {.fd = g->health_fd, .events = POLLIN};
         if (poll(&p, 1, 200) <= 0)
             continue;
-        int fd = accept(w->health_fd, NULL, NULL);
+        int fd = accept(g->health_fd, NULL, NULL);
         if (fd < 0)
             continue;
-        answer(w, fd);
+        answer(g, fd);
         close(fd);
     }
     return NULL;
@@ -110,30 +123,30 @@ static int listen_any(int port)
     return -1;
 }
 
-kiln_status worker_health_start(kiln_worker *w, kiln_err *err)
+kiln_status worker_health_start(worker_group *g, kiln_err *err)
 {
-    if (w->opts.health_port <= 0)
+    if (g->health_port <= 0)
         return KILN_OK;
-    int fd = listen_any(w->opts.health_port);
+    int fd = listen_any(g->health_port);
     if (fd < 0)
-        return kiln_err_set(err, KILN_ERR_IO, "--health-port %d: %s", w->opts.health_port,
+        return kiln_err_set(err, KILN_ERR_IO, "--health-port %d: %s", g->health_port,
                             strerror(errno));
-    w->health_fd = fd;
-    if (pthread_create(&w->health_thread, NULL, health_main, w)) {
+    g->health_fd = fd;
+    if (pthread_create(&g->health_thread, NULL, health_main, g)) {
         close(fd);
-        w->health_fd = -1;
+        g->health_fd = -1;
         return kiln_err_set(err, KILN_ERR_NOMEM, "cannot start the health thread");
     }
-    w->health_started = 1;
+    g->health_started = 1;
     return KILN_OK;
 }
 
-void worker_health_stop(kiln_worker *w)
+void worker_health_stop(worker_group *g)
 {
-    if (!w->health_started)
+    if (!g->health_started)
         return;
-    atomic_store(&w->health_stop, 1);
-    pthread_join(w->health_thread, NULL);
-    close(w->health_fd);
-    w->health_started = 0;
+    atomic_store(&g->health_stop, 1);
+    pthread_join(g->health_thread, NULL);
+    close(g->health_fd);
+    g->health_started = 0;
 }

@@ -33,6 +33,26 @@ typedef struct worker_fault {
     uint64_t stall_at, lost_at, illegal_at;
 } worker_fault;
 
+/* The stages of one process (worker_group.c): one replica of each at
+ * most, each on its own backend thread, loaded together, started only
+ * once all loaded, and halted together (they share the process, and on a
+ * GPU its context, so one's lost device or fence is all of theirs). */
+#define WORKER_GROUP_MAX KILN_STAGE_COUNT
+
+typedef struct worker_group {
+    const char *binary; /* for logs and usage: "kiln-stages", "kiln-encoder", ... */
+    kiln_worker *w[WORKER_GROUP_MAX];
+    int n;
+    int status[WORKER_GROUP_MAX]; /* each stage's exit status (worker_group.c) */
+    pthread_mutex_t mu; /* the start barrier: every stage loaded, or one failed */
+    pthread_cond_t cv;
+    int n_arrived, n_failed;
+    int health_port; /* 0: none (worker_health.c) */
+    int health_fd, health_started;
+    atomic_int health_stop;
+    pthread_t health_thread;
+} worker_group;
+
 typedef struct job_input {
     kiln_tensor_ref ref; /* a copy: the message may be freed first */
     kiln_transport *tx;  /* the transport it was opened with; NULL when fetched */
@@ -65,6 +85,7 @@ struct kiln_worker_job {
 
 struct kiln_worker {
     const kiln_stage_ops *ops;
+    worker_group *group; /* the process's stages, this one among them */
     kiln_worker_opts opts;
     char replica[KILN_PROTO_ID_MAX], host[KILN_PROTO_ID_MAX], model[KILN_PROTO_ID_MAX];
     uint64_t epoch; /* this incarnation: random, != 0, in every message */
@@ -136,12 +157,9 @@ struct kiln_worker {
     unsigned conn_serial;
     atomic_llong fetched, fetched_bytes, served, served_bytes;
 
-    /* Health port (worker_health.c). */
+    /* Read by the health port (worker_health.c). */
     atomic_int loaded, registered; /* model loaded; hello sent on a live connection */
     atomic_llong bus_tick_ms;      /* the bus thread's last turn */
-    int health_fd, health_started;
-    atomic_int health_stop;
-    pthread_t health_thread;
 };
 
 /* Counts SIGINT/SIGTERMs (the handler's), polled by the bus thread. */
@@ -166,11 +184,30 @@ int worker_fault_setup(kiln_worker *w);
 /* Progress that is not a step: a job answered (any thread). */
 void worker_progress(kiln_worker *w);
 
+/* Its locks and wake-up eventfd, before anything else may touch it. */
+kiln_status worker_init(kiln_worker *w, kiln_err *err);
+/* Connects to the bus and starts the bus thread (hello once connected). */
 kiln_status worker_start(kiln_worker *w, kiln_err *err);
 
-/* worker_health.c: the --health-port thread (nothing without one). */
-kiln_status worker_health_start(kiln_worker *w, kiln_err *err);
-void worker_health_stop(kiln_worker *w);
+/* worker_health.c: the --health-port thread of the process, which
+ * answers for all its stages (nothing without one). */
+kiln_status worker_health_start(worker_group *g, kiln_err *err);
+void worker_health_stop(worker_group *g);
+
+/* worker_main.c: one stage's life on its backend thread: loads it
+ * (worker_load), then, once the whole group loaded, registers and serves
+ * (worker_start, worker_serve) until it stops; worker_teardown frees what
+ * it made.  worker_load and worker_teardown must run on the thread that
+ * serves, which owns the backend (a CUDA device is current per thread). */
+kiln_status worker_load(kiln_worker *w, kiln_err *err);
+void worker_teardown(kiln_worker *w);
+
+/* worker_group.c: loads and runs the group's stages, one backend thread
+ * each (the first on the calling thread); returns the process's exit
+ * status (worker.h kiln_worker_main). */
+int worker_group_run(worker_group *g);
+/* After w halted: halts the other stages of its process (any thread). */
+void worker_group_halt_others(kiln_worker *w, const char *reason);
 
 /* worker_data.c: binds the data socket of a producer stage and starts its
  * thread (nothing for the decoder, or when --data-port is -1). */

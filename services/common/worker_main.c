@@ -18,34 +18,51 @@
 #include "worker_impl.h"
 #include "common/args.h"
 
-static void usage(FILE *f, const kiln_stage_ops *ops)
+/* The set of stages a process runs, as bits of kiln_stage. */
+#define STAGE_BIT(st) (1u << (st))
+
+static void usage(FILE *f, const char *binary, const kiln_stage_ops *const *offered, int n_offered)
 {
+    unsigned can = 0;
+    for (int i = 0; i < n_offered; i++)
+        can |= STAGE_BIT(offered[i]->stage);
     fprintf(f,
-            "usage: %s --model DIR --bus ENDPOINT [--bus-key FILE --bus-server-key FILE\n"
+            "usage: %s%s --model DIR --bus ENDPOINT [--bus-key FILE --bus-server-key FILE\n"
             "  [--bus-allow FILE]] [--data-port P] [--data-host HOST] [--health-port P]\n"
             "  [--device cpu|cuda] [--gpu N]\n"
             "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]\n"
-            "  [--replica-id ID] [--drain-s S]%s\n"
-            "Serves the %s stage of the checkpoint's pipeline to the kiln gateway at\n"
-            "ENDPOINT (e.g. tcp://127.0.0.1:8001); --bus-key is this replica's CURVE secret\n"
-            "key and --bus-server-key the gateway's public key (kiln keygen); --bus-allow\n"
-            "the replicas' public keys, who may fetch this stage's outputs by value from\n"
-            "its data socket (--data-port, default any free port, -1: none), which other\n"
-            "stages reach at --data-host (default: the address it reaches the gateway\n"
-            "from).  --health-port serves\n"
+            "  [--replica-id ID] [--drain-s S]%s%s%s\n",
+            binary, n_offered > 1 ? " [--stages encode,denoise,decode]" : "",
+            can & STAGE_BIT(KILN_STAGE_ENCODE)
+                ? "\n  [--text-encoder-out-layers A,B,C] [--prompt-cache-mb N (default 256, 0: off)]"
+                : "",
+            can & (STAGE_BIT(KILN_STAGE_ENCODE) | STAGE_BIT(KILN_STAGE_DECODE))
+                ? "\n  [--vae-band-above MP (default 1)] [--vae-band-rows N (default 128)]"
+                : "",
+            can & STAGE_BIT(KILN_STAGE_DENOISE)
+                ? "\n  [--precision exact|fp8 (default exact; fp8: the transformer blocks'\n"
+                  "   linear layers as FP8 GEMMs, docs/PERFORMANCE.md)]"
+                : "");
+    if (n_offered > 1)
+        fprintf(f,
+                "Serves the stages of the checkpoint's pipeline named by --stages (default all\n"
+                "three) as threads of this one process, each a replica of its own to the kiln\n"
+                "gateway (replica ids get -<stage> appended), sharing one CUDA context on\n"
+                "--gpu; when one halts, all do, and the process exits to be restarted.\n");
+    else
+        fprintf(f, "Serves the %s stage of the checkpoint's pipeline to the kiln gateway.\n",
+                kiln_stage_name(offered[0]->stage));
+    fprintf(f,
+            "ENDPOINT is the gateway's bus (e.g. tcp://127.0.0.1:8001); --bus-key is this\n"
+            "replica's CURVE secret key and --bus-server-key the gateway's public key (kiln\n"
+            "keygen); --bus-allow the replicas' public keys, who may fetch this process's\n"
+            "outputs by value from its data socket (--data-port, default any free port, -1:\n"
+            "none), which other stages reach at --data-host (default: the address it reaches\n"
+            "the gateway from).  --health-port serves\n"
             "GET /healthz (loaded and not hung) and /readyz (registered) for probes.\n"
             "On SIGTERM/SIGINT it leaves gracefully: no new work, the jobs it holds are\n"
             "answered within --drain-s (default 30, 0: stop at once); a second signal\n"
-            "stops at once.\n",
-            ops->binary,
-            ops->stage == KILN_STAGE_ENCODE
-                ? "\n  [--text-encoder-out-layers A,B,C] [--prompt-cache-mb N (default 256, 0: off)]"
-                  "\n  [--vae-band-above MP (default 1)] [--vae-band-rows N (default 128)]"
-                : ops->stage == KILN_STAGE_DECODE
-                ? "\n  [--vae-band-above MP (default 1)] [--vae-band-rows N (default 128)]"
-                : "\n  [--precision exact|fp8 (default exact; fp8: the transformer blocks'\n"
-                  "   linear layers as FP8 GEMMs, docs/PERFORMANCE.md)]",
-            kiln_stage_name(ops->stage));
+            "stops at once.\n");
 }
 
 int64_t kiln_worker_band_pixels(const kiln_worker_opts *o)
@@ -93,11 +110,42 @@ static int replica_id_ok(const char *id)
     return 1;
 }
 
-static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_worker_opts *o)
+/* --stages: a comma list of the offered stages, each once. */
+static int parse_stages(const char *list, const kiln_stage_ops *const *offered, int n_offered,
+                        unsigned *stages)
+{
+    char buf[64];
+    if (snprintf(buf, sizeof buf, "%s", list) >= (int)sizeof buf)
+        return -1;
+    *stages = 0;
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        kiln_stage st;
+        int known = 0;
+        if (kiln_stage_parse(tok, &st) || (*stages & STAGE_BIT(st)))
+            return -1;
+        for (int i = 0; i < n_offered; i++)
+            known |= offered[i]->stage == st;
+        if (!known)
+            return -1;
+        *stages |= STAGE_BIT(st);
+    }
+    return *stages ? 0 : -1;
+}
+
+/* An option only some stages have, given on the command line: refused
+ * after parsing unless the process runs one of them (--stages may come
+ * later). */
+typedef struct stage_option {
+    const char *name;
+    unsigned stages;
+} stage_option;
+
+static int parse_args(int argc, char **argv, const char *binary, const kiln_stage_ops *const *offered,
+                      int n_offered, kiln_worker_opts *o, unsigned *stages)
 {
     enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID, O_BUS_KEY,
            O_BUS_SERVER_KEY, O_BUS_ALLOW, O_DATA_PORT, O_DATA_HOST, O_HEALTH_PORT, O_BAND_ABOVE,
-           O_BAND_ROWS, O_DRAIN, O_PRECISION };
+           O_BAND_ROWS, O_DRAIN, O_PRECISION, O_STAGES };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
@@ -116,8 +164,10 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         {"vae-band-rows", required_argument, 0, O_BAND_ROWS},
         {"drain-s", required_argument, 0, O_DRAIN},
         {"precision", required_argument, 0, O_PRECISION},
+        {"stages", required_argument, 0, O_STAGES},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
+    const unsigned enc = STAGE_BIT(KILN_STAGE_ENCODE), vae = enc | STAGE_BIT(KILN_STAGE_DECODE);
     /* No batch window by default: an idle stage starts a job at once (a
      * 5 ms window cost every request 15 ms across the three stages), and
      * under load jobs queue while a batch runs, so batches form anyway. */
@@ -127,11 +177,15 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
                             .prompt_cache_mb = KILN_PROMPT_CACHE_DEFAULT_MIB,
                             .vae_band_above_mp = 1.0,
                             .vae_band_rows = KILN_VAE_BAND_ROWS_DEFAULT};
-    int vae = ops->stage == KILN_STAGE_ENCODE || ops->stage == KILN_STAGE_DECODE;
-    int c;
+    *stages = 0;
+    for (int i = 0; i < n_offered; i++)
+        *stages |= STAGE_BIT(offered[i]->stage);
+    stage_option given[8];
+    int n_given = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         int bad = 0;
+        unsigned only = 0; /* the stages that have this option; 0: all */
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'b': o->bus = optarg; break;
@@ -139,16 +193,15 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         case 'g': bad = kiln_parse_int(optarg, 0, 64, &o->gpu); break;
         case 'B': bad = kiln_parse_int(optarg, 1, KILN_PROTO_MAX_ROWS, &o->max_batch); break;
         case O_WINDOW: bad = kiln_parse_int(optarg, 0, 1000, &o->batch_window_ms); break;
-        case O_LAYERS: bad = ops->stage != KILN_STAGE_ENCODE || parse_layers(optarg, o); break;
+        case O_LAYERS: only = enc, bad = parse_layers(optarg, o); break;
         case O_TRANSPORT: bad = parse_transport(optarg, &o->tensor_transport); break;
         case O_PROMPT_CACHE:
-            bad = ops->stage != KILN_STAGE_ENCODE ||
-                  kiln_parse_int(optarg, 0, 1 << 20, &o->prompt_cache_mb);
+            only = enc, bad = kiln_parse_int(optarg, 0, 1 << 20, &o->prompt_cache_mb);
             break;
         case O_BAND_ABOVE:
-            bad = !vae || kiln_parse_double(optarg, 0, 1 << 20, &o->vae_band_above_mp);
+            only = vae, bad = kiln_parse_double(optarg, 0, 1 << 20, &o->vae_band_above_mp);
             break;
-        case O_BAND_ROWS: bad = !vae || kiln_parse_int(optarg, 1, 65536, &o->vae_band_rows); break;
+        case O_BAND_ROWS: only = vae, bad = kiln_parse_int(optarg, 1, 65536, &o->vae_band_rows); break;
         case O_REPLICA_ID: o->replica_id = optarg, bad = !replica_id_ok(optarg); break;
         case O_BUS_KEY: o->bus_key = optarg; break;
         case O_BUS_SERVER_KEY: o->bus_server_key = optarg; break;
@@ -157,34 +210,54 @@ static int parse_args(int argc, char **argv, const kiln_stage_ops *ops, kiln_wor
         case O_HEALTH_PORT: bad = kiln_parse_int(optarg, 1, 65535, &o->health_port); break;
         case O_DRAIN: bad = kiln_parse_int(optarg, 0, 3600, &o->drain_s); break;
         case O_PRECISION:
-            bad = ops->stage != KILN_STAGE_DENOISE || kiln_precision_parse(optarg, &o->precision);
+            only = STAGE_BIT(KILN_STAGE_DENOISE), bad = kiln_precision_parse(optarg, &o->precision);
+            break;
+        case O_STAGES:
+            bad = n_offered < 2 || parse_stages(optarg, offered, n_offered, stages);
             break;
         case O_DATA_HOST:
             o->data_host = optarg;
             bad = !kiln_domain_id_valid(optarg, KILN_PROTO_ENDPOINT_MAX - 24);
             break;
-        case 'h': usage(stdout, ops); exit(0);
+        case 'h': usage(stdout, binary, offered, n_offered); exit(0);
         default: bad = 1;
         }
         if (bad) {
             if (c != '?')
-                fprintf(stderr, "%s: invalid value '%s' for %s\n", ops->binary,
-                        optarg ? optarg : "", kiln_arg_option(argv, optind, optarg));
-            usage(stderr, ops);
+                fprintf(stderr, "%s: invalid value '%s' for %s\n", binary, optarg ? optarg : "",
+                        kiln_arg_option(argv, optind, optarg));
+            usage(stderr, binary, offered, n_offered);
             return 2;
         }
+        if (only && n_given < (int)(sizeof given / sizeof *given))
+            given[n_given++] = (stage_option){kiln_arg_option(argv, optind, optarg), only};
     }
-    if (optind < argc || !o->model || !o->bus || !o->bus_key != !o->bus_server_key ||
-        (o->bus_allow && !o->bus_key)) {
-        fprintf(stderr, "%s: %s\n", ops->binary,
-                optind < argc ? "unexpected argument"
-                : !o->model || !o->bus
-                    ? "--model and --bus are required"
-                : o->bus_allow && !o->bus_key
-                    ? "--bus-allow needs --bus-key (it says who may fetch by value on a CURVE bus)"
-                    : "--bus-key and --bus-server-key go together (this replica's secret key "
-                      "and the gateway's public key)");
-        usage(stderr, ops);
+    const char *why = NULL;
+    char msg[160];
+    for (int i = 0; i < n_given && !why; i++)
+        if (!(given[i].stages & *stages)) {
+            snprintf(msg, sizeof msg, "%s is not an option of the stage%s it runs", given[i].name,
+                     (*stages & (*stages - 1)) ? "s" : "");
+            why = msg;
+        }
+    int producers = !!(*stages & enc) + !!(*stages & STAGE_BIT(KILN_STAGE_DENOISE));
+    if (why)
+        ;
+    else if (optind < argc)
+        why = "unexpected argument";
+    else if (!o->model || !o->bus)
+        why = "--model and --bus are required";
+    else if (!o->bus_key != !o->bus_server_key)
+        why = "--bus-key and --bus-server-key go together (this replica's secret key and the "
+              "gateway's public key)";
+    else if (o->bus_allow && !o->bus_key)
+        why = "--bus-allow needs --bus-key (it says who may fetch by value on a CURVE bus)";
+    else if (o->data_port > 0 && producers > 1)
+        why = "--data-port: the encode and denoise stages each bind a data socket; give 0 (any "
+              "free port, the default) or -1 (none)";
+    if (why) {
+        fprintf(stderr, "%s: %s\n", binary, why);
+        usage(stderr, binary, offered, n_offered);
         return 2;
     }
     return 0;
@@ -350,12 +423,24 @@ static kiln_status probe_domain(kiln_worker *w, kiln_err *err)
     return KILN_OK;
 }
 
-static kiln_status setup(kiln_worker *w, kiln_err *err)
+/* --replica-id as given for a process of one stage, with -<stage>
+ * appended for one of several (they are separate replicas). */
+static kiln_status name_replica(kiln_worker *w, kiln_err *err)
 {
-    /* The health port answers from the start (503 while loading), so a
-     * startup probe tells a slow load from a dead process. */
-    if (draw_epoch(w, err) || load_bus_keys(w, err) || probe_domain(w, err) ||
-        check_shm(w, err) || worker_health_start(w, err))
+    const char *id = w->opts.replica_id;
+    if (w->group->n < 2)
+        snprintf(w->replica, sizeof w->replica, "%s", id);
+    else if (snprintf(w->replica, sizeof w->replica, "%s-%s", id,
+                      kiln_stage_name(w->ops->stage)) >= (int)sizeof w->replica)
+        return kiln_err_set(err, KILN_ERR_INVALID, "--replica-id %s: too long for -%s to be "
+                            "appended (%d characters at most)", id,
+                            kiln_stage_name(w->ops->stage), KILN_PROTO_ID_MAX - 1);
+    return KILN_OK;
+}
+
+kiln_status worker_load(kiln_worker *w, kiln_err *err)
+{
+    if (draw_epoch(w, err) || load_bus_keys(w, err) || probe_domain(w, err) || check_shm(w, err))
         return err->code;
     char host[64] = "";
     if (gethostname(host, sizeof host - 1))
@@ -363,9 +448,10 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
     sanitize(w->host, 48, host);
     /* The epoch's digits make the id unique per process where the rest is
      * not: containers of one pod (one hostname) are each PID 1. */
-    if (w->opts.replica_id)
-        snprintf(w->replica, sizeof w->replica, "%s", w->opts.replica_id);
-    else
+    if (w->opts.replica_id) {
+        if (name_replica(w, err))
+            return err->code;
+    } else
         snprintf(w->replica, sizeof w->replica, "%s-%.48s-%ld-%08llx",
                  kiln_stage_name(w->ops->stage), w->host, (long)getpid(),
                  (unsigned long long)(w->epoch >> 32));
@@ -406,14 +492,13 @@ static kiln_status setup(kiln_worker *w, kiln_err *err)
                   w->ops->binary, w->domain.host, w->domain.shm[0] ? w->domain.shm : "none",
                   (unsigned long long)w->domain.ipc_ns, (unsigned long long)w->domain.pid_ns,
                   w->domain.n_gpus);
-    return worker_start(w, err);
+    return KILN_OK;
 }
 
-static void teardown(kiln_worker *w)
+void worker_teardown(kiln_worker *w)
 {
     worker_shutdown(w);
     worker_data_stop(w);
-    worker_health_stop(w);
     kiln_bus_close(w->bus);
     if (w->state)
         w->ops->unload(w->state);
@@ -431,36 +516,36 @@ static void teardown(kiln_worker *w)
         close(w->efd);
 }
 
-int kiln_worker_main(int argc, char **argv, const kiln_stage_ops *ops)
+int kiln_worker_main(int argc, char **argv, const char *binary, const kiln_stage_ops *const *ops,
+                     int n_ops)
 {
-    kiln_worker w = {.ops = ops, .efd = -1, .health_fd = -1};
-    int rc = parse_args(argc, argv, ops, &w.opts);
+    kiln_worker_opts opts;
+    unsigned stages;
+    int rc = parse_args(argc, argv, binary, ops, n_ops, &opts, &stages);
     if (rc)
         return rc;
-    if (worker_fault_setup(&w))
-        return 2;
+    worker_group g = {.binary = binary, .health_port = opts.health_port, .health_fd = -1};
+    kiln_worker workers[WORKER_GROUP_MAX];
+    kiln_err err = {0};
+    for (int i = 0; i < n_ops && i < WORKER_GROUP_MAX; i++) {
+        if (!(stages & STAGE_BIT(ops[i]->stage)))
+            continue;
+        kiln_worker *w = &workers[g.n];
+        *w = (kiln_worker){.ops = ops[i], .group = &g, .opts = opts, .efd = -1};
+        g.w[g.n++] = w;
+        if (worker_init(w, &err)) {
+            fprintf(stderr, "%s: %s\n", binary, err.msg);
+            return 1;
+        }
+        if (worker_fault_setup(w))
+            return 2;
+    }
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL)) {
-        fprintf(stderr, "%s: cannot install signal handlers: %s\n", ops->binary, strerror(errno));
+        fprintf(stderr, "%s: cannot install signal handlers: %s\n", binary, strerror(errno));
         return 1;
     }
     signal(SIGPIPE, SIG_IGN);
-    kiln_err err = {0};
-    if (setup(&w, &err)) {
-        fprintf(stderr, "%s: %s\n", ops->binary, err.msg);
-        /* A bad checkpoint or option stays bad: tell a supervisor not to
-         * restart us (EX_CONFIG); anything else may be transient. */
-        rc = err.code == KILN_ERR_INVALID || err.code == KILN_ERR_NOT_FOUND ||
-                     err.code == KILN_ERR_FORMAT || err.code == KILN_ERR_UNSUPPORTED
-                 ? KILN_WORKER_EXIT_CONFIG
-                 : 1;
-    } else {
-        worker_serve(&w);
-    }
-    teardown(&w);
-    if (worker_halted(&w))
-        rc = KILN_WORKER_EXIT_RESTART;
-    KILN_LOG_INFO("%s: %s stopped", ops->binary, w.replica);
-    return rc;
+    return worker_group_run(&g);
 }

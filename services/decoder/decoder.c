@@ -242,7 +242,7 @@ static void dec_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     free(imgs);
 }
 
-static const kiln_stage_ops decoder_ops = {
+const kiln_stage_ops kiln_decoder_ops = {
     .stage = KILN_STAGE_DECODE,
     .binary = "kiln-decoder",
     .load = dec_load,
@@ -252,4 +252,3 @@ static const kiln_stage_ops decoder_ops = {
     .run = dec_run,
 };
 
-int main(int argc, char **argv) { return kiln_worker_main(argc, argv, &decoder_ops); }

@@ -373,7 +373,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     free(ps), free(seeds), free(lens), free(pv), free(n_pv), free(row0);
 }
 
-static const kiln_stage_ops denoiser_ops = {
+const kiln_stage_ops kiln_denoiser_ops = {
     .stage = KILN_STAGE_DENOISE,
     .binary = "kiln-denoiser",
     .load = den_load,
@@ -383,4 +383,3 @@ static const kiln_stage_ops denoiser_ops = {
     .run = den_run,
 };
 
-int main(int argc, char **argv) { return kiln_worker_main(argc, argv, &denoiser_ops); }

@@ -275,7 +275,7 @@ static void enc_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
     log_cache(s, 0);
 }
 
-static const kiln_stage_ops encoder_ops = {
+const kiln_stage_ops kiln_encoder_ops = {
     .stage = KILN_STAGE_ENCODE,
     .binary = "kiln-encoder",
     .load = enc_load,
@@ -285,4 +285,3 @@ static const kiln_stage_ops encoder_ops = {
     .run = enc_run,
 };
 
-int main(int argc, char **argv) { return kiln_worker_main(argc, argv, &encoder_ops); }

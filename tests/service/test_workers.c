@@ -639,11 +639,12 @@ static void test_leave_drain_out(void)
 }
 
 /* Bad option values are refused before anything loads (exit 2), naming the
- * option, including an option the stage does not have. */
+ * option, including an option the stage does not have (for kiln-stages:
+ * that none of the stages it runs has). */
 static void test_bad_options(void)
 {
     static const struct {
-        const char *bin, *opt, *val;
+        const char *bin, *opt, *val, *stages;
     } cases[] = {
         {"kiln-encoder", "--prompt-cache-mb", "-1"},
         {"kiln-encoder", "--prompt-cache-mb", "1048577"},
@@ -655,12 +656,22 @@ static void test_bad_options(void)
         {"kiln-encoder", "--vae-band-above", "lots"},
         {"kiln-decoder", "--vae-band-rows", "0"},
         {"kiln-encoder", "--vae-band-rows", "65537"},
+        {"kiln-stages", "--stages", "encode,encode"},
+        {"kiln-stages", "--stages", "encode,render"},
+        {"kiln-stages", "--stages", ""},
+        {"kiln-denoiser", "--stages", "denoise"},
+        {"kiln-stages", "--prompt-cache-mb", "8", "denoise,decode"},
+        {"kiln-stages", "--precision", "fp8", "encode"},
+        {"kiln-stages", "--vae-band-rows", "64", "denoise"},
+        {"kiln-stages", "--data-port", "7000", "encode,denoise"},
+        {"kiln-stages", "--data-port", "7000"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char exe[512], log[4096];
         snprintf(exe, sizeof exe, "%s/services/%s", build_root, cases[i].bin);
         const char *argv[] = {NULL, "--model", "/nonexistent", "--bus", "ipc:///nonexistent",
-                              cases[i].opt, cases[i].val, NULL};
+                              cases[i].opt, cases[i].val,
+                              cases[i].stages ? "--stages" : NULL, cases[i].stages, NULL};
         int rc = test_run(exe, argv, log, sizeof log);
         CHECKF(rc == 2 && strstr(log, cases[i].opt), "%s %s %s: exit %d: %s", cases[i].bin,
                cases[i].opt, cases[i].val, rc, log);

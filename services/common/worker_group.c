@@ -1,0 +1,141 @@
+/* The stages of one process: kiln-encoder, kiln-denoiser and kiln-decoder
+ * run one each; kiln-stages runs several, so that stages sharing a GPU
+ * share one CUDA context, where their kernels overlap instead of
+ * time-slicing between processes (docs/ARCHITECTURE.md, "One process,
+ * several stages").
+ *
+ * Each stage keeps everything it has as its own process would (replica id,
+ * epoch, bus socket, transports, backend, threads): the gateway sees
+ * separate replicas.  What they share is the process's fate.  They load
+ * together and register only once all have loaded, so a process never
+ * serves half a pipeline; one that halts (fenced, or its device lost)
+ * halts the others, since a lost CUDA context or a stopped process is all
+ * of theirs, and the process exits to be restarted whole. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker_impl.h"
+
+/* A setup error that restarting cannot mend gets EX_CONFIG (worker.h). */
+static int load_status(kiln_status st)
+{
+    return st == KILN_ERR_INVALID || st == KILN_ERR_NOT_FOUND || st == KILN_ERR_FORMAT ||
+                   st == KILN_ERR_UNSUPPORTED
+               ? KILN_WORKER_EXIT_CONFIG
+               : 1;
+}
+
+static void arrive(worker_group *g, int loaded)
+{
+    pthread_mutex_lock(&g->mu);
+    g->n_arrived++;
+    g->n_failed += !loaded;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* 1 once every stage has loaded, 0 as soon as they have all tried and
+ * one failed. */
+static int all_loaded(worker_group *g)
+{
+    pthread_mutex_lock(&g->mu);
+    while (g->n_arrived < g->n)
+        pthread_cond_wait(&g->cv, &g->mu);
+    int ok = !g->n_failed;
+    pthread_mutex_unlock(&g->mu);
+    return ok;
+}
+
+static int index_of(const worker_group *g, const kiln_worker *w)
+{
+    for (int i = 0; i < g->n; i++)
+        if (g->w[i] == w)
+            return i;
+    return -1;
+}
+
+/* One stage's life, on the thread that owns its backend. */
+static void stage_life(kiln_worker *w)
+{
+    worker_group *g = w->group;
+    int *status = &g->status[index_of(g, w)];
+    kiln_err err = {0};
+    kiln_status st = worker_load(w, &err);
+    if (st) {
+        fprintf(stderr, "%s: %s\n", w->ops->binary, err.msg);
+        *status = load_status(st);
+    }
+    arrive(g, st == KILN_OK);
+    if (all_loaded(g)) {
+        if (worker_start(w, &err)) {
+            fprintf(stderr, "%s: %s\n", w->ops->binary, err.msg);
+            *status = 1;
+            worker_group_halt_others(w, "it could not start");
+        } else {
+            worker_serve(w);
+        }
+    }
+    worker_teardown(w);
+    if (worker_halted(w) && !*status)
+        *status = KILN_WORKER_EXIT_RESTART;
+    KILN_LOG_INFO("%s: %s stopped", w->ops->binary, w->replica);
+}
+
+static void *stage_thread(void *arg)
+{
+    stage_life(arg);
+    return NULL;
+}
+
+void worker_group_halt_others(kiln_worker *w, const char *reason)
+{
+    worker_group *g = w->group;
+    if (!g || g->n < 2)
+        return;
+    char why[512];
+    snprintf(why, sizeof why, "%s of its process halted (%s)", w->ops->binary, reason);
+    /* worker_halt returns at once for one already halted, so this ends. */
+    for (int i = 0; i < g->n; i++)
+        if (g->w[i] != w)
+            worker_halt(g->w[i], WORKER_FAULTED, why);
+}
+
+int worker_group_run(worker_group *g)
+{
+    kiln_err err = {0};
+    if (pthread_mutex_init(&g->mu, NULL) || pthread_cond_init(&g->cv, NULL)) {
+        fprintf(stderr, "%s: cannot create the start barrier\n", g->binary);
+        return 1;
+    }
+    /* The health port answers from the start (503 while loading), so a
+     * startup probe tells a slow load from a dead process. */
+    if (worker_health_start(g, &err)) {
+        fprintf(stderr, "%s: %s\n", g->binary, err.msg);
+        return 1;
+    }
+    pthread_t threads[WORKER_GROUP_MAX];
+    int started[WORKER_GROUP_MAX] = {0};
+    for (int i = 1; i < g->n; i++) {
+        started[i] = !pthread_create(&threads[i], NULL, stage_thread, g->w[i]);
+        if (!started[i]) {
+            fprintf(stderr, "%s: cannot start a thread for %s\n", g->binary, g->w[i]->ops->binary);
+            g->status[i] = 1;
+            arrive(g, 0);
+        }
+    }
+    stage_life(g->w[0]);
+    for (int i = 1; i < g->n; i++)
+        if (started[i])
+            pthread_join(threads[i], NULL);
+    worker_health_stop(g);
+    /* A stage that could not load or start says why the process ended;
+     * else a halted one asks to be restarted. */
+    int rc = 0;
+    for (int i = 0; i < g->n; i++)
+        if (g->status[i] && g->status[i] != KILN_WORKER_EXIT_RESTART)
+            return g->status[i];
+        else if (g->status[i])
+            rc = g->status[i];
+    return rc;
+}
