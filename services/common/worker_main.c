@@ -180,7 +180,7 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
     *stages = 0;
     for (int i = 0; i < n_offered; i++)
         *stages |= STAGE_BIT(offered[i]->stage);
-    stage_option given[8];
+    stage_option given[3]; /* the sets of stages below: encode; encode and decode; denoise */
     int n_given = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -229,20 +229,21 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
             usage(stderr, binary, offered, n_offered);
             return 2;
         }
-        if (only && n_given < (int)(sizeof given / sizeof *given))
+        int known = 0; /* one option per set of stages is enough to judge it */
+        for (int i = 0; i < n_given; i++)
+            known |= given[i].stages == only;
+        if (only && !known)
             given[n_given++] = (stage_option){kiln_arg_option(argv, optind, optarg), only};
     }
-    const char *why = NULL;
-    char msg[160];
-    for (int i = 0; i < n_given && !why; i++)
-        if (!(given[i].stages & *stages)) {
+    char msg[160] = "";
+    for (int i = 0; i < n_given && !msg[0]; i++)
+        if (!(given[i].stages & *stages))
             snprintf(msg, sizeof msg, "%s is not an option of the stage%s it runs", given[i].name,
                      (*stages & (*stages - 1)) ? "s" : "");
-            why = msg;
-        }
     int producers = !!(*stages & enc) + !!(*stages & STAGE_BIT(KILN_STAGE_DENOISE));
-    if (why)
-        ;
+    const char *why = NULL;
+    if (msg[0])
+        why = msg;
     else if (optind < argc)
         why = "unexpected argument";
     else if (!o->model || !o->bus)

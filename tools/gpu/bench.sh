@@ -23,6 +23,10 @@
 #              (issue 17: do the three stage processes stop time-slicing the
 #              GPU?); results as kiln-bench-<model>-mps.json; the daemon is
 #              stopped afterwards.  Not in the default steps.
+#   colocate   the serve step again with kiln serve --colocate: the three
+#              stages as threads of one kiln-stages process, one CUDA
+#              context (issue 17's other answer to time-slicing); results
+#              as kiln-bench-<model>-colocate.json.  Not in the default steps.
 #   diffusers  diffusers' Flux2KleinPipeline (ZImagePipeline for Z-Image) on the same checkpoint folder,
 #              bf16, B=1 latency the same way (tools/bench/diffusers_bench.py);
 #              the diffusers wheel comes from .whl/ (carry it: see below)
@@ -70,6 +74,7 @@ warmup=${KILN_BENCH_WARMUP:-3}
 port=${KILN_BENCH_PORT:-18500}
 limit=${KILN_BENCH_TIMEOUT:-1800}
 serve_tag= # names the serve step's results (step_mps: -mps)
+serve_args=() # more kiln serve options (step_colocate: --colocate)
 precisions=(${KILN_BENCH_PRECISION:-exact})
 # The tag of precision $1 in result names: none for exact, -fp8 for fp8.
 ptag() { if [ "$1" = exact ]; then echo ""; else echo "-$1"; fi; }
@@ -200,7 +205,7 @@ step_serve() {
     l=$m$(ptag "$p")$serve_tag
     idle=$(mem_idle)
     "$build/tools/kiln" serve --model "$data/$m" --device cuda --port "$port" --precision "$p" \
-      >"$out/serve-$l.log" 2>&1 &
+      "${serve_args[@]}" >"$out/serve-$l.log" 2>&1 &
     local pid=$!
     mem_sampler "$mem/serve.txt" &
     local sampler=$!
@@ -237,6 +242,16 @@ step_mps() {
   echo quit | "$ctl"
   grep -h -i -m 5 "error\|fail" "$CUDA_MPS_LOG_DIRECTORY"/*.log 2>/dev/null
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  return $rc
+}
+
+# The stages as threads of one process: one CUDA context, whose streams'
+# kernels overlap (docs/ARCHITECTURE.md, "One process, several stages").
+step_colocate() {
+  local rc=0
+  serve_args=(--colocate)
+  serve_tag=-colocate step_serve || rc=1
+  serve_args=()
   return $rc
 }
 

@@ -22,7 +22,8 @@ targets=("$@")
                                      tools/bench/kiln-soak tools/bench/kiln-pngbench
                                      tools/bench/kiln-quality
                                      services/gateway/kiln-gateway services/kiln-encoder
-                                     services/kiln-denoiser services/kiln-decoder)
+                                     services/kiln-denoiser services/kiln-decoder
+                                     services/kiln-stages)
 
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" -Dcuda=enabled --buildtype=release >/dev/null

@@ -17,6 +17,11 @@
 #   serve  kiln serve --device cuda on the tiny checkpoint (stages passing
 #          cuda_ipc references), one HTTP request, its image compared with
 #          kiln generate --device cuda (must be identical)
+#   colocate  the same with kiln serve --colocate (the three stages as
+#          threads of one kiln-stages process, one CUDA context), then
+#          devicefault (below) with two such processes: the faulted
+#          process's other stages must halt with it ("of its process
+#          halted") and every image still be kiln generate's
 #   img2img  kiln edit --strength on the tiny checkpoint: strength 1 on CUDA
 #          identical to kiln generate --device cuda (same seed); strength 0.5
 #          on CUDA against the CPU (both fp32 noise): image PSNR >= 40 dB; the
@@ -136,13 +141,14 @@ cd "$root"
 build=.devbuild
 logs=${OUT:-$root/$build/logs}
 mkdir -p "$logs"
-SECTIONS=(env build ops pipeline replay ipc serve stream img2img editoracle zserve observe mixed devices)
+SECTIONS=(env build ops pipeline replay ipc serve colocate stream img2img editoracle zserve observe mixed
+          devices)
 OPTIONAL=(devicefault mixedsan poison mixedfull memcheck racecheck fullsize fullcpu vaefull servemem zfull
           pngbench fp8)
 BINARIES=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline tests/cuda/test_cuda_replay
           tests/cuda/test_cuda_ipc tests/cuda/test_cuda_mixed tests/cuda/test_cuda_vae_band
           tests/cuda/compare_outputs tools/kiln tools/bench/kiln-quality services/gateway/kiln-gateway
-          services/kiln-encoder services/kiln-denoiser services/kiln-decoder)
+          services/kiln-encoder services/kiln-denoiser services/kiln-decoder services/kiln-stages)
 
 . "$root/tools/gpu/common.sh"
 kiln_gpu_libpath "$root/.devlibs"
@@ -245,7 +251,8 @@ serve_vs_cli() {
   local port=${KILN_SERVE_PORT:-18400} dev=${KILN_SERVE_DEVICE:-cuda} pid rc
   shift 6
   mkdir -p "$dir"
-  "$kiln" serve --model "$ckpt" --device "$dev" --port "$port" "$@" >"$dir/serve.log" 2>&1 &
+  "$kiln" serve --model "$ckpt" --device "$dev" --port "$port" "${serve_extra[@]}" "$@" \
+    >"$dir/serve.log" 2>&1 &
   pid=$!
   serve_request "$port" "$dir/served.png" "${w}x${h}" "$steps" "$maxseq"
   rc=$?
@@ -260,9 +267,32 @@ serve_vs_cli() {
   "$build/tests/cuda/compare_outputs" --image "$dir/served.png" "$dir/cli.png" --min-psnr 1000
 }
 
+# More kiln serve options for serve_vs_cli and sec_devicefault (sec_colocate).
+serve_extra=()
+
 sec_serve() {
   serve_vs_cli "$logs/serve" "$(oracle_root)/oracle/ckpt/klein-tiny" 256 256 4 64 \
     --text-encoder-out-layers 1,2,3
+}
+
+# The stages as threads of one process on one CUDA context (kiln serve
+# --colocate): the served image is the CLI's, the cuda_ipc hand-offs
+# within the process use the producer's own slabs; then devicefault with
+# two such processes: a real illegal access in one denoiser poisons its
+# process's context, all three of its stages halt, the process exits 75
+# and is restarted, and every image is still the CLI's.
+sec_colocate() {
+  local rc=0
+  serve_extra=(--colocate)
+  serve_vs_cli "$logs/colocate" "$(oracle_root)/oracle/ckpt/klein-tiny" 256 256 4 64 \
+    --text-encoder-out-layers 1,2,3 || rc=1
+  grep -q "kiln-stages" "$logs/colocate/serve.log" || { echo "no kiln-stages process"; rc=1; }
+  serve_extra=(--colocate --encoders 2 --decoders 2)
+  sec_devicefault || rc=1
+  grep -q "of its process halted" "$logs/devicefault/serve.log" ||
+    { echo "the faulted process's other stages did not halt with it"; rc=1; }
+  serve_extra=()
+  return $rc
 }
 
 # Image-to-image (engine/denoise_stage.h): strength 1 is text-to-image of
@@ -707,7 +737,7 @@ sec_devicefault() {
   mkdir -p "$dir"
   KILN_FAULT_INJECT="denoise:$kind=3,once=$dir/fault-claim" \
     "$kiln" serve --model "$ckpt" --device "$dev" --port "$port" --denoisers 2 "${layers[@]}" \
-    >"$dir/serve.log" 2>&1 &
+    "${serve_extra[@]}" >"$dir/serve.log" 2>&1 &
   pid=$!
   serve_seeds "$port" "$dir" 256x256 4 64 8 4 || rc=1
   # The faulted denoiser's exit and restart may come after the last answer.
