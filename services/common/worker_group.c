@@ -91,11 +91,12 @@ static void *stage_thread(void *arg)
 void worker_group_halt_others(kiln_worker *w, const char *reason)
 {
     worker_group *g = w->group;
-    if (!g || g->n < 2)
+    /* Only the first to halt speaks for the process: the others' halts,
+     * caused by it, name it rather than each other. */
+    if (!g || g->n < 2 || atomic_exchange(&g->halting, 1))
         return;
     char why[512];
     snprintf(why, sizeof why, "%s of its process halted (%s)", w->ops->binary, reason);
-    /* worker_halt returns at once for one already halted, so this ends. */
     for (int i = 0; i < g->n; i++)
         if (g->w[i] != w)
             worker_halt(g->w[i], WORKER_FAULTED, why);
