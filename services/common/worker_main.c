@@ -253,9 +253,9 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
               "gateway's public key)";
     else if (o->bus_allow && !o->bus_key)
         why = "--bus-allow needs --bus-key (it says who may fetch by value on a CURVE bus)";
-    else if (o->data_port > 0 && producers > 1)
-        why = "--data-port: the encode and denoise stages each bind a data socket; give 0 (any "
-              "free port, the default) or -1 (none)";
+    else if (o->data_port == 65535 && producers > 1)
+        why = "--data-port: the encode stage binds P and the denoise stage P + 1, so P must be "
+              "below 65535";
     if (why) {
         fprintf(stderr, "%s: %s\n", binary, why);
         usage(stderr, binary, offered, n_offered);
@@ -533,6 +533,11 @@ int kiln_worker_main(int argc, char **argv, const char *binary, const kiln_stage
             continue;
         kiln_worker *w = &workers[g.n];
         *w = (kiln_worker){.ops = ops[i], .group = &g, .opts = opts, .efd = -1};
+        /* Each producer binds its own data socket: a fixed port P is the
+         * encode stage's, P + 1 the denoise stage's beside it. */
+        if (ops[i]->stage == KILN_STAGE_DENOISE && opts.data_port > 0 &&
+            (stages & STAGE_BIT(KILN_STAGE_ENCODE)))
+            w->opts.data_port++;
         g.w[g.n++] = w;
         if (worker_init(w, &err)) {
             fprintf(stderr, "%s: %s\n", binary, err.msg);

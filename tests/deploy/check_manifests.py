@@ -73,6 +73,14 @@ def check_pod(where, spec):
             v = arg_after(args, flag)
             if v is not None and int(v) not in ports:
                 bad(cw, f"{flag} {v} is not a declared container port")
+        # kiln-stages with both producer stages binds --data-port P for
+        # encode and P + 1 for denoise.
+        stages = arg_after(args, "--stages") or "encode,denoise,decode"
+        data = arg_after(args, "--data-port")
+        if ("kiln-stages" in c.get("image", "") and data and int(data) > 0 and
+                {"encode", "denoise"} <= set(stages.split(",")) and int(data) + 1 not in ports):
+            bad(cw, f"kiln-stages binds --data-port {data} + 1 for its denoise stage, which the "
+                    "container does not declare")
         bus = arg_after(args, "--bus")
         if bus and not bus.startswith("tcp://0.0.0.0") and "kiln-bus" not in bus:
             bad(cw, f"connects to the bus at {bus}, not through the kiln-bus Service")

@@ -2,7 +2,8 @@
  * on the tiny klein checkpoint (CPU backend):
  * - kiln-stages alone beside kiln-gateway: its three stages register as
  *   three replicas (--replica-id ID becomes ID-encode, ID-denoise,
- *   ID-decode), its one --health-port answers for all of them, a request
+ *   ID-decode), --data-port P is the encoder's and P + 1 the denoiser's,
+ *   its one --health-port answers for all of them, a request
  *   gets exactly the CLI's image, and SIGTERM ends it with 0, every stage
  *   having left with nothing held and no slab left behind.
  * - kiln serve --colocate with two replicas of each stage, one stage of
@@ -108,15 +109,22 @@ static void expect_replaced(pid_t gone, const char *what)
 
 static void test_one_process(void)
 {
-    char bus[160], hp[16];
+    char bus[160], hp[16], dp[16], enc_ep[96], den_ep[96];
     snprintf(bus, sizeof bus, "ipc://%s/bus-direct", svc.tmpdir);
     snprintf(hp, sizeof hp, "%d", svc_free_port());
+    int data_port = svc_free_port();
+    snprintf(dp, sizeof dp, "%d", data_port);
+    snprintf(enc_ep, sizeof enc_ep, "kiln-encoder: serving by-value hand-offs at tcp://127.0.0.1:%d\n",
+             data_port);
+    snprintf(den_ep, sizeof den_ep, "kiln-denoiser: serving by-value hand-offs at tcp://127.0.0.1:%d\n",
+             data_port + 1);
     const char *env[] = {"OMP_NUM_THREADS=1", NULL};
     pid_t gw = svc_spawn_service("gateway", bus, NULL, env);
     int gw_port = gw > 0 ? svc_log_port(svc_tmp("gateway.log"), 30000) : -1;
     const char *argv[] = {svc_exe("services/kiln-stages"), "--model", svc.model, "--bus", bus,
                           "--text-encoder-out-layers", "1,2,3", "--health-port", hp,
-                          "--replica-id", "pod-7", "--drain-s", "10", NULL};
+                          "--replica-id", "pod-7", "--drain-s", "10", "--data-port", dp,
+                          "--data-host", "127.0.0.1", NULL};
     const char *log = svc_tmp("stages.log");
     pid_t st = svc_spawn(argv, env, log);
     CHECK(gw > 0 && gw_port > 0 && st > 0);
@@ -126,6 +134,11 @@ static void test_one_process(void)
     static const char *const ids[] = {"as pod-7-encode ", "as pod-7-denoise ", "as pod-7-decode "};
     for (int i = 0; i < 3; i++)
         CHECKF(svc_wait_log(log, ids[i], 1, 30000) == 0, "no stage registered %s", ids[i]);
+    /* A fixed data port is the encoder's, the next one the denoiser's. */
+    CHECKF(svc_log_count(log, enc_ep) == 1, "the encoder does not serve on --data-port %d",
+           data_port);
+    CHECKF(svc_log_count(log, den_ep) == 1, "the denoiser does not serve on --data-port + 1 (%d)",
+           data_port + 1);
     CHECK(svc_get_status(atoi(hp), "/healthz") == 200);
     double until = kiln_now_ms() + 10000;
     while (svc_get_status(atoi(hp), "/readyz") != 200 && kiln_now_ms() < until)

@@ -663,8 +663,8 @@ static void test_bad_options(void)
         {"kiln-stages", "--prompt-cache-mb", "8", "denoise,decode"},
         {"kiln-stages", "--precision", "fp8", "encode"},
         {"kiln-stages", "--vae-band-rows", "64", "denoise"},
-        {"kiln-stages", "--data-port", "7000", "encode,denoise"},
-        {"kiln-stages", "--data-port", "7000"},
+        {"kiln-stages", "--data-port", "65535", "encode,denoise"},
+        {"kiln-stages", "--data-port", "65535"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char exe[512], log[4096];
