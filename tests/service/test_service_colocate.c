@@ -1,5 +1,7 @@
 /* Stages as threads of one process (kiln-stages, kiln serve --colocate),
  * on the tiny klein checkpoint (CPU backend):
+ * - kiln-stages whose denoiser cannot load (a cut checkpoint) exits 78
+ *   with none of its stages registered, though its decoder loaded.
  * - kiln-stages alone beside kiln-gateway: its three stages register as
  *   three replicas (--replica-id ID becomes ID-encode, ID-denoise,
  *   ID-decode), --data-port P is the encoder's and P + 1 the denoiser's,
@@ -121,6 +123,27 @@ static void test_one_process(void)
     const char *env[] = {"OMP_NUM_THREADS=1", NULL};
     pid_t gw = svc_spawn_service("gateway", bus, NULL, env);
     int gw_port = gw > 0 ? svc_log_port(svc_tmp("gateway.log"), 30000) : -1;
+    /* First with a checkpoint whose transformer is cut short: the decoder
+     * loads, the denoiser cannot (nor the encoder: the oracle's tokenizer
+     * files point to data/ by relative paths, which a copy breaks), so
+     * none registers and the process exits 78 (a configuration error, not
+     * to be restarted). */
+    char bad_model[160], cmd[2048];
+    snprintf(bad_model, sizeof bad_model, "%s/bad-model", svc.tmpdir);
+    snprintf(cmd, sizeof cmd, "cp -rL '%s' '%s' && truncate -s 1000 "
+             "'%s/transformer/diffusion_pytorch_model.safetensors'", svc.model, bad_model, bad_model);
+    CHECK(system(cmd) == 0);
+    const char *bad_argv[] = {svc_exe("services/kiln-stages"), "--model", bad_model, "--bus", bus,
+                              "--text-encoder-out-layers", "1,2,3", NULL};
+    const char *bad_log = svc_tmp("stages-bad.log");
+    pid_t broken = svc_spawn(bad_argv, env, bad_log);
+    int bad_rc = svc_wait_exit(broken, 60000);
+    CHECKF(bad_rc == 78, "kiln-stages with a broken transformer exited with %d (want 78)", bad_rc);
+    CHECKF(svc_log_count(bad_log, "kiln-decoder: bad-model loaded") == 1 &&
+               svc_log_count(bad_log, "kiln-denoiser: transformer:") == 1,
+           "want the decoder loaded and the denoiser's load refused");
+    CHECKF(svc_log_count(svc_tmp("gateway.log"), " registered (epoch") == 0,
+           "a stage of the process whose denoiser could not load registered");
     const char *argv[] = {svc_exe("services/kiln-stages"), "--model", svc.model, "--bus", bus,
                           "--text-encoder-out-layers", "1,2,3", "--health-port", hp,
                           "--replica-id", "pod-7", "--drain-s", "10", "--data-port", dp,
