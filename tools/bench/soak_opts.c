@@ -28,6 +28,7 @@ const char *kiln_soak_usage(void)
            "--verify-cache).  With --serve-pid (a `kiln serve`), its processes' memory\n"
            "(RssAnon from /proc; GPU memory from nvidia-smi when present) is sampled, one\n"
            "replica of --kill's stage gets SIGKILL and one of --stop's SIGSTOP for D s\n"
+           "(under kiln serve --colocate: a kiln-stages process, with its other stages)\n"
            "(defaults: denoise at 1/3 and 2/3 of the run, 30 s).  Errors: any status but\n"
            "200, except 503s while a fault heals; wrong or malformed images; memory\n"
            "growth after --warmup over the bounds.  Exit 0 when there were none.\n";

@@ -184,6 +184,10 @@ static void do_fault(shared *s, kiln_http_client *c, kiln_soak_fault *f, int sto
     const char *bin = kiln_soak_stage_binary(f->stage);
     pid_t pids[16];
     int n = kiln_soak_children(s->o->serve_pid, bin, pids, 16), ready;
+    /* kiln serve --colocate: the stage runs in kiln-stages processes, and
+     * the fault takes one of them whole. */
+    if (!n && (n = kiln_soak_children(s->o->serve_pid, "kiln-stages", pids, 16)) > 0)
+        bin = "kiln-stages";
     double lost0, lost;
     f->before = replicas(c, f->stage, &lost0, &ready);
     f->at_s = now_s() - s->t0;

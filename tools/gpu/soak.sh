@@ -9,6 +9,8 @@
 #                     [--model DIR] [--port 18600] [--serve-arg ARG]...
 #                     [-- kiln-soak options...]
 #
+# With --serve-arg --colocate the stages run as kiln-stages processes and
+# each fault takes one such process whole (its three stages).
 # Without --model it makes (once per machine, ~15 GB, ~20 s) the random
 # klein-4B checkpoint in $KILN_FULLSIZE_DIR (default /tmp/kiln-klein-4b,
 # the one tools/gpu/check.sh fullsize uses).  --first WxH sends one
