@@ -87,7 +87,8 @@ typedef struct kiln_backend_ops {
      * more, else the whole of x) as quantize_fp8 does it, so a row's
      * result never depends on the rest of its batch; then y = (x8 . w8^T)
      * * sx * sw (+ bias) with the products summed in fp32 and y rounded to
-     * its dtype.  The quantised x lives in backend scratch memory (CUDA:
+     * its dtype (CUDA: a bias must then be BF16, what cuBLASLt's FP8
+     * epilogue takes).  The quantised x lives in backend scratch memory (CUDA:
      * its scratch buffer, whose growth makes recorded graphs stale as any
      * op's does); nothing waits for the device, so it records in graphs.
      * quantize_fp8: y (F8E4M3, numel of x) = x quantised per tensor: s =

@@ -232,6 +232,17 @@ static void linear_fp8(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
     int64_t rows = kiln_tensor_rows(x), k = kiln_tensor_cols(x), n = w->shape[0];
     if (CUDA_REQUIRE(be, kiln_f8_linear_ok(n, k)))
         return;
+    /* cuBLASLt's FP8 GEMMs take a BF16 bias only (E4M3 x E4M3 with a BF16
+     * or F32 D: bias CUDA_R_16BF, cublasLt.h CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
+     * and the cublasLtMatmul type table); an F32 bias would fail in the
+     * heuristic as "no algorithm", so say why instead. */
+    if (bias && bias->dtype != KILN_BF16) {
+        kiln_be_fail(be, KILN_ERR_UNSUPPORTED,
+                     "cuda backend: fp8 linear N=%lld K=%lld: the bias must be BF16 (cuBLASLt's "
+                     "FP8 bias epilogue), got %s",
+                     (long long)n, (long long)k, kiln_dtype_name(bias->dtype));
+        return;
+    }
     const int64_t entries = x->ndim >= 3 ? x->shape[0] : 1, per = rows / entries;
     /* Each entry's codes and scale at a 256-byte boundary of the scratch. */
     const size_t stride = (kiln_f8_scale_offset(per * k) + 16 + 255) & ~(size_t)255;
