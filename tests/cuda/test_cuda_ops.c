@@ -227,8 +227,8 @@ static void case_linear_fp8(int ndim, int64_t b, int64_t s, int64_t k, int64_t n
     int64_t xs3[3] = {b, s, k}, xs2[2] = {b * s, k}, ys3[3] = {b, s, n}, ys2[2] = {b * s, n};
     dual_in(&x, KILN_BF16, ndim, ndim == 3 ? xs3 : xs2, 1.0f);
     dual_in(&w, KILN_BF16, 2, (int64_t[]){n, k}, 1.0f / sqrtf((float)k));
-    if (bias)
-        dual_in(&bi, ydt, 1, (int64_t[]){n}, 0.5f);
+    if (bias) /* BF16 for either y: what cuBLASLt's FP8 bias epilogue takes */
+        dual_in(&bi, KILN_BF16, 1, (int64_t[]){n}, 0.5f);
     if (ndim == 3 && b > 1) { /* entry 1 ten times larger: its own scale */
         float *h = xmalloc_f(b * s * k);
         kiln_be_download(cpu, &x.c, h);
@@ -269,6 +269,7 @@ static void test_fp8(void)
     case_linear_fp8(3, 3, 45, 128, 96, 1, KILN_BF16); /* 3 entries, odd rows, bias */
     case_linear_fp8(2, 2, 40, 128, 64, 0, KILN_BF16); /* 2-D x: one scale */
     case_linear_fp8(3, 2, 33, 64, 48, 0, KILN_F32);
+    case_linear_fp8(3, 2, 33, 64, 48, 1, KILN_F32); /* f32 D with the BF16 bias epilogue */
     case_linear_fp8(3, 1, 300, 1024, 512, 0, KILN_BF16);
     /* The same shape again runs through the cached plan. */
     case_linear_fp8(3, 1, 77, 256, 128, 0, KILN_BF16);
@@ -1092,8 +1093,11 @@ static void test_to_rgb8(void)
     case_rgb8(2, 131, 127, KILN_BF16); /* every bf16 value, odd sides */
     case_rgb8(2, 131, 127, KILN_F32);
     case_rgb8(1, 1, 1, KILN_F32);
-    case_rgb8(3, 517, 263, KILN_BF16); /* more pixels than the grid has threads */
-    case_rgb8(3, 517, 263, KILN_F32);
+    /* More pixels than the grid has threads (cuda_blocks: SMs x 32 blocks of
+     * 256, 1.08M on an H100 SXM, 1.21M with 148 SMs), so the grid-stride
+     * loop runs a second round: 3 x 1031 x 521 = 1.61M. */
+    case_rgb8(3, 1031, 521, KILN_BF16);
+    case_rgb8(3, 1031, 521, KILN_F32);
 }
 
 /* download_bytes: any dtype's bytes unchanged, through staging that grows
