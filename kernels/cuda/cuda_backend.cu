@@ -88,8 +88,12 @@ static void cuda_destroy(kiln_backend *be)
 {
     cuda_impl *c = cuda_of(be);
     if (c) {
-        /* Teardown is best effort: a failing device must not leak the host side. */
+        /* Teardown is best effort: a failing device must not leak the host side.
+         * Not while another backend of the process records a graph:
+         * cudnnDestroy synchronises the device, which would invalidate
+         * that capture (cuda_exclusive_begin). */
         cudaSetDevice(c->device);
+        int held = cuda_exclusive_begin();
         if (c->stream)
             cudaStreamSynchronize(c->stream);
         cuda_linear_fini(be);
@@ -103,6 +107,7 @@ static void cuda_destroy(kiln_backend *be)
             cudaFreeHost(c->pinned);
         if (c->stream)
             cudaStreamDestroy(c->stream);
+        cuda_exclusive_end(held);
         free(c);
     }
     free(be);

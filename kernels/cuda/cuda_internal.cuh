@@ -56,6 +56,7 @@ typedef struct cuda_impl {
      * marks [0, n_marks) recorded since the last reset. */
     cudaEvent_t timer_events[KILN_BE_TIMER_MARKS];
     int n_timer_events, n_marks;
+    int capturing; /* between a begun capture and its end (cuda_graph.cu's gate) */
 } cuda_impl;
 
 static inline cuda_impl *cuda_of(kiln_backend *be) { return (cuda_impl *)be->impl; }
@@ -84,6 +85,25 @@ void *cuda_scratch(kiln_backend *be, size_t bytes);
  * proves what initcheck is meant to, including for stores it cannot see
  * (its reports on cuBLASLt outputs, docs/GPU_CHECKS.md).  0 on failure. */
 int cuda_poison(kiln_backend *be, void *ptr, size_t bytes);
+
+/* Process-wide exclusion between stream captures and the calls that must
+ * not overlap a capture on another thread of the process (cuda_graph.cu).
+ * Several backends share the process's context (kiln-stages), and a
+ * capture is thread-local only for the "potentially unsafe" calls: one
+ * that synchronises the whole device, as cudnnDestroy does, invalidates
+ * every capture in progress on it, whichever thread made the call.
+ * cuda_exclusive_begin waits until no other thread is capturing and keeps
+ * new captures from starting until cuda_exclusive_end(its result).  On a
+ * thread that is capturing (or already exclusive) it returns 0 at once:
+ * waiting would never end, and the call fails that thread's own capture,
+ * which then runs op by op (models/dit_replay.c).
+ *
+ *   int held = cuda_exclusive_begin();
+ *   ... cudnnDestroy, cudaFreeHost ...
+ *   cuda_exclusive_end(held);
+ */
+int cuda_exclusive_begin(void);
+void cuda_exclusive_end(int held);
 
 #define CUDA_REQUIRE(be, cond)                                                           \
     ((cond) ? 0                                                                          \

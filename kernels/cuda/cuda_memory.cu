@@ -139,13 +139,22 @@ static void *cuda_pinned(kiln_backend *be, size_t bytes)
     cuda_impl *c = cuda_of(be);
     if (bytes <= c->pinned_bytes)
         return c->pinned;
-    /* Every download waits for its copy, so nothing still writes the old one. */
-    if (c->pinned && !cuda_ok(be, cudaFreeHost(c->pinned), "cudaFreeHost(staging)"))
-        return NULL;
-    c->pinned = NULL;
-    c->pinned_bytes = 0;
+    /* Every download waits for its copy, so nothing still writes the old one.
+     * Page-locking and unpinning are not stream-ordered: kept out of
+     * another backend's graph capture (cuda_exclusive_begin), like the
+     * teardown. */
+    int held = cuda_exclusive_begin();
+    cudaError_t f = c->pinned ? cudaFreeHost(c->pinned) : cudaSuccess;
+    cudaError_t e = cudaSuccess;
     size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-    cudaError_t e = cudaHostAlloc(&c->pinned, want, cudaHostAllocDefault);
+    if (f == cudaSuccess) {
+        c->pinned = NULL;
+        c->pinned_bytes = 0;
+        e = cudaHostAlloc(&c->pinned, want, cudaHostAllocDefault);
+    }
+    cuda_exclusive_end(held);
+    if (!cuda_ok(be, f, "cudaFreeHost(staging)"))
+        return NULL;
     if (e == cudaErrorMemoryAllocation) {
         c->pinned = NULL;
         cudaGetLastError(); /* not sticky: the pageable copy below goes on */
