@@ -90,6 +90,12 @@ void cuda_cudnn_init(kiln_backend *be)
         return;
     }
     char why[256] = "";
+    /* One backend at a time: the stages of a kiln-stages process create
+     * theirs in parallel, and cuDNN wants "a single synchronous call of
+     * cudnnCreate() ... first before each thread creates its own handle"
+     * (cuDNN developer guide, Thread Safety).  Exclusive also of other
+     * threads' graph captures, as cudnnDestroy (close_lib) must be. */
+    int held = cuda_exclusive_begin();
     cuda_cudnn *c = open_lib(why, sizeof why);
     if (c) {
         cudnnStatus_t s = c->create(&c->handle);
@@ -101,6 +107,7 @@ void cuda_cudnn_init(kiln_backend *be)
             c = NULL;
         }
     }
+    cuda_exclusive_end(held);
     if (!c) {
         KILN_LOG_INFO("cuda: cuDNN not used (%s); kiln's kernels run every op", why);
         return;
@@ -112,8 +119,13 @@ void cuda_cudnn_init(kiln_backend *be)
 void cuda_cudnn_fini(kiln_backend *be)
 {
     cuda_impl *ci = cuda_of(be);
+    /* cudnnDestroy calls cudaDeviceSynchronize (cuDNN API, cudnnDestroy):
+     * never beside another thread's capture.  cuda_destroy holds the gate
+     * already; this keeps any other caller honest. */
+    int held = cuda_exclusive_begin();
     if (ci->cudnn)
         close_lib(ci->cudnn);
+    cuda_exclusive_end(held);
     ci->cudnn = NULL;
 }
 
