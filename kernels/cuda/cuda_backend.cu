@@ -39,11 +39,17 @@ int cuda_ok(kiln_backend *be, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return 1;
-    if (sticky(e))
+    if (sticky(e)) {
         kiln_be_lose(be, "cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    else
+    } else {
         kiln_be_fail(be, KILN_ERR_DEVICE, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
                      cudaGetErrorName(e));
+        /* The runtime also left e in this thread's last-error slot: cleared,
+         * so the next launch check (cuda_launched), perhaps a later job's
+         * once this error is reported and cleared, does not read it as its
+         * own. */
+        cudaGetLastError();
+    }
     return 0;
 }
 
@@ -52,6 +58,8 @@ void cuda_check_context(kiln_backend *be, const char *what)
     cudaError_t e = cudaStreamQuery(cuda_stream(be));
     if (e != cudaSuccess && e != cudaErrorNotReady && sticky(e))
         kiln_be_lose(be, "cuda: after %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    else
+        cudaGetLastError(); /* whatever the library's failure left in this thread's slot */
 }
 
 int cuda_launched(kiln_backend *be, const char *kernel)
