@@ -47,6 +47,27 @@ static int all_loaded(worker_group *g)
     return ok;
 }
 
+/* A stage is done serving: it runs no work any more. */
+static void served(worker_group *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->n_served++;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Waits until every stage is done serving.  Inside one process a
+ * consumer uses a producer's cuda_ipc slab in place (no mapping of its
+ * own keeps it alive), so no stage frees its transports while another may
+ * still run work on them. */
+static void all_served(worker_group *g)
+{
+    pthread_mutex_lock(&g->mu);
+    while (g->n_served < g->n)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
 static int index_of(const worker_group *g, const kiln_worker *w)
 {
     for (int i = 0; i < g->n; i++)
@@ -76,6 +97,8 @@ static void stage_life(kiln_worker *w)
             worker_serve(w);
         }
     }
+    served(g);
+    all_served(g);
     worker_teardown(w);
     if (worker_halted(w) && !*status)
         *status = KILN_WORKER_EXIT_RESTART;
@@ -123,6 +146,7 @@ int worker_group_run(worker_group *g)
             fprintf(stderr, "%s: cannot start a thread for %s\n", g->binary, g->w[i]->ops->binary);
             g->status[i] = 1;
             arrive(g, 0);
+            served(g); /* it never serves */
         }
     }
     stage_life(g->w[0]);

@@ -47,6 +47,7 @@ typedef struct worker_group {
     pthread_mutex_t mu; /* the start barrier: every stage loaded, or one failed */
     pthread_cond_t cv;
     int n_arrived, n_failed;
+    int n_served; /* the stop barrier: stages done serving (none runs work any more) */
     atomic_int halting; /* a stage halted: the first one halts the others */
     int health_port; /* 0: none (worker_health.c) */
     int health_fd, health_started;
