@@ -3,17 +3,24 @@
 # need into .devbuild/ (release, CUDA required), copies the non-system
 # shared libraries those programs need into .devlibs/ and the klein and Z-Image oracle
 # cases and checkpoints (about 30 MB, folder layout of ../shared kept so the
-# checkpoints' link stubs resolve) into .devdata/, so that a device `run`
-# can carry all three (carry: [".devbuild", ".devlibs", ".devdata"]) and
-# tools/gpu/check.sh runs them there without building.  All are git-ignored.
+# checkpoints' link stubs resolve) into .devdata/, so that tools/gpu/check.sh
+# and bench.sh run them there without building.  All are git-ignored.
+# Together they are more than a device `run` carries (64 MiB):
+# tools/gpu/pack.sh packs them into one file.
 #
-# Usage: tools/gpu/build.sh [ninja targets...]   (default: the check programs)
+# Usage: tools/gpu/build.sh [--bench] [ninja targets...]
+#   (default: the check programs; --bench adds the benchmark's)
 # Env:   KILN_BUNDLE_LIBS  the bundle-libs script (default ../shared/device/bundle-libs)
 #        KILN_SHARED       the shared data folder (default ../shared)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 build=.devbuild
+bench=()
+if [ "${1:-}" = --bench ]; then
+  shift
+  bench=(tools/bench/kiln-bench tools/bench/kiln-stagebench tools/bench/kiln-opbench)
+fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline
                                      tests/cuda/test_cuda_replay tests/cuda/test_cuda_mixed
@@ -24,6 +31,7 @@ targets=("$@")
                                      services/gateway/kiln-gateway services/kiln-encoder
                                      services/kiln-denoiser services/kiln-decoder
                                      services/kiln-stages)
+targets+=("${bench[@]}")
 
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" -Dcuda=enabled --buildtype=release >/dev/null
