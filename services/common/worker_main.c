@@ -48,7 +48,8 @@ static void usage(FILE *f, const char *binary, const kiln_stage_ops *const *offe
                 "Serves the stages of the checkpoint's pipeline named by --stages (default all\n"
                 "three) as threads of this one process, each a replica of its own to the kiln\n"
                 "gateway (replica ids get -<stage> appended), sharing one CUDA context on\n"
-                "--gpu; when one halts, all do, and the process exits to be restarted.\n");
+                "--gpu; when one halts, all do, and the process exits to be restarted.  A\n"
+                "fixed --data-port P is the encode stage's, P + 1 the denoise stage's.\n");
     else
         fprintf(f, "Serves the %s stage of the checkpoint's pipeline to the kiln gateway.\n",
                 kiln_stage_name(offered[0]->stage));
