@@ -26,82 +26,57 @@ static int load_status(kiln_status st)
                : 1;
 }
 
-static void arrive(worker_group *g, int loaded)
+/* The group's two barriers, counted in *step: n_arrived (a stage loaded,
+ * or failed to: then n_failed too) and n_served (a stage runs no work any
+ * more). */
+static void pass(worker_group *g, int *step, int failed)
 {
     pthread_mutex_lock(&g->mu);
-    g->n_arrived++;
-    g->n_failed += !loaded;
+    ++*step;
+    g->n_failed += failed;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
 }
 
-/* 1 once every stage has loaded, 0 as soon as they have all tried and
- * one failed. */
-static int all_loaded(worker_group *g)
+/* Waits until every stage passed *step; 1 when none failed to load. */
+static int wait_all(worker_group *g, const int *step)
 {
     pthread_mutex_lock(&g->mu);
-    while (g->n_arrived < g->n)
+    while (*step < g->n)
         pthread_cond_wait(&g->cv, &g->mu);
     int ok = !g->n_failed;
     pthread_mutex_unlock(&g->mu);
     return ok;
 }
 
-/* A stage is done serving: it runs no work any more. */
-static void served(worker_group *g)
-{
-    pthread_mutex_lock(&g->mu);
-    g->n_served++;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
-
-/* Waits until every stage is done serving.  Inside one process a
- * consumer uses a producer's cuda_ipc slab in place (no mapping of its
- * own keeps it alive), so no stage frees its transports while another may
- * still run work on them. */
-static void all_served(worker_group *g)
-{
-    pthread_mutex_lock(&g->mu);
-    while (g->n_served < g->n)
-        pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-
-static int index_of(const worker_group *g, const kiln_worker *w)
-{
-    for (int i = 0; i < g->n; i++)
-        if (g->w[i] == w)
-            return i;
-    return -1;
-}
-
 /* One stage's life, on the thread that owns its backend. */
 static void stage_life(kiln_worker *w)
 {
     worker_group *g = w->group;
-    int *status = &g->status[index_of(g, w)];
     kiln_err err = {0};
     kiln_status st = worker_load(w, &err);
     if (st) {
         fprintf(stderr, "%s: %s\n", w->ops->binary, err.msg);
-        *status = load_status(st);
+        w->status = load_status(st);
     }
-    arrive(g, st == KILN_OK);
-    if (all_loaded(g)) {
+    pass(g, &g->n_arrived, st != KILN_OK);
+    if (wait_all(g, &g->n_arrived)) {
         if (worker_start(w, &err)) {
             fprintf(stderr, "%s: %s\n", w->ops->binary, err.msg);
-            *status = 1;
+            w->status = 1;
             worker_group_halt_others(w, "it could not start");
         } else {
             worker_serve(w);
         }
     }
-    served(g);
-    all_served(g);
+    /* Inside one process a consumer uses a producer's cuda_ipc slab in
+     * place (no mapping of its own keeps it alive): no stage frees its
+     * transports while another may still run work on them. */
+    pass(g, &g->n_served, 0);
+    wait_all(g, &g->n_served);
     worker_teardown(w);
-    if (worker_halted(w) && !*status)
-        *status = KILN_WORKER_EXIT_RESTART;
+    if (worker_halted(w) && !w->status)
+        w->status = KILN_WORKER_EXIT_RESTART;
     KILN_LOG_INFO("%s: %s stopped", w->ops->binary, w->replica);
 }
 
@@ -144,9 +119,9 @@ int worker_group_run(worker_group *g)
         started[i] = !pthread_create(&threads[i], NULL, stage_thread, g->w[i]);
         if (!started[i]) {
             fprintf(stderr, "%s: cannot start a thread for %s\n", g->binary, g->w[i]->ops->binary);
-            g->status[i] = 1;
-            arrive(g, 0);
-            served(g); /* it never serves */
+            g->w[i]->status = 1;
+            pass(g, &g->n_arrived, 1);
+            pass(g, &g->n_served, 0); /* it never serves */
         }
     }
     stage_life(g->w[0]);
@@ -158,9 +133,9 @@ int worker_group_run(worker_group *g)
      * else a halted one asks to be restarted. */
     int rc = 0;
     for (int i = 0; i < g->n; i++)
-        if (g->status[i] && g->status[i] != KILN_WORKER_EXIT_RESTART)
-            return g->status[i];
-        else if (g->status[i])
-            rc = g->status[i];
+        if (g->w[i]->status && g->w[i]->status != KILN_WORKER_EXIT_RESTART)
+            return g->w[i]->status;
+        else if (g->w[i]->status)
+            rc = g->w[i]->status;
     return rc;
 }

@@ -43,11 +43,10 @@ typedef struct worker_group {
     const char *binary; /* for logs and usage: "kiln-stages", "kiln-encoder", ... */
     kiln_worker *w[WORKER_GROUP_MAX];
     int n;
-    int status[WORKER_GROUP_MAX]; /* each stage's exit status (worker_group.c) */
-    pthread_mutex_t mu; /* the start barrier: every stage loaded, or one failed */
+    pthread_mutex_t mu; /* the barriers (worker_group.c) */
     pthread_cond_t cv;
-    int n_arrived, n_failed;
-    int n_served; /* the stop barrier: stages done serving (none runs work any more) */
+    int n_arrived, n_failed; /* start: stages loaded or failed to, those that failed */
+    int n_served;            /* stop: stages done serving (none runs work any more) */
     atomic_int halting; /* a stage halted: the first one halts the others */
     int health_port; /* 0: none (worker_health.c) */
     int health_fd, health_started;
@@ -88,6 +87,7 @@ struct kiln_worker_job {
 struct kiln_worker {
     const kiln_stage_ops *ops;
     worker_group *group; /* the process's stages, this one among them */
+    int status;          /* its exit status (worker_group.c): 0, or why the process ends */
     kiln_worker_opts opts;
     char replica[KILN_PROTO_ID_MAX], host[KILN_PROTO_ID_MAX], model[KILN_PROTO_ID_MAX];
     uint64_t epoch; /* this incarnation: random, != 0, in every message */
