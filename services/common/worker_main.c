@@ -242,6 +242,10 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
             snprintf(msg, sizeof msg, "%s is not an option of the stage%s it runs", given[i].name,
                      (*stages & (*stages - 1)) ? "s" : "");
     int producers = !!(*stages & enc) + !!(*stages & STAGE_BIT(KILN_STAGE_DENOISE));
+    size_t suffix = 0; /* the longest -<stage> a group's replica ids get */
+    for (int st = 0; st < KILN_STAGE_COUNT && (*stages & (*stages - 1)); st++)
+        if ((*stages & STAGE_BIT(st)) && strlen(kiln_stage_name((kiln_stage)st)) + 1 > suffix)
+            suffix = strlen(kiln_stage_name((kiln_stage)st)) + 1;
     const char *why = NULL;
     if (msg[0])
         why = msg;
@@ -254,6 +258,9 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
               "gateway's public key)";
     else if (o->bus_allow && !o->bus_key)
         why = "--bus-allow needs --bus-key (it says who may fetch by value on a CURVE bus)";
+    else if (o->replica_id && strlen(o->replica_id) + suffix >= KILN_PROTO_ID_MAX)
+        why = "--replica-id: too long for the -<stage> each of its stages appends (the ids "
+              "are 127 characters at most)";
     else if (o->data_port == 65535 && producers > 1)
         why = "--data-port: the encode stage binds P and the denoise stage P + 1, so P must be "
               "below 65535";
@@ -426,18 +433,15 @@ static kiln_status probe_domain(kiln_worker *w, kiln_err *err)
 }
 
 /* --replica-id as given for a process of one stage, with -<stage>
- * appended for one of several (they are separate replicas). */
-static kiln_status name_replica(kiln_worker *w, kiln_err *err)
+ * appended for one of several (they are separate replicas; parse_args
+ * made sure it fits). */
+static void name_replica(kiln_worker *w)
 {
-    const char *id = w->opts.replica_id;
     if (w->group->n < 2)
-        snprintf(w->replica, sizeof w->replica, "%s", id);
-    else if (snprintf(w->replica, sizeof w->replica, "%s-%s", id,
-                      kiln_stage_name(w->ops->stage)) >= (int)sizeof w->replica)
-        return kiln_err_set(err, KILN_ERR_INVALID, "--replica-id %s: too long for -%s to be "
-                            "appended (%d characters at most)", id,
-                            kiln_stage_name(w->ops->stage), KILN_PROTO_ID_MAX - 1);
-    return KILN_OK;
+        snprintf(w->replica, sizeof w->replica, "%s", w->opts.replica_id);
+    else
+        snprintf(w->replica, sizeof w->replica, "%s-%s", w->opts.replica_id,
+                 kiln_stage_name(w->ops->stage));
 }
 
 kiln_status worker_load(kiln_worker *w, kiln_err *err)
@@ -450,10 +454,9 @@ kiln_status worker_load(kiln_worker *w, kiln_err *err)
     sanitize(w->host, 48, host);
     /* The epoch's digits make the id unique per process where the rest is
      * not: containers of one pod (one hostname) are each PID 1. */
-    if (w->opts.replica_id) {
-        if (name_replica(w, err))
-            return err->code;
-    } else
+    if (w->opts.replica_id)
+        name_replica(w);
+    else
         snprintf(w->replica, sizeof w->replica, "%s-%.48s-%ld-%08llx",
                  kiln_stage_name(w->ops->stage), w->host, (long)getpid(),
                  (unsigned long long)(w->epoch >> 32));

@@ -665,6 +665,10 @@ static void test_bad_options(void)
         {"kiln-stages", "--vae-band-rows", "64", "denoise"},
         {"kiln-stages", "--data-port", "65535", "encode,denoise"},
         {"kiln-stages", "--data-port", "65535"},
+        /* 120 characters: no room for -denoise in a replica id (127 at most) */
+        {"kiln-stages", "--replica-id",
+         "pod-0123456789012345678901234567890123456789012345678901234567890123456789012345678901"
+         "2345678901234567890123456789012345"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char exe[512], log[4096];
