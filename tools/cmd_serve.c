@@ -93,6 +93,37 @@ static const char *const gateway_options[] = {
 #define N_GATEWAY_OPTIONS ((int)(sizeof gateway_options / sizeof gateway_options[0]))
 _Static_assert(N_GATEWAY_OPTIONS <= 32, "serve_opts.gw_opt holds 32");
 
+/* The GPU of replica i of stage st. */
+static int replica_gpu(const serve_opts *o, int st, int i)
+{
+    return o->stage_gpu[st] >= 0 ? o->stage_gpu[st] : i % o->gpus;
+}
+
+/* Under --colocate: how many kiln-stages processes run (process i runs
+ * replica i of each stage that has one). */
+static int colocated_processes(const serve_opts *o)
+{
+    int n = o->replicas[0] > o->replicas[1] ? o->replicas[0] : o->replicas[1];
+    return n > o->replicas[2] ? n : o->replicas[2];
+}
+
+/* The stages (bits of kiln_stage) of colocated process i and their GPU;
+ * -1 when the --<stage>-gpu options put them on different GPUs. */
+static int colocated(const serve_opts *o, int i, unsigned *stages, int *gpu)
+{
+    *stages = 0;
+    *gpu = -1;
+    for (int st = 0; st < 3; st++) {
+        if (i >= o->replicas[st])
+            continue;
+        if (*gpu >= 0 && replica_gpu(o, st, i) != *gpu)
+            return -1;
+        *gpu = replica_gpu(o, st, i);
+        *stages |= 1u << st;
+    }
+    return 0;
+}
+
 static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
@@ -191,6 +222,16 @@ static int parse(int argc, char **argv, serve_opts *o)
         usage(stderr);
         return 2;
     }
+    unsigned stages;
+    int gpu;
+    for (int i = 0; o->colocate && i < colocated_processes(o); i++)
+        if (colocated(o, i, &stages, &gpu)) {
+            fprintf(stderr, "kiln serve: --colocate runs replica %d of every stage in one process "
+                    "on one GPU, but --gpus and the --<stage>-gpu options put them on different "
+                    "GPUs\n", i);
+            usage(stderr);
+            return 2;
+        }
     return 0;
 }
 
@@ -265,12 +306,6 @@ static kiln_status add_gateway(kiln_supervisor *s, const serve_opts *o, const ch
     return kiln_supervisor_add(s, "kiln-gateway", KILN_CHILD_FRONT, argv, err);
 }
 
-/* The GPU of replica i of stage st. */
-static int replica_gpu(const serve_opts *o, int st, int i)
-{
-    return o->stage_gpu[st] >= 0 ? o->stage_gpu[st] : i % o->gpus;
-}
-
 /* One stage process: `stages` (bits of kiln_stage) on GPU `gpu`, with the
  * options of those stages. */
 static kiln_status add_stage_process(kiln_supervisor *s, const serve_opts *o, const char *bus,
@@ -323,23 +358,10 @@ static kiln_status add_replicas(kiln_supervisor *s, const serve_opts *o, const c
             }
         return KILN_OK;
     }
-    /* Process i runs replica i of each stage that has one. */
-    int n = o->replicas[0] > o->replicas[1] ? o->replicas[0] : o->replicas[1];
-    n = n > o->replicas[2] ? n : o->replicas[2];
-    for (int i = 0; i < n; i++) {
-        unsigned stages = 0;
-        int gpu = -1;
-        for (int st = 0; st < 3; st++) {
-            if (i >= o->replicas[st])
-                continue;
-            if (gpu >= 0 && replica_gpu(o, st, i) != gpu)
-                return kiln_err_set(err, KILN_ERR_INVALID, "--colocate runs replica %d of every "
-                                    "stage in one process on one GPU, but the --<stage>-gpu "
-                                    "options put its stages on GPUs %d and %d", i, gpu,
-                                    replica_gpu(o, st, i));
-            gpu = replica_gpu(o, st, i);
-            stages |= 1u << st;
-        }
+    for (int i = 0; i < colocated_processes(o); i++) {
+        unsigned stages;
+        int gpu;
+        colocated(o, i, &stages, &gpu); /* parse refused a process split over GPUs */
         snprintf(name, sizeof name, "kiln-stages[%d]", i);
         if (add_stage_process(s, o, bus, keys, "kiln-stages", name, stages, gpu, err))
             return err->code;

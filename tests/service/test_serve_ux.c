@@ -386,6 +386,14 @@ static void test_served_name_and_timeouts(void)
     CHECK(p > 0 && svc_wait_exit(p, 10000) == 1);
     CHECK(svc_log_count(svc_tmp("nomodel.log"), "checkpoint folder not found") == 1 &&
           svc_log_count(svc_tmp("nomodel.log"), "started kiln-") == 0);
+    /* --colocate with the stages of one process pinned to different GPUs:
+     * a usage error (exit 2), said before anything starts */
+    const char *split[] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port", port_s,
+                           "--colocate", "--gpus", "2", "--encoder-gpu", "1", NULL};
+    p = svc_spawn(split, NULL, svc_tmp("split.log"));
+    CHECK(p > 0 && svc_wait_exit(p, 10000) == 2);
+    CHECK(svc_log_count(svc_tmp("split.log"), "--colocate runs replica 0 of every stage") == 1 &&
+          svc_log_count(svc_tmp("split.log"), "started kiln-") == 0);
 }
 
 int main(void)
