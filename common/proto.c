@@ -113,6 +113,18 @@ void kiln_proto_model_id(const char *model_dir, char *out, size_t cap)
         snprintf(out, cap, "model");
 }
 
+/* hello's process token: 1..32 lowercase hex digits. */
+static int process_valid(const char *t)
+{
+    size_t n = strnlen(t, KILN_PROTO_PROCESS_MAX);
+    if (n == 0 || n >= KILN_PROTO_PROCESS_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
 /* Replica ids and host names: 1..127 characters of [A-Za-z0-9._:@-]. */
 static int id_valid(const char *id)
 {
@@ -399,6 +411,8 @@ static kiln_status check_msg(const kiln_msg *m, kiln_err *err)
         if ((h->data && h->data[0] && !endpoint_valid(h->data)) ||
             (h->data_key && !key_valid(h->data_key)))
             return kiln_err_set(err, KILN_ERR_INVALID, "hello: bad data endpoint or key");
+        if (h->process && h->process[0] && !process_valid(h->process))
+            return kiln_err_set(err, KILN_ERR_INVALID, "hello: bad process token");
         if (check_traits(&h->traits, err))
             return kiln_err_wrap(err, "hello");
         return check_domain(&h->domain, err) ? kiln_err_wrap(err, "hello") : KILN_OK;

@@ -39,7 +39,7 @@
 #include "tensor.h"
 #include "traits.h"
 
-#define KILN_PROTO_VERSION 4 /* 4: hello carries the model's traits */
+#define KILN_PROTO_VERSION 5 /* 5: hello may carry its process token */
 
 #define KILN_PROTO_MAX_FRAME (512u << 20) /* bytes in one message */
 #define KILN_PROTO_ID_MAX 128             /* replica ids, host and model names, with the NUL */
@@ -61,6 +61,7 @@
 #define KILN_PROTO_ALIGN 64               /* slab offsets are multiples of this */
 #define KILN_PROTO_ENDPOINT_MAX 256       /* data socket endpoints, with the NUL */
 #define KILN_PROTO_KEY_TEXT 41            /* a CURVE public key in Z85, with the NUL */
+#define KILN_PROTO_PROCESS_MAX 33         /* hello's process token, with the NUL */
 
 typedef enum kiln_msg_type {
     /* replica -> gateway */
@@ -207,6 +208,12 @@ typedef struct kiln_msg_hello {
      * Validated: a family name of [a-z0-9_-], steps 1..1000, guidance
      * 0..100, widths 1..KILN_TRAITS_WIDEST_*. */
     kiln_model_traits traits;
+    /* The replicas of one process (kiln-stages) announce the same token,
+     * drawn at random when the process starts: they live and die together,
+     * so the gateway ends them all when it ends one (fenced, never when one
+     * left gracefully) and no job re-runs on a stage of the dying process.
+     * 1..32 characters of [0-9a-f]; "" or NULL (optional): not said. */
+    const char *process;
 } kiln_msg_hello;
 
 typedef struct kiln_msg_ready {

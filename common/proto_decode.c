@@ -388,7 +388,8 @@ static kiln_status hello(dec *d, const msgpack_object *o, kiln_msg_hello *h)
     const char *stage;
     const msgpack_object *tr;
     if (traits(d, o, &h->traits) || domain(d, o, &h->domain) || get_str(d, o, "data", &h->data) ||
-        get_str(d, o, "dkey", &h->data_key))
+        get_str(d, o, "dkey", &h->data_key) ||
+        (get(o, "proc") && get_str(d, o, "proc", &h->process)))
         return KILN_ERR_INVALID;
     if (get_str(d, o, "stage", &stage) || get_str(d, o, "replica", &h->replica) ||
         get_str(d, o, "model", &h->model) || get_str(d, o, "host", &h->host) ||

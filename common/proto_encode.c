@@ -138,8 +138,11 @@ static void traits(msgpack_packer *pk, const kiln_model_traits *t)
 static void hello(msgpack_packer *pk, const kiln_msg *m)
 {
     const kiln_msg_hello *h = &m->hello;
-    head(pk, m, 11);
+    int has_process = h->process && h->process[0];
+    head(pk, m, 11 + has_process);
     traits(pk, &h->traits);
+    if (has_process)
+        kv_str(pk, "proc", h->process);
     domain(pk, &h->domain);
     kv_str(pk, "data", h->data ? h->data : "");
     kv_str(pk, "dkey", h->data_key ? h->data_key : "");

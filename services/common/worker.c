@@ -77,7 +77,8 @@ static void send_hello(kiln_worker *w)
                             .data_key = w->data_ep[0] && w->bus_keys.secret[0]
                                             ? w->bus_keys.public_key
                                             : "",
-                            .traits = w->traits}};
+                            .traits = w->traits,
+                            .process = w->group ? w->group->process : NULL}};
     worker_send(w, &m);
     pthread_mutex_lock(&w->mu);
     int credits = w->capacity - w->n_held;

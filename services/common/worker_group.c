@@ -11,8 +11,11 @@
  * serves half a pipeline; one that halts (fenced, or its device lost)
  * halts the others, since a lost CUDA context or a stopped process is all
  * of theirs, and the process exits to be restarted whole. */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "common/log.h"
 #include "worker_impl.h"
@@ -100,9 +103,24 @@ void worker_group_halt_others(kiln_worker *w, const char *reason)
             worker_halt(g->w[i], WORKER_FAULTED, why);
 }
 
+/* The process token: 64 random bits in hex, so that no other process
+ * (another host, a restart) says the same one. */
+static int draw_process_token(worker_group *g)
+{
+    uint64_t t;
+    if (getrandom(&t, sizeof t, 0) != (ssize_t)sizeof t)
+        return -1;
+    snprintf(g->process, sizeof g->process, "%016llx", (unsigned long long)t);
+    return 0;
+}
+
 int worker_group_run(worker_group *g)
 {
     kiln_err err = {0};
+    if (draw_process_token(g)) {
+        fprintf(stderr, "%s: getrandom: %s\n", g->binary, strerror(errno));
+        return 1;
+    }
     if (pthread_mutex_init(&g->mu, NULL) || pthread_cond_init(&g->cv, NULL)) {
         fprintf(stderr, "%s: cannot create the start barrier\n", g->binary);
         return 1;

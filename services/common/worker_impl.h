@@ -48,6 +48,9 @@ typedef struct worker_group {
     int n_arrived, n_failed; /* start: stages loaded or failed to, those that failed */
     int n_served;            /* stop: stages done serving (none runs work any more) */
     atomic_int halting; /* a stage halted: the first one halts the others */
+    /* Drawn when the process starts, said in every stage's hello: the
+     * gateway ends them together (common/proto.h, kiln_msg_hello). */
+    char process[KILN_PROTO_PROCESS_MAX];
     int health_port; /* 0: none (worker_health.c) */
     int health_fd, health_started;
     atomic_int health_stop;

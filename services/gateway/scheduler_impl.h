@@ -71,6 +71,9 @@ typedef struct sched_replica {
     kiln_domain domain;
     unsigned transports;
     char data[KILN_PROTO_ENDPOINT_MAX], data_key[KILN_PROTO_KEY_TEXT];
+    /* Its hello's process token ("" when not said): the incarnations that
+     * share one end together (scheduler_replica.c, sched_replica_fence). */
+    char process[KILN_PROTO_PROCESS_MAX];
 } sched_replica;
 
 /* References a job took to a consumer: held here from dispatch until the

@@ -138,9 +138,29 @@ static void end_incarnation(kiln_sched *s, sched_replica *r, const char *why, in
                    "stage_unavailable", "no %s replica is available", kiln_stage_name(r->stage));
 }
 
+/* A fenced replica's process is lost for all its stages (kiln-stages
+ * halts them together): its siblings are fenced now, not one by one as
+ * their byes or silences arrive, so that no job re-run from r lands on a
+ * sibling that is about to go, spending its one re-run. */
+static void fence_siblings(kiln_sched *s, const sched_replica *r, double now)
+{
+    if (!r->process[0])
+        return;
+    char why[KILN_PROTO_ID_MAX + 64];
+    snprintf(why, sizeof why, "shares its process with %s, which was fenced", r->id);
+    for (sched_link *l = s->replicas.next; l != &s->replicas; l = l->next) {
+        sched_replica *x = LINK_OWNER(l, sched_replica, node);
+        if (x != r && x->alive && !strcmp(x->process, r->process))
+            end_incarnation(s, x, why, 0, now);
+    }
+}
+
 void sched_replica_fence(kiln_sched *s, sched_replica *r, const char *why, double now)
 {
+    if (!r->alive)
+        return;
     end_incarnation(s, r, why, 0, now);
+    fence_siblings(s, r, now);
 }
 
 void sched_replica_left(kiln_sched *s, sched_replica *r, double now)
@@ -172,6 +192,13 @@ void sched_on_stale(kiln_sched *s, sched_replica *r, const char *peer, kiln_msg 
         return;
     }
     int fenced = ours || tomb;
+    if (fenced && m->type == KILN_MSG_BYE) {
+        /* Its halt crossed our fence (a sibling's fence ends it first):
+         * nothing to refuse, and it is already on its way out. */
+        KILN_LOG_DEBUG("gateway: ignored a bye from %s epoch %016llx (fenced before it)", peer,
+                       (unsigned long long)m->epoch);
+        return;
+    }
     kiln_metrics_rejected(s->metrics, fenced ? KILN_REJECT_FENCED : KILN_REJECT_UNREGISTERED, 1);
     if (m->type == KILN_MSG_DONE || m->type == KILN_MSG_PARTIAL) {
         /* Its outputs are its own memory: back to it (a fenced incarnation
@@ -269,6 +296,7 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
     r->transports = h->transports;
     snprintf(r->data, sizeof r->data, "%s", h->data ? h->data : "");
     snprintf(r->data_key, sizeof r->data_key, "%s", h->data_key ? h->data_key : "");
+    snprintf(r->process, sizeof r->process, "%s", h->process ? h->process : "");
 }
 
 void sched_replica_gc(kiln_sched *s, double now)

@@ -185,18 +185,25 @@ static void deliver(world *w, const char *peer, const kiln_msg *m)
 static const kiln_domain one_box = {.host = "boot-1", .shm = "27:1", .ipc_ns = 1, .mnt_ns = 2,
                                     .pid_ns = 3, .gpu = -1};
 
-/* Registers a new incarnation of `id` (a new epoch each call). */
-static void hello(world *w, const char *id, kiln_stage st, const char *model, int credits)
+/* Registers a new incarnation of `id` (a new epoch each call), one of
+ * the stages of process `process` (hello's token; NULL: it does not say). */
+static void hello_of_process(world *w, const char *id, kiln_stage st, const char *model,
+                             int credits, const char *process)
 {
     kiln_msg m = {.type = KILN_MSG_HELLO, .epoch = new_epoch(w, id),
                   .hello = {.stage = st, .replica = id, .model = model, .host = "test",
                             .max_batch = 4, .transports = KILN_TRANSPORT_BIT(KILN_REF_SHM),
-                            .domain = one_box}};
+                            .domain = one_box, .process = process}};
     deliver(w, id, &m);
     if (credits) {
         kiln_msg r = {.type = KILN_MSG_READY, .ready.credits = credits};
         deliver(w, id, &r);
     }
+}
+
+static void hello(world *w, const char *id, kiln_stage st, const char *model, int credits)
+{
+    hello_of_process(w, id, st, model, credits, NULL);
 }
 
 /* A heartbeat of a replica whose backend moves on. */
@@ -1052,6 +1059,92 @@ static void test_bye(void)
     world_free(&w);
 }
 
+/* The stages of one process (kiln-stages) share its fate: when one is
+ * fenced (here its device is lost), the gateway fences the others at once,
+ * so that the job re-run from it cannot land on the encoder of the same
+ * dying process (whose own bye comes a moment later and would have spent
+ * the job's one re-run: a 503).  Their byes then change nothing.  A stage
+ * that leaves gracefully ends alone. */
+static void test_process_siblings(void)
+{
+    world w;
+    world_init(&w, 8);
+    static const char p[] = "00000000000000aa", q[] = "00000000000000bb";
+    hello_of_process(&w, "p-encode", KILN_STAGE_ENCODE, "klein-tiny", 2, p);
+    hello_of_process(&w, "p-denoise", KILN_STAGE_DENOISE, "klein-tiny", 2, p);
+    hello_of_process(&w, "p-decode", KILN_STAGE_DECODE, "klein-tiny", 2, p);
+    /* Process q's stages offer their credits only after p's denoiser is
+     * gone, so a re-run the gateway could still place on p's encoder
+     * would go there. */
+    hello_of_process(&w, "q-encode", KILN_STAGE_ENCODE, "klein-tiny", 0, q);
+    hello_of_process(&w, "q-denoise", KILN_STAGE_DENOISE, "klein-tiny", 0, q);
+    hello_of_process(&w, "q-decode", KILN_STAGE_DECODE, "klein-tiny", 0, q);
+    uint64_t a;
+    CHECK(submit(&w, "{\"prompt\":\"a\",\"size\":\"64x64\",\"seed\":3}", &a) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "p-encode");
+    kiln_tensor_ref emb = shm_ref(&w, "p-encode", "/kiln-encode-1-0", 64);
+    done_with(&w, "p-encode", a, "embeds", &emb);
+    expect_sent(&w, KILN_MSG_JOB, "p-denoise");
+
+    kiln_msg bye = {.type = KILN_MSG_BYE, .bye_reason = "device lost: cuda: illegal address"};
+    deliver(&w, "p-denoise", &bye);
+    int fenced[3] = {0}, jobs_to_p = 0;
+    const char *to;
+    for (kiln_msg *m; (m = next_sent(&w, &to));) {
+        fenced[0] += m->type == KILN_MSG_FENCED && !strcmp(to, "p-encode");
+        fenced[1] += m->type == KILN_MSG_FENCED && !strcmp(to, "p-denoise");
+        fenced[2] += m->type == KILN_MSG_FENCED && !strcmp(to, "p-decode");
+        jobs_to_p += m->type == KILN_MSG_JOB;
+    }
+    CHECKF(fenced[0] == 1 && fenced[1] == 1 && fenced[2] == 1,
+           "fenced sent to p's encoder %d, denoiser %d, decoder %d times", fenced[0], fenced[1],
+           fenced[2]);
+    CHECKF(jobs_to_p == 0, "the re-run went to a stage of the dying process");
+    CHECK(event_count(&w, "replica_lost") == 3 && event_count(&w, "redispatch") == 1);
+    kiln_metrics_gauges g;
+    kiln_sched_gauges(w.s, &g);
+    for (int st = 0; st < KILN_STAGE_COUNT; st++)
+        CHECKF(g.replicas[st] == 1, "stage %d: %d live replicas", st, g.replicas[st]);
+
+    /* The siblings' own byes, sent as their process halted, change
+     * nothing: no message back, nothing counted as rejected. */
+    double rejected_before = rejected(&w, "fenced");
+    deliver(&w, "p-encode", &bye);
+    deliver(&w, "p-decode", &bye);
+    expect_quiet(&w);
+    CHECK(rejected(&w, "fenced") == rejected_before && event_count(&w, "replica_lost") == 3);
+
+    /* Process q takes the job from the start, to its image. */
+    kiln_msg ready = {.type = KILN_MSG_READY, .ready.credits = 2};
+    deliver(&w, "q-denoise", &ready);
+    deliver(&w, "q-decode", &ready);
+    deliver(&w, "q-encode", &ready);
+    kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "q-encode");
+    CHECK(m && m->job.job == a);
+    kiln_tensor_ref emb2 = shm_ref(&w, "q-encode", "/kiln-encode-2-0", 64);
+    done_with(&w, "q-encode", a, "embeds", &emb2);
+    expect_sent(&w, KILN_MSG_JOB, "q-denoise");
+    kiln_tensor_ref lat = shm_ref(&w, "q-denoise", "/kiln-denoise-2-0", 0);
+    done_with(&w, "q-denoise", a, "latents", &lat);
+    expect_free(&w, "q-encode", &emb2);
+    expect_sent(&w, KILN_MSG_JOB, "q-decode");
+    done_images(&w, "q-decode", a, 1);
+    CHECK(w.n_finished == 1 && w.last_status == 200 && w.last_seeds[0] == 3);
+    expect_free(&w, "q-denoise", &lat);
+
+    /* q's denoiser leaves gracefully: its siblings stay. */
+    kiln_msg leaving = {.type = KILN_MSG_LEAVING}, left = {.type = KILN_MSG_BYE,
+                                                          .bye_reason = "left"};
+    deliver(&w, "q-denoise", &leaving);
+    deliver(&w, "q-denoise", &left);
+    expect_quiet(&w);
+    kiln_sched_gauges(w.s, &g);
+    CHECK(g.replicas[KILN_STAGE_ENCODE] == 1 && g.replicas[KILN_STAGE_DECODE] == 1 &&
+          g.replicas[KILN_STAGE_DENOISE] == 0 && event_count(&w, "replica_lost") == 3);
+    expect_idle(&w);
+    world_free(&w);
+}
+
 /* A replica that says `leaving` (SIGTERM) gets no job and no credit from
  * then on and no longer counts as live (readiness, admission, placement),
  * while the job it runs finishes there normally; its `bye` afterwards
@@ -1701,6 +1794,7 @@ int main(void)
     RUN(test_flow);
     RUN(test_previews);
     RUN(test_bye);
+    RUN(test_process_siblings);
     RUN(test_leaving);
     RUN(test_progress_stall);
     RUN(test_gateway_stall);

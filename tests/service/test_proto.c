@@ -72,8 +72,26 @@ static void test_hello_ready_hb_cancel(void)
         CHECK(!strcmp(d->hello.host, "box") && d->hello.max_batch == 4);
         CHECK(d->hello.transports == m.hello.transports);
         CHECK(d->hello.version == KILN_PROTO_VERSION && d->epoch == EPOCH);
+        CHECK(!d->hello.process || !d->hello.process[0]); /* optional: not said */
     }
     kiln_msg_free(d);
+    /* The process token of kiln-stages' replicas travels as it is; one
+     * that is not 1..32 lowercase hex digits is refused. */
+    m.hello.process = "0123456789abcdef";
+    d = roundtrip(&m);
+    CHECK(d && d->hello.process && !strcmp(d->hello.process, "0123456789abcdef"));
+    kiln_msg_free(d);
+    const char *bad_tokens[] = {"0123456789ABCDEF", "token!", "0123456789abcdef0123456789abcdef0"};
+    for (size_t i = 0; i < sizeof bad_tokens / sizeof *bad_tokens; i++) {
+        kiln_buf pb = {0};
+        kiln_err perr = {0};
+        kiln_msg pbad = m;
+        pbad.hello.process = bad_tokens[i];
+        CHECK(kiln_msg_encode(&pbad, &pb, &perr) == KILN_ERR_INVALID &&
+              strstr(perr.msg, "process token"));
+        kiln_buf_free(&pb);
+    }
+    m.hello.process = NULL;
     /* A klein base checkpoint's traits: the guidance default as a float. */
     m.hello.traits = (kiln_model_traits){.family = "flux2", .cfg = 1, .default_steps = 50,
                                          .default_guidance = 4.0f, .text_width = 7680,
