@@ -278,13 +278,19 @@ pid_t svc_batch_started(const char *log, size_t from, const pid_t *pids, int n, 
 
 int svc_exit_reports(const char *log, char *bad, size_t cap)
 {
+    return svc_exit_reports_from(log, 0, bad, cap);
+}
+
+int svc_exit_reports_from(const char *log, size_t from, char *bad, size_t cap)
+{
     static const char held[] = ": at exit: 0 job(s) held, shm ",
                       none[] = " with 0 range(s) in use, cuda_ipc 0 slab(s) with 0 range(s)";
     kiln_buf b = {0};
     svc_read_log(log, &b);
     int n = 0;
     bad[0] = '\0';
-    for (const char *p = b.data ? (const char *)b.data : ""; (p = strstr(p, ": at exit: ")); p++) {
+    const char *text = b.data && from < b.len ? (const char *)b.data + from : "";
+    for (const char *p = text; (p = strstr(p, ": at exit: ")); p++) {
         size_t len = strcspn(p, "\n");
         if (!bad[0] && (strncmp(p, held, strlen(held)) || !memmem(p, len, none, strlen(none))))
             snprintf(bad, cap, "%.*s", (int)len, p);

@@ -97,6 +97,8 @@ pid_t svc_batch_started(const char *log, size_t from, const pid_t *pids, int n, 
  * bytes) receives the first one that holds a job or a range in use, or
  * stays empty. */
 int svc_exit_reports(const char *log, char *bad, size_t cap);
+/* The same over the log from byte `from` on (svc_log_size before). */
+int svc_exit_reports_from(const char *log, size_t from, char *bad, size_t cap);
 /* Waits until the worker of pid logs that it registered ("registered with
  * the gateway as <id>", the id holding its pid); 0 or -1. */
 int svc_wait_registered(const char *log, pid_t pid, int timeout_ms);

@@ -305,11 +305,19 @@ int main(void)
     RUN(test_colocated_serve);
     RUN(test_kill);
     RUN(test_pause);
+    /* The stop's at-exit reports, not those of the processes that
+     * halted before: a halted stage drains for at most 5 s, and the
+     * surviving process's denoiser may still be reading the halted
+     * encoder's embeddings then (a batch on this 2-core machine takes
+     * that long), so a range in use there is no leak.  A halted worker's
+     * drain is judged where its consumers are quick (test_service_device). */
+    size_t stop_from = svc_log_size(svc_tmp("serve.log"));
     int st = svc_stop(serve, 60000);
     CHECKF(st == 0, "kiln serve exit status %d", st);
     char bad[512];
-    svc_exit_reports(svc_tmp("serve.log"), bad, sizeof bad);
+    int reports = svc_exit_reports_from(svc_tmp("serve.log"), stop_from, bad, sizeof bad);
     CHECKF(!bad[0], "a stage held something at exit: %s", bad);
+    CHECKF(reports == 6, "%d at-exit reports at the stop (want 2 processes x 3 stages)", reports);
     int rc = test_finish();
     svc_cleanup(rc != 0);
     return rc;
