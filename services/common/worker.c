@@ -209,19 +209,11 @@ static void on_free(kiln_worker *w, const kiln_msg_refs *r)
     }
 }
 
-void worker_halt(kiln_worker *w, int why, const char *reason)
+int worker_halt_mark(kiln_worker *w, int why, const char *reason)
 {
     int expected = WORKER_RUNNING;
-    if (why == WORKER_FAULTED) {
-        /* Said before the halt, while messages still go out: the gateway
-         * re-runs our jobs at once instead of after a timeout. */
-        if (atomic_load(&w->halt) != WORKER_RUNNING)
-            return;
-        kiln_msg bye = {.type = KILN_MSG_BYE, .bye_reason = reason};
-        worker_send(w, &bye);
-    }
     if (!atomic_compare_exchange_strong(&w->halt, &expected, why))
-        return;
+        return 0;
     KILN_LOG_ERROR("%s: %s epoch %016llx: %s; stopping to be restarted", w->ops->binary,
                    w->replica, (unsigned long long)w->epoch, reason);
     pthread_mutex_lock(&w->mu);
@@ -230,7 +222,21 @@ void worker_halt(kiln_worker *w, int why, const char *reason)
     atomic_store(&w->stop, 1);
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
-    worker_group_halt_others(w, reason);
+    return 1;
+}
+
+void worker_say_bye(kiln_worker *w, const char *reason)
+{
+    /* The gateway re-runs our jobs at once instead of after a timeout
+     * (the bus thread still sends what is queued after a halt). */
+    kiln_msg bye = {.type = KILN_MSG_BYE, .bye_reason = reason};
+    worker_send(w, &bye);
+}
+
+void worker_halt(kiln_worker *w, int why, const char *reason)
+{
+    if (worker_halt_mark(w, why, reason))
+        worker_group_halt_others(w, reason, why == WORKER_FAULTED);
 }
 
 static void dispatch(kiln_worker *w, const kiln_buf *f)

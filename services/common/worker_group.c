@@ -67,7 +67,7 @@ static void stage_life(kiln_worker *w)
         if (worker_start(w, &err)) {
             fprintf(stderr, "%s: %s\n", w->ops->binary, err.msg);
             w->status = 1;
-            worker_group_halt_others(w, "it could not start");
+            worker_group_halt_others(w, "it could not start", 0);
         } else {
             worker_serve(w);
         }
@@ -89,18 +89,28 @@ static void *stage_thread(void *arg)
     return NULL;
 }
 
-void worker_group_halt_others(kiln_worker *w, const char *reason)
+void worker_group_halt_others(kiln_worker *w, const char *reason, int bye)
 {
     worker_group *g = w->group;
+    kiln_worker *halted[WORKER_GROUP_MAX];
+    int n = 0;
+    char why[512];
     /* Only the first to halt speaks for the process: the others' halts,
      * caused by it, name it rather than each other. */
-    if (!g || g->n < 2 || atomic_exchange(&g->halting, 1))
-        return;
-    char why[512];
-    snprintf(why, sizeof why, "%s of its process halted (%s)", w->ops->binary, reason);
-    for (int i = 0; i < g->n; i++)
-        if (g->w[i] != w)
-            worker_halt(g->w[i], WORKER_FAULTED, why);
+    if (g && g->n > 1 && !atomic_exchange(&g->halting, 1)) {
+        snprintf(why, sizeof why, "%s of its process halted (%s)", w->ops->binary, reason);
+        for (int i = 0; i < g->n; i++)
+            if (g->w[i] != w && worker_halt_mark(g->w[i], WORKER_FAULTED, why))
+                halted[n++] = g->w[i];
+    }
+    /* The byes only once every stage has halted: the first one the
+     * gateway reads fences them all (they share the process token), and a
+     * stage still running when its `fenced` came would halt as fenced,
+     * not as its process's. */
+    if (bye)
+        worker_say_bye(w, reason);
+    for (int i = 0; i < n; i++)
+        worker_say_bye(halted[i], why);
 }
 
 /* The process token: 64 random bits in hex, so that no other process

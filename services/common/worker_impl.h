@@ -176,9 +176,14 @@ kiln_status worker_send(kiln_worker *w, kiln_msg *m);
 /* 1 once the incarnation is halted (any thread). */
 int worker_halted(kiln_worker *w);
 /* Halts the incarnation (WORKER_FENCED or WORKER_FAULTED; the first halt
- * wins): no new work, the held jobs cancelled, no more replies; a faulted
- * one first says `bye` with `why`.  Any thread. */
+ * wins): no new work, the held jobs cancelled, no more replies; then the
+ * other stages of its process, and a faulted one says `bye` with `why`.
+ * Any thread. */
 void worker_halt(kiln_worker *w, int why, const char *reason);
+/* worker_halt's parts: the halt itself (1 when this call made it, 0 when
+ * it was halted already), and the `bye`. */
+int worker_halt_mark(kiln_worker *w, int why, const char *reason);
+void worker_say_bye(kiln_worker *w, const char *reason);
 /* Removes a job from the held table (any thread). */
 void worker_unhold(kiln_worker *w, kiln_worker_job *j);
 void worker_job_free(kiln_worker_job *j);
@@ -211,8 +216,9 @@ void worker_teardown(kiln_worker *w);
  * each (the first on the calling thread); returns the process's exit
  * status (worker.h kiln_worker_main). */
 int worker_group_run(worker_group *g);
-/* After w halted: halts the other stages of its process (any thread). */
-void worker_group_halt_others(kiln_worker *w, const char *reason);
+/* After w halted: halts the other stages of its process, then says w's
+ * `bye` when `bye` is set and theirs (any thread). */
+void worker_group_halt_others(kiln_worker *w, const char *reason, int bye);
 
 /* worker_data.c: binds the data socket of a producer stage and starts its
  * thread (nothing for the decoder, or when --data-port is -1). */
