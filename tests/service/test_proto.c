@@ -91,6 +91,20 @@ static void test_hello_ready_hb_cancel(void)
               strstr(perr.msg, "process token"));
         kiln_buf_free(&pb);
     }
+    /* A forged one (the bytes changed after encoding) is refused by the
+     * decoder the gateway runs, not only by the encoder. */
+    kiln_buf fb = {0};
+    kiln_err ferr = {0};
+    CHECK(kiln_msg_encode(&m, &fb, &ferr) == KILN_OK);
+    uint8_t *tok = fb.data ? memmem(fb.data, fb.len, "0123456789abcdef", 16) : NULL;
+    CHECK(tok != NULL);
+    if (tok) {
+        memcpy(tok, "0123456789ABCDEF", 16);
+        kiln_msg *forged = kiln_msg_decode(fb.data, fb.len, &ferr);
+        CHECKF(!forged && strstr(ferr.msg, "process token"), "forged token: %s", ferr.msg);
+        kiln_msg_free(forged);
+    }
+    kiln_buf_free(&fb);
     m.hello.process = NULL;
     /* A klein base checkpoint's traits: the guidance default as a float. */
     m.hello.traits = (kiln_model_traits){.family = "flux2", .cfg = 1, .default_steps = 50,
