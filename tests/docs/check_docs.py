@@ -49,11 +49,11 @@ GPU_HOST = "runs on the GPU machine (docs/GPU_CHECKS.md; tools/gpu/check.sh sect
 RULES = [
     (r"^tools/gpu/build\.sh\b", "gpu", "the CUDA build for the GPU machine (nvcc, minutes)"),
     (r"^tools/gpu/", "gpu", GPU_HOST),
-    (r"^(KILN_\w+=\S+ )+tools/gpu/", "gpu", GPU_HOST),
     (r"^tar -xJf tmp/devpack\.tar\.xz", "gpu",
      "unpacks tools/gpu/pack.sh's archive on the GPU machine"),
     (r"^(KILN_BENCH_\w+=|export KILN_BENCH_|export KILN_BUILD=)", "gpu",
      "GPU benchmark runs (tools/gpu/bench.sh)"),
+    (r"^(KILN_\w+=\S+ )+tools/gpu/", "gpu", GPU_HOST),
     (r"^ncu ", "gpu", "Nsight Compute kernel profile on the GPU"),
     (r"^(meson setup build-bench-cuda|ninja -C build-bench-cuda|\.\./shared/device/|"
      r"pip download )", "gpu", "prepares the GPU benchmark's bundle (CUDA build)"),
