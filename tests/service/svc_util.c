@@ -49,6 +49,15 @@ int svc_init(const char *name)
 void svc_cleanup(int keep)
 {
     if (keep) {
+        /* CI keeps only stderr: the logs' last lines say why a service did
+         * not come up. */
+        char cmd[PATH_MAX + 160];
+        snprintf(cmd, sizeof cmd,
+                 "for f in %s/*.log; do [ -f \"$f\" ] && echo \"--- $f\" && tail -n 12 \"$f\"; "
+                 "done 1>&2",
+                 svc.tmpdir);
+        if (system(cmd))
+            fprintf(stderr, "could not show the logs\n");
         fprintf(stderr, "logs kept in %s\n", svc.tmpdir);
         return;
     }
@@ -340,18 +349,45 @@ int svc_log_port(const char *log, int timeout_ms)
     }
 }
 
-int svc_free_port(void)
+/* Binds 127.0.0.1:port (0: the kernel's pick); the socket or -1. */
+static int bind_loopback(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+int svc_free_port(void)
+{
+    int fd = bind_loopback(0);
+    struct sockaddr_in a;
     socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
-        !getsockname(fd, (struct sockaddr *)&a, &len))
-        port = ntohs(a.sin_port);
+    int port = fd >= 0 && !getsockname(fd, (struct sockaddr *)&a, &len) ? ntohs(a.sin_port) : -1;
     if (fd >= 0)
         close(fd);
     return port;
+}
+
+/* Linux gives bind(0) odd ports and connect() even ones, so P + 1 is
+ * exactly where other tests' client sockets land: check it is free too. */
+int svc_free_port_pair(void)
+{
+    for (int tries = 0; tries < 200; tries++) {
+        int port = svc_free_port();
+        if (port <= 0 || port >= 65535)
+            continue;
+        int fd = bind_loopback(port + 1);
+        if (fd >= 0) {
+            close(fd);
+            return port;
+        }
+    }
+    return -1;
 }
 
 int svc_get_status(int port, const char *path)

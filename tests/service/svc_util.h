@@ -44,7 +44,8 @@ extern svc_env svc;
 /* Reads KILN_BUILD_ROOT / KILN_SHARED, makes /tmp/kiln-<name>-XXXXXX and
  * ignores SIGPIPE.  -1 (with a message on stderr) when it cannot. */
 int svc_init(const char *name);
-/* Removes the temporary folder, or says where it is kept when `keep`. */
+/* Removes the temporary folder; when `keep`, prints the last lines of its
+ * logs and says where it is kept. */
 void svc_cleanup(int keep);
 
 /* $KILN_BUILD_ROOT/rel and <tmpdir>/name (rotating static buffers). */
@@ -107,6 +108,9 @@ int svc_wait_registered(const char *log, pid_t pid, int timeout_ms);
 int svc_log_port(const char *log, int timeout_ms);
 /* A port nobody listens on right now (the kernel's pick, released). */
 int svc_free_port(void);
+/* A free port P whose P + 1 is free too (the default bus of kiln serve
+ * and kiln-gateway, the denoiser's data port of kiln-stages); -1. */
+int svc_free_port_pair(void);
 
 /* `kiln serve` on the tiny checkpoint (sizes 64..128, the tiny text
  * encoder layers, bus ipc://<tmpdir>/bus, its log in <tmpdir>/serve.log)

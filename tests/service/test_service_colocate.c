@@ -114,7 +114,7 @@ static void test_one_process(void)
     char bus[160], hp[16], dp[16], enc_ep[96], den_ep[96];
     snprintf(bus, sizeof bus, "ipc://%s/bus-direct", svc.tmpdir);
     snprintf(hp, sizeof hp, "%d", svc_free_port());
-    int data_port = svc_free_port();
+    int data_port = svc_free_port_pair();
     snprintf(dp, sizeof dp, "%d", data_port);
     snprintf(enc_ep, sizeof enc_ep, "kiln-encoder: serving by-value hand-offs at tcp://127.0.0.1:%d\n",
              data_port);

@@ -133,7 +133,7 @@ static long by_value(const char *log, const char *what)
 
 static void run_split(int namespaces)
 {
-    port = svc_free_port();
+    port = svc_free_port_pair();
     char p[16];
     snprintf(p, sizeof p, "%d", port);
     snprintf(bus, sizeof bus, "tcp://127.0.0.1:%d", port + 1);
@@ -295,7 +295,7 @@ static void test_shm_fills(void)
         fprintf(stderr, "skipped: namespaces cannot be made here\n");
         return;
     }
-    port = svc_free_port();
+    port = svc_free_port_pair();
     char p[16], hp[16];
     snprintf(p, sizeof p, "%d", port);
     snprintf(bus, sizeof bus, "tcp://127.0.0.1:%d", port + 1);

@@ -106,7 +106,7 @@ static void test_keys_and_api_key(void)
     const char *keys = "# current\n" API_KEY "\n";
     CHECK(svc_write_file(svc_tmp("api-keys"), keys, strlen(keys)) == 0);
 
-    port = svc_free_port();
+    port = svc_free_port_pair();
     admin_port = svc_free_port();
     char p[16], ap[16], bus[64];
     snprintf(p, sizeof p, "%d", port);
@@ -134,11 +134,11 @@ static void test_keys_and_api_key(void)
     /* The API key. */
     gwc_response r;
     CHECK(request(port, "POST", "/v1/images/generations", NULL, REQ, &r) == 0 && is_401(&r));
-    CHECK(strstr((char *)r.body.data, "didn't provide an API key") != NULL);
+    CHECK(r.body.data && strstr((char *)r.body.data, "didn't provide an API key"));
     gwc_response_free(&r);
     CHECK(request(port, "POST", "/v1/images/generations", "Bearer wrong-key-0123456789", REQ, &r) ==
               0 && is_401(&r));
-    CHECK(strstr((char *)r.body.data, "Incorrect API key") != NULL);
+    CHECK(r.body.data && strstr((char *)r.body.data, "Incorrect API key"));
     gwc_response_free(&r);
     CHECK(request(port, "POST", "/v1/images/generations", "Basic " API_KEY, REQ, &r) == 0 &&
           is_401(&r));
@@ -198,7 +198,7 @@ static void test_keys_and_api_key(void)
  * started by hand on its bus without them never registers. */
 static void test_serve_keys(void)
 {
-    port = svc_free_port();
+    port = svc_free_port_pair();
     char p[16];
     snprintf(p, sizeof p, "%d", port);
     const char *argv[] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port", p,
