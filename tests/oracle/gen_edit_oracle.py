@@ -9,7 +9,9 @@ transformers, safetensors, numpy and Pillow:
     build-test/tests/oracle/test_edit_oracle tests/data/oracle/klein_inpaint_128
 
 Any size, strength, step count, seed, prompt or mask makes a new case that the
-same test program checks (meta.json says everything it needs).
+same test program checks (meta.json says everything it needs).  The image,
+mask and checkpoint helpers are shared with gen_zimage_edit_oracle.py (the
+Z-Image cases) in oracle_edit_common.py.
 
 What computes the reference:
 - inpaint: diffusers' Flux2KleinInpaintPipeline, as released, called with the
@@ -52,87 +54,17 @@ import json
 import math
 import os
 import shutil
-import sys
-import tempfile
 
 import numpy as np
-import PIL
 import torch
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image
 from safetensors.torch import save_file
 
-import diffusers
-import transformers
 from diffusers import Flux2KleinInpaintPipeline, Flux2KleinPipeline
 from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
 from diffusers.utils.torch_utils import randn_tensor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SHARED = os.environ.get("KILN_SHARED", os.path.join(HERE, "..", "..", "..", "shared"))
-
-
-def checkpoint_copy(src):
-    """A folder diffusers can load: the shared checkpoint's files linked, and
-    the tokenizer files that are stored as relative-path text (symbolic links
-    flattened) replaced by links to what they name."""
-    dst = tempfile.mkdtemp(prefix="kiln-oracle-ckpt-")
-    for root, _, files in os.walk(src):
-        rel = os.path.relpath(root, src)
-        os.makedirs(os.path.join(dst, rel), exist_ok=True)
-        for f in files:
-            p = os.path.join(root, f)
-            target = p
-            if os.path.getsize(p) < 256 and f in ("vocab.json", "merges.txt"):
-                with open(p) as fh:
-                    text = fh.read().strip()
-                if text.startswith(".."):
-                    target = os.path.normpath(os.path.join(root, text))
-            os.symlink(os.path.abspath(target), os.path.join(dst, rel, f))
-    return dst
-
-
-def make_image(w, h, seed):
-    """Smooth colour fields and a few flat shapes: compresses well, and has
-    edges for the VAE to see."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
-    img = np.zeros((h, w, 3))
-    for c in range(3):
-        fx, fy, ph = rng.uniform(0.5, 3.0), rng.uniform(0.5, 3.0), rng.uniform(0, 2 * math.pi)
-        img[..., c] = 127.5 + 100 * np.sin(2 * math.pi * (fx * x / w + fy * y / h) + ph)
-    im = Image.fromarray(np.clip(np.rint(img), 0, 255).astype(np.uint8), "RGB")
-    d = ImageDraw.Draw(im)
-    for _ in range(4):
-        x0, y0 = int(rng.integers(0, w - 8)), int(rng.integers(0, h - 8))
-        x1, y1 = x0 + int(rng.integers(6, w // 2)), y0 + int(rng.integers(6, h // 2))
-        d.rectangle([x0, y0, x1, y1], fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-    return im
-
-
-def make_mask(w, h, spec, form, blur):
-    """spec: 'rect:x0,y0,x1,y1' or 'ellipse:x0,y0,x1,y1' (pixels, inclusive
-    box) marks the repainted region.  Returns (the mask file kiln reads, the
-    "L" mask diffusers gets), white where repainted.  form "openai": the
-    file is RGBA, alpha 0 where repainted (OpenAI's masks).  form
-    "diffusers": the file is that grayscale image itself (kiln reads masks
-    without alpha as diffusers does), blurred with the mask processor's blur
-    (GaussianBlur(blur)) when blur > 0, so it has grey edges."""
-    kind, coords = spec.split(":")
-    box = [int(v) for v in coords.split(",")]
-    region = Image.new("L", (w, h), 0)
-    d = ImageDraw.Draw(region)
-    (d.rectangle if kind == "rect" else d.ellipse)(box, fill=255)
-    if form == "diffusers":
-        if blur > 0:
-            region = region.filter(ImageFilter.GaussianBlur(blur))
-        return region, region
-    r = np.asarray(region)
-    rgba = np.zeros((h, w, 4), np.uint8)
-    rgba[..., :3] = 255
-    rgba[..., 3] = np.where(r == 255, 0, 255)
-    # As kiln_image_decode_mask reads OpenAI masks: 255 (repaint) where alpha is 0.
-    l_mask = Image.fromarray(np.where(rgba[..., 3] == 0, 255, 0).astype(np.uint8), "L")
-    return Image.fromarray(rgba, "RGBA"), l_mask
+from oracle_edit_common import SHARED, checkpoint_copy, make_image, make_mask, versions
 
 
 def packed(x):
@@ -275,9 +207,7 @@ def main():
         "image_latents_fp32_vs_fp64": drift,
         "sigmas": [float(s) for s in sigmas],
         "tensors": {k: list(v.shape) for k, v in tensors.items()},
-        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
-                     "transformers": transformers.__version__, "numpy": np.__version__,
-                     "pillow": PIL.__version__, "python": sys.version.split()[0]},
+        "versions": versions(),
     })
     with open(os.path.join(a.out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
