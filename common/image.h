@@ -204,6 +204,12 @@ kiln_status kiln_image_read_file(const char *path, const kiln_image_limits *limi
 kiln_status kiln_image_resize_lanczos(const kiln_image *src, int width, int height,
                                       kiln_image *dst, kiln_err *err);
 
+/* The whole image as the VAE takes it: pixel/255 then 2x - 1 in fp32 (two
+ * roundings, as numpy's x / 255 then torch's 2x - 1), into a new host
+ * tensor F32 (1, 3, H, W) (caller frees with kiln_tensor_host_free).
+ * KILN_ERR_INVALID for an empty image, _NOMEM. */
+kiln_status kiln_image_to_unit_tensor(const kiln_image *img, kiln_tensor *out, kiln_err *err);
+
 /* ---- FLUX.2 klein edit references (spec/pipeline.md section 8) ---- */
 
 /* The size a reference of width x height has after preprocessing: rejected

@@ -61,6 +61,34 @@ kiln_status kiln_image_flux2_ref_shrink(kiln_image *img, kiln_err *err)
     return KILN_OK;
 }
 
+/* The cw x ch window at (left, top) of src as (1, 3, ch, cw) in [-1, 1]. */
+static kiln_status unit_tensor(const kiln_image *src, int left, int top, int cw, int ch,
+                               kiln_tensor *out, kiln_err *err)
+{
+    kiln_tensor t;
+    int64_t shape[4] = {1, 3, ch, cw};
+    kiln_status st = kiln_tensor_host_alloc(&t, KILN_F32, 4, shape, err);
+    if (st)
+        return st;
+    float *dst = t.data;
+    size_t plane = (size_t)ch * (size_t)cw;
+    for (int y = 0; y < ch; y++) {
+        const uint8_t *row =
+            src->pixels + ((size_t)(y + top) * (size_t)src->width + (size_t)left) * 3;
+        for (int x = 0; x < cw; x++) {
+            for (int c = 0; c < 3; c++) {
+                /* Two fp32 roundings as in diffusers: numpy's float32
+                 * x / 255, then torch's 2x - 1 (2x is exact, so a fused
+                 * multiply-add would round the same way). */
+                float v = (float)row[3 * x + c] / 255.0f;
+                dst[(size_t)c * plane + (size_t)y * cw + x] = 2.0f * v - 1.0f;
+            }
+        }
+    }
+    *out = t;
+    return KILN_OK;
+}
+
 kiln_status kiln_image_flux2_ref_prepare(const kiln_image *img, kiln_tensor *out, kiln_err *err)
 {
     if (!img || !img->pixels)
@@ -77,28 +105,14 @@ kiln_status kiln_image_flux2_ref_prepare(const kiln_image *img, kiln_tensor *out
         src = &resized;
     }
     int cw = sw / 16 * 16, ch = sh / 16 * 16;
-    int left = (sw - cw) / 2, top = (sh - ch) / 2;
-    kiln_tensor t;
-    int64_t shape[4] = {1, 3, ch, cw};
-    if ((st = kiln_tensor_host_alloc(&t, KILN_F32, 4, shape, err))) {
-        kiln_image_free(&resized);
-        return st;
-    }
-    float *dst = t.data;
-    size_t plane = (size_t)ch * (size_t)cw;
-    for (int y = 0; y < ch; y++) {
-        const uint8_t *row = src->pixels + ((size_t)(y + top) * (size_t)sw + (size_t)left) * 3;
-        for (int x = 0; x < cw; x++) {
-            for (int c = 0; c < 3; c++) {
-                /* Two fp32 roundings as in diffusers: numpy's float32
-                 * x / 255, then torch's 2x - 1 (2x is exact, so a fused
-                 * multiply-add would round the same way). */
-                float v = (float)row[3 * x + c] / 255.0f;
-                dst[(size_t)c * plane + (size_t)y * cw + x] = 2.0f * v - 1.0f;
-            }
-        }
-    }
+    st = unit_tensor(src, (sw - cw) / 2, (sh - ch) / 2, cw, ch, out, err);
     kiln_image_free(&resized);
-    *out = t;
-    return KILN_OK;
+    return st;
+}
+
+kiln_status kiln_image_to_unit_tensor(const kiln_image *img, kiln_tensor *out, kiln_err *err)
+{
+    if (!img || !img->pixels || img->width < 1 || img->height < 1)
+        return kiln_err_set(err, KILN_ERR_INVALID, "missing image");
+    return unit_tensor(img, 0, 0, img->width, img->height, out, err);
 }

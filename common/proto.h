@@ -39,7 +39,7 @@
 #include "tensor.h"
 #include "traits.h"
 
-#define KILN_PROTO_VERSION 5 /* 5: hello may carry its process token */
+#define KILN_PROTO_VERSION 6 /* 6: traits say how input images are used */
 
 #define KILN_PROTO_MAX_FRAME (512u << 20) /* bytes in one message */
 #define KILN_PROTO_ID_MAX 128             /* replica ids, host and model names, with the NUL */

@@ -371,7 +371,8 @@ static kiln_status traits(dec *d, const msgpack_object *o, kiln_model_traits *t)
     if (need(d, o, "traits", MSGPACK_OBJECT_MAP, &m) ||
         get_name(d, m, "family", t->family, sizeof t->family) || get_bool(d, m, "cfg", &t->cfg) ||
         get_bool(d, m, "cfg_above_zero", &t->cfg_above_zero) ||
-        get_bool(d, m, "kv_cache", &t->kv_cache) || get_bool(d, m, "no_edits", &t->no_edits) ||
+        get_bool(d, m, "kv_cache", &t->kv_cache) || get_bool(d, m, "no_references", &t->no_references) ||
+        get_bool(d, m, "shrink_images", &t->shrink_images) ||
         get_int(d, m, "steps", &t->default_steps) ||
         get_int(d, m, "text_width", &t->text_width) ||
         get_int(d, m, "latent_channels", &t->latent_channels))
@@ -380,6 +381,14 @@ static kiln_status traits(dec *d, const msgpack_object *o, kiln_model_traits *t)
     if (!g || num_of(d, g, "guidance", &guidance))
         return bad(d, "traits.guidance", "missing or not a number");
     t->default_guidance = (float)guidance;
+    double s[2] = {0, 0};
+    static const char *const names[2][2] = {{"strength", "traits.strength"},
+                                            {"inpaint_strength", "traits.inpaint_strength"}};
+    for (int i = 0; i < 2; i++)
+        if (!(g = get(m, names[i][0])) || num_of(d, g, names[i][1], &s[i]) ||
+            !(s[i] >= 0 && s[i] <= 1))
+            return bad(d, names[i][1], "missing or not a number in [0, 1]");
+    t->img2img_strength = (float)s[0], t->inpaint_strength = (float)s[1];
     return KILN_OK;
 }
 

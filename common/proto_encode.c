@@ -122,12 +122,17 @@ static void domain(msgpack_packer *pk, const kiln_domain *d)
 static void traits(msgpack_packer *pk, const kiln_model_traits *t)
 {
     key(pk, "traits");
-    msgpack_pack_map(pk, 9);
+    msgpack_pack_map(pk, 12);
     kv_str(pk, "family", t->family);
     kv_bool(pk, "cfg", t->cfg);
     kv_bool(pk, "cfg_above_zero", t->cfg_above_zero);
     kv_bool(pk, "kv_cache", t->kv_cache);
-    kv_bool(pk, "no_edits", t->no_edits);
+    kv_bool(pk, "no_references", t->no_references);
+    kv_bool(pk, "shrink_images", t->shrink_images);
+    key(pk, "strength");
+    msgpack_pack_float(pk, t->img2img_strength);
+    key(pk, "inpaint_strength");
+    msgpack_pack_float(pk, t->inpaint_strength);
     kv_int(pk, "steps", t->default_steps);
     key(pk, "guidance");
     msgpack_pack_float(pk, t->default_guidance);

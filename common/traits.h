@@ -31,7 +31,19 @@ typedef struct kiln_model_traits {
     int cfg_above_zero; /* ... running when guidance > 0 (Z-Image), else > 1
                            (kiln_model_cfg_runs, engine/plan.h) */
     int kv_cache;       /* Flux2KleinKVPipeline: references computed once */
-    int no_edits;       /* reference images are refused (Z-Image: text-to-image only) */
+    /* Input images.  no_references: an image never conditions the run as
+     * a reference; an edit is image-to-image or inpainting of its one
+     * image (Z-Image: ZImageImg2ImgPipeline, ZImageInpaintPipeline).
+     * img2img_strength: the strength of an edit that gives none and no
+     * mask (0: such an edit uses its images as references, klein; 0.6
+     * Z-Image, the img2img pipeline's default).  inpaint_strength: with a
+     * mask (0.8 Flux2KleinInpaintPipeline, 1.0 ZImageInpaintPipeline).
+     * shrink_images: an image over 1024 x 1024 pixels is first scaled down
+     * (the FLUX.2 pipelines; Z-Image's keep every size); either way the
+     * prepared size is then floored to multiples of 16. */
+    int no_references;
+    float img2img_strength, inpaint_strength;
+    int shrink_images;
     int default_steps;  /* 4 distilled/kv, 50 base, 9 Z-Image-Turbo */
     float default_guidance;
     /* Features per text token the DiT takes and per (packed) latent token:

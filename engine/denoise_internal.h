@@ -16,7 +16,42 @@ struct kiln_denoise_stage {
     kiln_sched_config sched;
     kiln_model_traits traits;
     int64_t channels;
+    /* The VAE's latent normalisation (vae/config.json), for families
+     * whose images come as posterior moments (image_moments 2): the
+     * sample is normalised here, where the row's generator is. */
+    double vae_scaling, vae_shift;
 };
+
+/* Inpainting's kept region, on the host in fp32 as the pipelines blend:
+ * after a step x = (1 - m) x (sigma x noise + (1 - sigma) x img) + m x x,
+ * with sigma the next step's (after the last, the image itself). */
+typedef struct denoise_keep {
+    float *noise;     /* (B, N, C) each row's noise */
+    float *img;       /* (img_rows, N, C): one shared row, or each row's (img_rows = B) */
+    int64_t img_rows;
+    float *mask;      /* (N, C): 1 repaint .. 0 keep */
+    float *host;      /* (B, N, C) scratch */
+} denoise_keep;
+
+/* The start of img2img and inpainting, host f32 (B, N, C) in x:
+ * scale_noise's sigma x noise + (1 - sigma) x image, x holding the noise
+ * and img img_rows (1 or B) rows.  With keep, also fills keep's noise and
+ * image (keep->mask and img_rows set by the caller).  KILN_ERR_NOMEM. */
+kiln_status denoise_start(float *x, const float *img, int64_t img_rows, float sigma, int64_t B,
+                          int64_t NC, denoise_keep *keep, kiln_err *err);
+/* After a step (or on a preview's estimate, last = 1): the blend above on
+ * x (B, N, C) f32 in backend memory. */
+kiln_status denoise_keep_blend(kiln_backend *be, const denoise_keep *k, kiln_tensor *x,
+                               float sigma, int last, int64_t B, int64_t NC, kiln_err *err);
+void denoise_keep_free(denoise_keep *k);
+
+/* The rows' draws from their generators, host f32 (B, N, C) each, as the
+ * pipeline draws them: with eps (families sampling the image posterior,
+ * when the job has an image), each row's sample draw first, then its
+ * noise; batch_noise draws the noise of every row from seeds[0] (after
+ * one sample draw). */
+kiln_status denoise_draw(const kiln_denoise_stage *s, const kiln_denoise_job *job, float *eps,
+                         float *noise, kiln_err *err);
 
 /* A family's DiT and loop, its entry of the seam (family_stages.h). */
 struct kiln_denoise_loop {

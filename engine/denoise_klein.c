@@ -158,47 +158,22 @@ static void release(loop_ctx *c)
     kiln_be_free(be, &c->v), kiln_be_free(be, &c->v_neg);
 }
 
-/* Inpainting's blend after a step (prepare_mask_latents' mask over the
- * channels): x = (1 - m) x (sigma x noise + (1 - sigma) x image) + m x x,
- * with sigma the next step's (0 after the last: the image itself), on the
- * host in fp32 as scale_noise and the blend compute it. */
-static kiln_status blend_kept(kiln_backend *be, kiln_tensor *x, const float *noise,
-                              const float *img, const float *mask, float sigma, int last,
-                              int64_t B, int64_t N, int64_t C, float *host, kiln_err *err)
+/* img2img's image (1, N, C) to the host, and inpainting's mask (N, one a
+ * token) over the channels, prepare_mask_latents' repeat. */
+static kiln_status image_and_mask(kiln_backend *be, const kiln_denoise_job *job, int64_t N,
+                                  int64_t C, float *img, denoise_keep *keep, kiln_err *err)
 {
-    kiln_be_download(be, x, host);
+    kiln_be_download(be, job->init_tokens, img);
     if (kiln_be_check(be, err))
         return err ? err->code : KILN_ERR_INTERNAL;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < N; t++) {
-            float m = mask[t];
-            for (int64_t c = 0; c < C; c++) {
-                size_t k = (size_t)((b * N + t) * C + c);
-                float keep = last ? img[t * C + c]
-                                  : sigma * noise[k] + (1.0f - sigma) * img[t * C + c];
-                host[k] = (1.0f - m) * keep + m * host[k];
-            }
-        }
-    kiln_be_upload(be, x, host, KILN_F32);
-    return kiln_be_check(be, err);
-}
-
-/* img2img's starting latents: diffusers' FlowMatchEulerDiscreteScheduler
- * scale_noise, sigma * noise + (1 - sigma) * image, per row, on the host
- * in fp32 (x holds the noise, B rows of N x C). */
-static kiln_status noise_image(kiln_backend *be, const kiln_tensor *init, float sigma, float *x,
-                               int64_t B, int64_t NC, kiln_err *err)
-{
-    float *img = malloc((size_t)NC * sizeof *img);
-    if (!img)
+    if (!keep)
+        return KILN_OK;
+    if (!(keep->mask = malloc((size_t)(N * C) * sizeof *keep->mask)))
         return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
-    kiln_be_download(be, init, img);
-    kiln_status st = kiln_be_check(be, err);
-    for (int64_t b = 0; b < B && !st; b++)
-        for (int64_t k = 0; k < NC; k++)
-            x[b * NC + k] = sigma * x[b * NC + k] + (1.0f - sigma) * img[k];
-    free(img);
-    return st;
+    for (int64_t t = 0; t < N; t++)
+        for (int64_t c = 0; c < C; c++)
+            keep->mask[t * C + c] = job->mask[t];
+    return KILN_OK;
 }
 
 static kiln_status run(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_tensor *out,
@@ -232,22 +207,17 @@ static kiln_status run(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_
      * stepping with the schedule's first sigmas while the model sees the
      * later timesteps; kiln does not follow it.) */
     int first = kiln_denoise_first_step(job->steps, job->strength);
-    /* Inpainting keeps the noise and the image for its blends. */
-    float *keep_noise = NULL, *keep_img = NULL, *host_x = NULL;
-    if (!st && job->mask) {
-        keep_noise = malloc((size_t)(B * N * C) * sizeof *keep_noise);
-        keep_img = malloc((size_t)(N * C) * sizeof *keep_img);
-        host_x = malloc((size_t)(B * N * C) * sizeof *host_x);
-        if (!keep_noise || !keep_img || !host_x)
-            st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
-        else {
-            memcpy(keep_noise, x0, (size_t)(B * N * C) * sizeof *x0);
-            kiln_be_download(be, job->init_tokens, keep_img);
-            st = kiln_be_check(be, err);
-        }
+    /* img2img's start; inpainting keeps the noise and the image for its
+     * blends. */
+    denoise_keep keep = {0};
+    if (!st && job->strength > 0) {
+        float *img = malloc((size_t)(N * C) * sizeof *img);
+        st = img ? image_and_mask(be, job, N, C, img, job->mask ? &keep : NULL, err)
+                 : kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        if (!st)
+            st = denoise_start(x0, img, 1, sigmas[first], B, N * C, job->mask ? &keep : NULL, err);
+        free(img);
     }
-    if (!st && job->strength > 0)
-        st = noise_image(be, job->init_tokens, sigmas[first], x0, B, N * C, err);
     if (!st)
         st = prepare(&c, err);
     if (!st && kiln_be_from_host(be, out, 3, (int64_t[]){B, N, C}, x0, KILN_F32))
@@ -282,8 +252,7 @@ static kiln_status run(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_
             kiln_be_euler_step(be, &x0_est, &c.v, 0.0f - sigmas[i]);
             st = kiln_be_check(be, err);
             if (!st && job->mask)
-                st = blend_kept(be, &x0_est, keep_noise, keep_img, job->mask, 0.0f, 1, B, N, C,
-                                host_x, err);
+                st = denoise_keep_blend(be, &keep, &x0_est, 0.0f, 1, B, N * C, err);
             if (!st)
                 st = job->on_preview(job->user, i - first, &x0_est, err);
         }
@@ -292,10 +261,10 @@ static kiln_status run(kiln_denoise_stage *s, const kiln_denoise_job *job, kiln_
             st = kiln_be_check(be, err);
         }
         if (!st && job->mask)
-            st = blend_kept(be, out, keep_noise, keep_img, job->mask, sigmas[i + 1],
-                            i == job->steps - 1, B, N, C, host_x, err);
+            st = denoise_keep_blend(be, &keep, out, sigmas[i + 1], i == job->steps - 1, B, N * C,
+                                    err);
     }
-    free(keep_noise), free(keep_img), free(host_x);
+    denoise_keep_free(&keep);
     kiln_be_free(be, &x0_est);
     release(&c);
     if (st)

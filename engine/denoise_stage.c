@@ -75,38 +75,126 @@ kiln_model_traits kiln_denoise_stage_traits(const kiln_denoise_stage *s) { retur
 
 int64_t kiln_denoise_stage_channels(const kiln_denoise_stage *s) { return s->channels; }
 
-kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_job *job,
-                               float *out, kiln_err *err)
+int64_t kiln_denoise_stage_image_channels(const kiln_denoise_stage *s)
+{
+    return s->channels * s->family->image_moments;
+}
+
+int64_t kiln_denoise_stage_mask_len(const kiln_denoise_stage *s, int width, int height)
+{
+    int cell = s->family->mask_cell;
+    return (int64_t)(width / cell) * (height / cell);
+}
+
+/* Draws n values of every row into out (B rows of n), row b from seeds[b]
+ * (batch_noise: all rows from seeds[0]), each generator first skipping
+ * `skip` values (a sample draw that came first) into skipped when given. */
+static kiln_status draw_rows(const kiln_denoise_job *job, kiln_dtype dt, size_t skip,
+                             float *skipped, float *out, size_t n, kiln_err *err)
+{
+    kiln_rng *g = kiln_rng_create(job->seeds[0], err);
+    if (!g)
+        return err ? err->code : KILN_ERR_NOMEM;
+    float *tmp = skip && !skipped ? malloc(skip * sizeof *tmp) : NULL;
+    kiln_status st = skip && !skipped && !tmp
+                         ? kiln_err_set(err, KILN_ERR_NOMEM, "out of memory for the draws")
+                         : KILN_OK;
+    int64_t rows = job->batch_noise ? 1 : job->B;
+    for (int64_t b = 0; b < rows && !st; b++) {
+        kiln_rng_seed(g, job->seeds[b]);
+        if (skip)
+            st = kiln_randn(g, skipped ? skipped + skip * (size_t)b : tmp, skip, dt, err);
+        if (!st)
+            st = kiln_randn(g, out + n * (size_t)b, job->batch_noise ? n * (size_t)job->B : n,
+                            dt, err);
+    }
+    /* One sample draw serves every row when one generator drew it. */
+    for (int64_t b = 1; !st && skipped && job->batch_noise && b < job->B; b++)
+        memcpy(skipped + skip * (size_t)b, skipped, skip * sizeof *skipped);
+    free(tmp);
+    kiln_rng_destroy(g);
+    return st;
+}
+
+kiln_status denoise_draw(const kiln_denoise_stage *s, const kiln_denoise_job *job, float *eps,
+                         float *noise, kiln_err *err)
 {
     int64_t h = job->height / 16, w = job->width / 16, c = s->channels;
     size_t per_row = (size_t)(c * h * w);
-    /* The family's rule: klein draws in the pipeline dtype, Z-Image always
-     * in fp32 (spec/pipeline.md section 3, z-image-turbo.md §4 item 2). */
-    kiln_dtype dt = s->be->act_dtype == KILN_BF16 && !job->fp32_noise && !s->loop->noise_fp32
+    size_t skip = s->family->image_moments == 2 && job->init_tokens ? per_row : 0;
+    /* The family's rule: klein draws in the pipeline dtype, Z-Image's
+     * text-to-image always in fp32 (spec/pipeline.md section 3,
+     * z-image-turbo.md §4 item 2); ZImageImg2ImgPipeline and
+     * ZImageInpaintPipeline draw the sample in the VAE's dtype and the
+     * noise in the prompt's, the pipeline dtype both. */
+    kiln_dtype dt = s->be->act_dtype == KILN_BF16 && !job->fp32_noise &&
+                            (!s->loop->noise_fp32 || skip)
                         ? KILN_BF16
                         : KILN_F32;
     float *grid = malloc(per_row * (size_t)job->B * sizeof *grid);
-    if (!grid)
-        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory for the initial noise");
-    kiln_status st = KILN_OK;
-    kiln_rng *g = kiln_rng_create(job->seeds[0], err);
-    if (!g) {
-        free(grid);
-        return err ? err->code : KILN_ERR_NOMEM;
+    float *grid_eps = skip && eps ? malloc(per_row * (size_t)job->B * sizeof *grid_eps) : NULL;
+    kiln_status st = !grid || (skip && eps && !grid_eps)
+                         ? kiln_err_set(err, KILN_ERR_NOMEM, "out of memory for the initial noise")
+                         : draw_rows(job, dt, skip, grid_eps, grid, per_row, err);
+    if (!st)
+        s->loop->pack_noise(s, grid, noise, job->B, h, w);
+    if (!st && grid_eps)
+        s->loop->pack_noise(s, grid_eps, eps, job->B, h, w);
+    free(grid), free(grid_eps);
+    return st;
+}
+
+kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_job *job,
+                               float *out, kiln_err *err)
+{
+    return denoise_draw(s, job, NULL, out, err);
+}
+
+kiln_status denoise_start(float *x, const float *img, int64_t img_rows, float sigma, int64_t B,
+                          int64_t NC, denoise_keep *keep, kiln_err *err)
+{
+    if (keep) {
+        size_t all = (size_t)(B * NC) * sizeof(float);
+        keep->noise = malloc(all);
+        keep->img = malloc((size_t)(img_rows * NC) * sizeof(float));
+        keep->host = malloc(all);
+        if (!keep->noise || !keep->img || !keep->host)
+            return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        memcpy(keep->noise, x, all);
+        memcpy(keep->img, img, (size_t)(img_rows * NC) * sizeof(float));
+        keep->img_rows = img_rows;
     }
-    if (job->batch_noise) {
-        st = kiln_randn(g, grid, per_row * (size_t)job->B, dt, err);
-    } else {
-        for (int64_t b = 0; b < job->B && !st; b++) {
-            kiln_rng_seed(g, job->seeds[b]);
-            st = kiln_randn(g, grid + per_row * (size_t)b, per_row, dt, err);
+    for (int64_t b = 0; b < B; b++) {
+        const float *im = img + (img_rows > 1 ? b * NC : 0);
+        for (int64_t k = 0; k < NC; k++)
+            x[b * NC + k] = sigma * x[b * NC + k] + (1.0f - sigma) * im[k];
+    }
+    return KILN_OK;
+}
+
+kiln_status denoise_keep_blend(kiln_backend *be, const denoise_keep *k, kiln_tensor *x,
+                               float sigma, int last, int64_t B, int64_t NC, kiln_err *err)
+{
+    kiln_be_download(be, x, k->host);
+    if (kiln_be_check(be, err))
+        return err ? err->code : KILN_ERR_INTERNAL;
+    for (int64_t b = 0; b < B; b++) {
+        const float *im = k->img + (k->img_rows > 1 ? b * NC : 0);
+        for (int64_t i = 0; i < NC; i++) {
+            size_t j = (size_t)(b * NC + i);
+            float m = k->mask[i];
+            float kept = last ? im[i] : sigma * k->noise[j] + (1.0f - sigma) * im[i];
+            k->host[j] = (1.0f - m) * kept + m * k->host[j];
         }
     }
-    kiln_rng_destroy(g);
-    if (!st)
-        s->loop->pack_noise(s, grid, out, job->B, h, w);
-    free(grid);
-    return st;
+    kiln_be_upload(be, x, k->host, KILN_F32);
+    return kiln_be_check(be, err);
+}
+
+void denoise_keep_free(denoise_keep *k)
+{
+    free(k->noise), free(k->img), free(k->mask), free(k->host);
+    memset(k, 0, sizeof *k);
 }
 
 static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job *job,
@@ -126,10 +214,12 @@ static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job
         (!(job->strength > 0 && job->strength <= 1) || !job->init_tokens ||
          job->init_tokens->ndim != 3 || job->init_tokens->shape[0] != 1 ||
          job->init_tokens->shape[1] != (int64_t)(job->width / 16) * (job->height / 16) ||
-         job->init_tokens->shape[2] != s->channels || job->latents_in))
+         job->init_tokens->shape[2] != kiln_denoise_stage_image_channels(s) ||
+         job->latents_in))
         return kiln_err_set(err, KILN_ERR_INVALID,
-                            "denoise: img2img needs strength in (0, 1] and the image's (1, N, C) "
-                            "tokens at the output size");
+                            "denoise: img2img needs strength in (0, 1] and the image's (1, N, %lld) "
+                            "tokens at the output size",
+                            (long long)kiln_denoise_stage_image_channels(s));
     if (job->mask && (!(job->strength > 0) || s->traits.kv_cache))
         return kiln_err_set(err, KILN_ERR_INVALID,
                             "denoise: inpainting needs a strength, and no reference K/V cache");
@@ -143,9 +233,9 @@ static kiln_status check_job(const kiln_denoise_stage *s, const kiln_denoise_job
         (!job->neg_embeds || job->neg_embeds->ndim != 3 ||
          memcmp(job->neg_embeds->shape, job->embeds->shape, sizeof job->embeds->shape)))
         return kiln_err_set(err, KILN_ERR_INVALID, "denoise: CFG needs negative embeddings");
-    if (s->traits.no_edits && (job->R || job->strength != 0))
-        return kiln_err_set(err, KILN_ERR_INVALID,
-                            "denoise: %s takes no reference or img2img image", s->family->title);
+    if (s->traits.no_references && job->R)
+        return kiln_err_set(err, KILN_ERR_INVALID, "denoise: %s takes no reference images",
+                            s->family->title);
     return KILN_OK;
 }
 
@@ -154,16 +244,19 @@ int kiln_denoise_first_step(int steps, double strength)
     return kiln_request_first_step(steps, strength);
 }
 
-void kiln_denoise_job_image(kiln_denoise_job *job, const kiln_tensor *tokens,
-                            const int32_t *ids, int64_t R, double strength, const float *mask)
+void kiln_denoise_job_image(const kiln_denoise_stage *s, kiln_denoise_job *job,
+                            const kiln_tensor *tokens, const int32_t *ids, int64_t R,
+                            double strength, const float *mask)
 {
     job->ref_tokens = tokens, job->ref_ids = ids, job->R = tokens ? R : 0;
     if (!tokens || !(strength > 0))
         return;
     job->init_tokens = tokens, job->strength = strength;
-    if (mask) /* inpainting: the image is the start and the reference */
-        job->mask = mask;
-    else /* img2img: the one image is the start, not a reference */
+    job->mask = mask;
+    /* img2img: the one image is the start, not a reference; inpainting
+     * keeps it as the reference too where the family conditions on it
+     * (Flux2KleinInpaintPipeline; ZImageInpaintPipeline does not). */
+    if (!mask || s->traits.no_references)
         job->ref_tokens = NULL, job->ref_ids = NULL, job->R = 0;
 }
 

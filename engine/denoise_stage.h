@@ -58,14 +58,21 @@ typedef struct kiln_denoise_job {
      * noise.  0: not img2img. */
     const kiln_tensor *init_tokens;
     double strength;
-    /* Inpainting, as diffusers' Flux2KleinInpaintPipeline: with mask (N
-     * floats, 1 repaint .. 0 keep, engine/inpaint.h; shared by the rows),
+    /* Z-Image (ZImageImg2ImgPipeline): init_tokens (1, N, 2C) hold the
+     * posterior's mean and log-variance (kiln_encode_references); each row
+     * draws its sample eps from its generator before its noise, and its
+     * image is ((mean + exp(0.5 clamp(logvar, -30, 20)) eps) - shift) x
+     * scale (the VAE's factors) in fp32, so rows of one image differ as
+     * their seeds do. */
+    /* Inpainting, as diffusers' Flux2KleinInpaintPipeline and
+     * ZImageInpaintPipeline: with mask (kiln_denoise_stage_mask_len
+     * floats, 1 repaint .. 0 keep, kiln_encode_mask; shared by the rows),
      * init_tokens and strength start the run as above, and after every
      * step the latents are (1 - mask) x the image noised to the next step's
      * sigma (the image itself after the last step) + mask x the latents.
-     * The caller passes
-     * the image as the edit reference too (ref_tokens, ids t = 10): the
-     * pipeline conditions on it.  Not with the reference K/V cache. */
+     * On klein the caller passes the image as the edit reference too
+     * (ref_tokens, ids t = 10; kiln_denoise_job_image): the pipeline
+     * conditions on it.  Not with the reference K/V cache. */
     const float *mask;
     const kiln_tensor *ref_tokens; /* (1, R, C) edit references, or NULL */
     const int32_t *ref_ids;        /* (R, 4) */
@@ -127,9 +134,11 @@ kiln_model_traits kiln_denoise_stage_traits(const kiln_denoise_stage *s);
  * (the front ends' shared rule): with neither, `tokens` (1, R, C) and
  * `ids` are edit references; with a strength (kiln_plan), image-to-image
  * starts from them (no reference); with a mask too, inpainting starts from
- * them and keeps them as the reference.  tokens NULL: text-to-image. */
-void kiln_denoise_job_image(kiln_denoise_job *job, const kiln_tensor *tokens,
-                            const int32_t *ids, int64_t R, double strength, const float *mask);
+ * them and, on klein, keeps them as the reference.  tokens NULL:
+ * text-to-image. */
+void kiln_denoise_job_image(const kiln_denoise_stage *s, kiln_denoise_job *job,
+                            const kiln_tensor *tokens, const int32_t *ids, int64_t R,
+                            double strength, const float *mask);
 
 /* dst's rows [row0, row0 + rows) from src's in the plan's row layout: row
  * row0 + b gets src row kiln_plan_row_prompt(b, n) (n = rows: the one
@@ -140,11 +149,19 @@ void kiln_denoise_expand_rows(kiln_backend *be, kiln_tensor *dst, int64_t row0,
 /* Features per latent token C: the DiT's in_channels for klein (packed
  * latents), in_channels x patch^2 for Z-Image (its patch tokens). */
 int64_t kiln_denoise_stage_channels(const kiln_denoise_stage *s);
+/* Features per token of an img2img or inpainting image (init_tokens): the
+ * channels for klein, twice them for Z-Image (the posterior's mean and
+ * log-variance, kiln_encode_references). */
+int64_t kiln_denoise_stage_image_channels(const kiln_denoise_stage *s);
+/* Floats of an inpainting mask at width x height (kiln_encode_mask):
+ * klein one a token, Z-Image one a VAE latent pixel (4 a token). */
+int64_t kiln_denoise_stage_mask_len(const kiln_denoise_stage *s, int width, int height);
 
 /* Draws the initial noise as diffusers does: klein (B, C, H/16, W/16) per
  * row (or for the whole batch with batch_noise) in the backend's dtype
  * (bf16 draw on bf16 backends unless fp32_noise), packed; Z-Image (B, 16,
- * H/8, W/8) in fp32, patchified (models/latents.h).  Host (B, N, C) f32 in
+ * H/8, W/8) in fp32, patchified (models/latents.h), after each row's
+ * posterior sample draw when the job has an image.  Host (B, N, C) f32 in
  * `out`. */
 kiln_status kiln_denoise_noise(const kiln_denoise_stage *s, const kiln_denoise_job *job,
                                float *out, kiln_err *err);

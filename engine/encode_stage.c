@@ -18,6 +18,8 @@ struct kiln_encode_stage {
     kiln_tokenizer *tok;
     kiln_qwen3 *qwen;
     kiln_vae *vae; /* encoder half, edits only */
+    const kiln_family_stages *fs;
+    kiln_model_traits traits;
     kiln_prompt_cache *cache;
     kiln_chat_template tmpl; /* the pipeline's chat template */
 };
@@ -67,7 +69,9 @@ kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpo
         kiln_err_wrap(err, "tokenizer");
         goto fail;
     }
-    s->tmpl = kiln_family_stages_of(ck)->chat; /* the pipeline's enable_thinking */
+    s->fs = kiln_family_stages_of(ck);
+    s->traits = kiln_model_traits_of(ck);
+    s->tmpl = s->fs->chat; /* the pipeline's enable_thinking */
     int layers[KILN_MAX_OUT_LAYERS], n_layers = opts->n_out_layers;
     memcpy(layers, opts->out_layers, sizeof layers);
     if (!n_layers && kiln_encode_layers_of(ck, layers, &n_layers, err))
@@ -80,7 +84,7 @@ kiln_encode_stage *kiln_encode_stage_create(kiln_backend *be, const kiln_checkpo
         kiln_st *st = cfg ? kiln_checkpoint_weights(ck, "vae", err) : NULL;
         if (!st)
             goto fail;
-        s->vae = kiln_vae_load(be, cfg, st, KILN_VAE_ENCODER, err);
+        s->vae = kiln_vae_load(be, cfg, st, KILN_VAE_ENCODER | s->fs->vae_parts, err);
         kiln_st_close(st);
         if (!s->vae)
             goto fail;
@@ -297,52 +301,50 @@ done:
     return st;
 }
 
+kiln_model_traits kiln_encode_stage_traits(const kiln_encode_stage *s) { return s->traits; }
+
 void kiln_encode_stage_cache_stats(const kiln_encode_stage *s, kiln_prompt_cache_stats *out)
 {
     kiln_prompt_cache_get_stats(s->cache, out);
 }
 
-/* One reference: prepared pixels -> VAE mean -> patchified, BN-normalised,
- * packed tokens (h*w, 4z) appended at `tokens` (host f32). */
+/* One image: prepared pixels -> the VAE's posterior -> the family's tokens
+ * (h*w, image_moments x 4z) at `tokens` (host f32). */
 static kiln_status encode_one(kiln_encode_stage *s, const kiln_image *ref, float *tokens,
                               int64_t *h_out, int64_t *w_out, kiln_err *err)
 {
     kiln_backend *be = s->be;
     const kiln_vae_info *info = kiln_vae_get_info(s->vae);
-    kiln_tensor pixels = {0}, dev_in = {0}, dev_mean = {0};
-    float *mean = NULL, *patched = NULL;
-    kiln_status st = kiln_image_flux2_ref_prepare(ref, &pixels, err);
+    kiln_tensor pixels = {0}, dev_in = {0}, dev_out = {0};
+    float *posterior = NULL, *scratch = NULL;
+    kiln_status st = s->fs->prepare(ref, &pixels, err);
     if (st)
         return st;
-    int64_t H = pixels.shape[2], W = pixels.shape[3], z = info->latent_channels;
-    int64_t h = H / 16, w = W / 16, C = 4 * z;
-    size_t n = (size_t)(C * h * w);
-    mean = malloc(n * sizeof *mean);
-    patched = malloc(n * sizeof *patched);
-    if (!mean || !patched) {
+    int64_t H = pixels.shape[2], W = pixels.shape[3], e = info->encode_channels;
+    int64_t h = H / 16, w = W / 16;
+    size_t n = (size_t)(e * 4 * h * w);
+    posterior = malloc(n * sizeof *posterior);
+    scratch = malloc(n * sizeof *scratch);
+    if (!posterior || !scratch) {
         st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
         goto done;
     }
     if (kiln_be_from_host(be, &dev_in, 4, pixels.shape, pixels.data, KILN_F32) ||
-        kiln_be_alloc(be, &dev_mean, be->act_dtype, 4, (int64_t[]){1, z, 2 * h, 2 * w})) {
+        kiln_be_alloc(be, &dev_out, be->act_dtype, 4, (int64_t[]){1, e, 2 * h, 2 * w})) {
         st = kiln_be_check(be, err);
         goto done;
     }
-    if ((st = kiln_vae_encode_mean(s->vae, &dev_in, &dev_mean, NULL, err)))
+    if ((st = kiln_vae_encode(s->vae, &dev_in, &dev_out, NULL, err)))
         goto done;
-    kiln_be_download(be, &dev_mean, mean);
+    kiln_be_download(be, &dev_out, posterior);
     if ((st = kiln_be_check(be, err)))
         goto done;
-    /* pipeline.md section 8 step 5: patchify, (x - mean_c) / std_c, pack. */
-    kiln_latents_patchify(mean, patched, 1, z, h, w);
-    kiln_latents_bn_normalize(patched, 1, C, h * w, info->bn_mean, info->bn_var, info->bn_eps,
-                              be->act_dtype);
-    kiln_latents_pack(patched, tokens, 1, C, h, w);
+    s->fs->pack(info, posterior, scratch, tokens, h, w, be->act_dtype);
     *h_out = h, *w_out = w;
 done:
     kiln_tensor_host_free(&pixels);
-    kiln_be_free(be, &dev_in), kiln_be_free(be, &dev_mean);
-    free(mean), free(patched);
+    kiln_be_free(be, &dev_in), kiln_be_free(be, &dev_out);
+    free(posterior), free(scratch);
     return st;
 }
 
@@ -356,13 +358,14 @@ kiln_status kiln_encode_references(kiln_encode_stage *s, const kiln_image *refs,
     if (n < 1)
         return kiln_err_set(err, KILN_ERR_INVALID, "no reference images");
     const kiln_vae_info *info = kiln_vae_get_info(s->vae);
-    int64_t C = 4 * (int64_t)info->latent_channels, total = 0;
+    int64_t C = 4 * (int64_t)info->latent_channels * s->fs->image_moments, total = 0;
     int64_t sizes[KILN_MAX_REFS][2];
     if (n > KILN_MAX_REFS)
         return kiln_err_set(err, KILN_ERR_INVALID, "at most %d reference images", KILN_MAX_REFS);
     for (int k = 0; k < n; k++) {
-        int pw, ph;
-        if (kiln_image_flux2_ref_size(refs[k].width, refs[k].height, &pw, &ph, err))
+        int pw = refs[k].width / 16 * 16, ph = refs[k].height / 16 * 16;
+        if (s->fs->image_moments == 1 &&
+            kiln_image_flux2_ref_size(refs[k].width, refs[k].height, &pw, &ph, err))
             return kiln_err_wrap(err, "image %d", k);
         sizes[k][0] = ph / 16, sizes[k][1] = pw / 16;
         total += sizes[k][0] * sizes[k][1];
@@ -396,4 +399,24 @@ kiln_status kiln_encode_references(kiln_encode_stage *s, const kiln_image *refs,
 done:
     free(host), free(id32);
     return st;
+}
+
+kiln_status kiln_encode_mask(const kiln_encode_stage *s, const kiln_image *mask, int width,
+                             int height, float **out, int64_t *n, kiln_err *err)
+{
+    int cell = s->fs->mask_cell;
+    *out = NULL, *n = 0;
+    if (width < 16 || height < 16 || width % 16 || height % 16)
+        return kiln_err_set(err, KILN_ERR_INVALID, "bad mask size %dx%d", width, height);
+    int64_t count = (int64_t)(width / cell) * (height / cell);
+    float *grid = malloc((size_t)count * sizeof *grid);
+    if (!grid)
+        return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+    kiln_status st = s->fs->mask(mask, width, height, grid, err);
+    if (st) {
+        free(grid);
+        return st;
+    }
+    *out = grid, *n = count;
+    return KILN_OK;
 }

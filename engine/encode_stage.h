@@ -82,15 +82,33 @@ kiln_status kiln_encode_prompts(kiln_encode_stage *s, const char *const *prompts
                                 int max_seq, kiln_tensor *out, int32_t *ids_out, int *lens_out,
                                 kiln_err *err);
 
+/* The request traits of the stage's checkpoint (kiln_model_traits_of). */
+kiln_model_traits kiln_encode_stage_traits(const kiln_encode_stage *s);
+
 /* The prompt cache's counters (engine/prompt_cache.h). */
 void kiln_encode_stage_cache_stats(const kiln_encode_stage *s, kiln_prompt_cache_stats *out);
 
-/* Prepares (spec/pipeline.md section 8), VAE-encodes, patchifies,
- * BN-normalises and packs n reference images in order.  `tokens` is
- * allocated here as (1, R, 4z) of be->act_dtype and `ids` as a malloc'd
- * (R, 4) array with t = 10 + 10k for reference k; the caller frees both.
- * Needs with_references.  Bad images are KILN_ERR_INVALID. */
+/* VAE-encodes n images in order into the family's tokens: klein prepares
+ * each as a reference (spec/pipeline.md section 8: shrunk, cropped), then
+ * patchifies, BN-normalises and packs its posterior's mode, 4z features a
+ * token; Z-Image takes each image as it is (already sized by
+ * kiln_inpaint_prepare_image) and hands on its posterior's mean and
+ * log-variance as patch tokens, 2 x 4z features (the denoise stage
+ * samples them).  `tokens` is allocated here as (1, R, C) of
+ * be->act_dtype and `ids` as a malloc'd (R, 4) array with t = 10 + 10k
+ * for image k (klein's positions; Z-Image reads none); the caller frees
+ * both.  Needs with_references.  Bad images are KILN_ERR_INVALID. */
 kiln_status kiln_encode_references(kiln_encode_stage *s, const kiln_image *refs, int n,
                                    kiln_tensor *tokens, int32_t **ids, int64_t *R, kiln_err *err);
+
+/* The inpainting mask (kiln_image_decode_mask, any size: resized) at the
+ * grid the family's pipeline blends on, for a width x height output: klein
+ * one value per 16-pixel token (engine/inpaint.h kiln_inpaint_mask),
+ * Z-Image one per 8-pixel VAE latent (kiln_inpaint_mask_latent).  *out is
+ * malloc'd (*n floats, row-major; the caller frees it).  KILN_ERR_INVALID
+ * for sizes that are not multiples of 16, _NOMEM.  Thread-safe (reads
+ * the stage's constant family entry only). */
+kiln_status kiln_encode_mask(const kiln_encode_stage *s, const kiln_image *mask, int width,
+                             int height, float **out, int64_t *n, kiln_err *err);
 
 #endif

@@ -2,6 +2,7 @@
  * tokens over AutoencoderKLFlux2, its chat template; its DiT and loop are
  * denoise_klein.c. */
 #include "denoise_internal.h"
+#include "inpaint.h"
 #include "models/latents.h"
 
 /* Flux2KleinPipeline's packed latents: 2x2 patches of the VAE latents,
@@ -27,6 +28,16 @@ static void unpack(const kiln_token_layout *l, const kiln_vae_info *vae, float *
     kiln_latents_unpatchify(scratch, x, B, vae->latent_channels, h, w);
 }
 
+/* pipeline.md section 8 step 5: patchify, (x - mean_c) / std_c, pack. */
+static void pack(const kiln_vae_info *vae, const float *posterior, float *scratch, float *tokens,
+                 int64_t h, int64_t w, kiln_dtype act)
+{
+    int64_t C = vae->bn_channels;
+    kiln_latents_patchify(posterior, scratch, 1, vae->latent_channels, h, w);
+    kiln_latents_bn_normalize(scratch, 1, C, h * w, vae->bn_mean, vae->bn_var, vae->bn_eps, act);
+    kiln_latents_pack(scratch, tokens, 1, C, h, w);
+}
+
 const kiln_family_stages kiln_family_stages_klein = {
     .title = "klein",
     .chat = KILN_CHAT_KLEIN,
@@ -35,4 +46,10 @@ const kiln_family_stages kiln_family_stages_klein = {
     .vae_class = "AutoencoderKLFlux2",
     .token_layout = token_layout,
     .unpack = unpack,
+    .vae_parts = KILN_VAE_ENCODER,
+    .prepare = kiln_image_flux2_ref_prepare,
+    .pack = pack,
+    .image_moments = 1,
+    .mask_cell = 16,
+    .mask = kiln_inpaint_mask,
 };

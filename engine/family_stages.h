@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "common/checkpoint.h"
+#include "common/image.h"
 #include "models/tokenizer.h"
 #include "models/vae.h"
 
@@ -60,6 +61,29 @@ typedef struct kiln_family_stages {
      * latents.to(vae dtype)).  scratch holds as many floats as x. */
     void (*unpack)(const kiln_token_layout *l, const kiln_vae_info *vae, float *x, float *scratch,
                    int64_t B, int64_t h, int64_t w, kiln_dtype act);
+    /* Encode stage, input images (edit references, img2img and
+     * inpainting starts).  vae_parts: how its VAE encoder loads (or'ed
+     * into KILN_VAE_ENCODER).  prepare: the image to the VAE's input
+     * (1, 3, H, W) host F32 (klein: kiln_image_flux2_ref_prepare, which
+     * shrinks and crops a reference; Z-Image: the image as it is, already
+     * sized by kiln_inpaint_prepare_image).  pack: the VAE's output
+     * (1, encode_channels, 2h, 2w) host f32 to h*w tokens of
+     * image_moments x channels features in `tokens` (scratch as large as
+     * the input), rounded to act where the pipeline rounds. */
+    unsigned vae_parts;
+    kiln_status (*prepare)(const kiln_image *img, kiln_tensor *out, kiln_err *err);
+    void (*pack)(const kiln_vae_info *vae, const float *posterior, float *scratch, float *tokens,
+                 int64_t h, int64_t w, kiln_dtype act);
+    /* 1: an image's tokens are the DiT's latents (klein: the posterior's
+     * mode, normalised); 2: the posterior's mean then log-variance per
+     * token, which the denoise stage samples from each row's generator
+     * before its noise (ZImageImg2ImgPipeline, ZImageInpaintPipeline). */
+    int image_moments;
+    /* Inpainting: the mask (kiln_image_decode_mask) at the grid the
+     * pipeline blends on, one float per mask_cell x mask_cell pixels of
+     * the W x H output (klein 16: a token; Z-Image 8: a VAE latent pixel). */
+    int mask_cell;
+    kiln_status (*mask)(const kiln_image *mask, int width, int height, float *out, kiln_err *err);
 } kiln_family_stages;
 
 /* The entry of a checkpoint's family (engine/family.h kiln_family_of).

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "denoise_internal.h"
+#include "inpaint.h"
 #include "models/latents.h"
 #include "models/zimage_dit.h"
 
@@ -38,6 +39,22 @@ static void unpack(const kiln_token_layout *l, const kiln_vae_info *vae, float *
     memcpy(x, scratch, (size_t)n * sizeof *x);
 }
 
+/* The posterior (1, 2z, 2h, 2w), mean then log-variance, each to the DiT's
+ * patch tokens; a token holds its mean's features, then its
+ * log-variance's.  Nothing is rounded: the denoise stage samples in fp32
+ * as DiagonalGaussianDistribution does. */
+static void pack(const kiln_vae_info *vae, const float *posterior, float *scratch, float *tokens,
+                 int64_t h, int64_t w, kiln_dtype act)
+{
+    (void)act;
+    int64_t z = vae->latent_channels, C = 4 * z, N = h * w;
+    for (int half = 0; half < 2; half++) {
+        kiln_latents_zimage_patchify(posterior + half * z * 4 * N, scratch, 1, z, 2, h, w);
+        for (int64_t t = 0; t < N; t++)
+            memcpy(tokens + (t * 2 + half) * C, scratch + t * C, (size_t)C * sizeof *tokens);
+    }
+}
+
 const kiln_family_stages kiln_family_stages_zimage = {
     .title = "Z-Image",
     .chat = KILN_CHAT_ZIMAGE,
@@ -46,4 +63,10 @@ const kiln_family_stages kiln_family_stages_zimage = {
     .vae_class = "AutoencoderKL",
     .token_layout = token_layout,
     .unpack = unpack,
+    .vae_parts = KILN_VAE_ENCODER | KILN_VAE_LOGVAR,
+    .prepare = kiln_image_to_unit_tensor,
+    .pack = pack,
+    .image_moments = 2,
+    .mask_cell = 8,
+    .mask = kiln_inpaint_mask_latent,
 };

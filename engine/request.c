@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "inpaint.h"
+#include "common/image.h"
 
 void kiln_request_init(kiln_request *req)
 {
@@ -50,8 +50,10 @@ double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model
     double img = (double)(req->width / 16) * (double)(req->height / 16);
     double text = req->max_sequence_length > 0 ? req->max_sequence_length : 512;
     double refs = 0;
-    /* img2img's image is the starting point, not tokens of every forward. */
-    for (int i = 0; i < req->n_refs && (!(req->strength > 0) || req->mask); i++) {
+    /* img2img's image is the starting point, not tokens of every forward;
+     * so is inpainting's where the model takes no references. */
+    int conditions = !model->no_references && (!(req->strength > 0) || req->mask);
+    for (int i = 0; i < req->n_refs && conditions; i++) {
         int w, h;
         if (kiln_image_flux2_ref_size(req->refs[i].width, req->refs[i].height, &w, &h, NULL) == 0)
             refs += (double)(w / 16) * (double)(h / 16);
@@ -67,6 +69,18 @@ double kiln_request_cost(const kiln_request *req, const kiln_model_traits *model
     else
         per_row = steps * forward * (cfg ? 2 : 1);
     return (req->n > 0 ? req->n : 1) * per_row / 1e6;
+}
+
+kiln_status kiln_request_image_size(const kiln_model_traits *traits, int width, int height,
+                                    int *out_width, int *out_height, kiln_err *err)
+{
+    if (traits->shrink_images)
+        return kiln_image_flux2_ref_size(width, height, out_width, out_height, err);
+    if (width < 16 || height < 16)
+        return kiln_err_set(err, KILN_ERR_INVALID, "image is %dx%d; each side must be at least 16",
+                            width, height);
+    *out_width = width / 16 * 16, *out_height = height / 16 * 16;
+    return KILN_OK;
 }
 
 static kiln_status check_side(const char *name, int v, const kiln_limits *lim, kiln_err *err)
@@ -94,12 +108,13 @@ static kiln_status check_mask(kiln_request *req, const kiln_model_traits *model,
                             req->refs[0].width, req->refs[0].height, req->mask->width,
                             req->mask->height);
     if (req->strength == 0)
-        req->strength = KILN_INPAINT_DEFAULT_STRENGTH;
+        req->strength = model->inpaint_strength;
     return KILN_OK;
 }
 
 /* Image-to-image's own rules (after size and steps are resolved). */
-static kiln_status check_strength(const kiln_request *req, kiln_err *err)
+static kiln_status check_strength(const kiln_request *req, const kiln_model_traits *model,
+                                  kiln_err *err)
 {
     if (!(req->strength > 0 && req->strength <= 1))
         return kiln_err_set(err, KILN_ERR_INVALID, "strength must be in (0, 1] (got %g)",
@@ -109,7 +124,7 @@ static kiln_status check_strength(const kiln_request *req, kiln_err *err)
                             "strength (image-to-image) takes exactly one image, not %d",
                             req->n_refs);
     int w, h;
-    if (kiln_image_flux2_ref_size(req->refs[0].width, req->refs[0].height, &w, &h, err))
+    if (kiln_request_image_size(model, req->refs[0].width, req->refs[0].height, &w, &h, err))
         return kiln_err_wrap(err, "image");
     if (req->width != w || req->height != h)
         return kiln_err_set(err, KILN_ERR_INVALID,
@@ -154,16 +169,22 @@ kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *mod
         req->n = 1;
     if (req->n < 1 || req->n > lim->max_n)
         return kiln_err_set(err, KILN_ERR_INVALID, "n must be between 1 and %d", lim->max_n);
-    if (req->n_refs && model->no_edits)
-        return kiln_err_set(err, KILN_ERR_INVALID, "this model does not take reference images");
     if (req->n_refs < 0 || req->n_refs > lim->max_refs)
         return kiln_err_set(err, KILN_ERR_INVALID, "at most %d reference images are allowed",
                             lim->max_refs);
+    /* A model without references edits its one image: image-to-image at
+     * its pipeline's default strength unless a strength or mask says
+     * otherwise. */
+    if (req->n_refs > 1 && model->no_references)
+        return kiln_err_set(err, KILN_ERR_INVALID, "this model takes one image to edit "
+                            "(image-to-image or inpainting), not %d references", req->n_refs);
+    if (req->n_refs && model->no_references && !req->mask && req->strength == 0)
+        req->strength = model->img2img_strength;
     int size_of_image = 0; /* the size was not given: it follows image 1 */
     if (!req->width && !req->height) {
         if (req->n_refs) {
-            if (kiln_image_flux2_ref_size(req->refs[0].width, req->refs[0].height, &req->width,
-                                          &req->height, err))
+            if (kiln_request_image_size(model, req->refs[0].width, req->refs[0].height,
+                                        &req->width, &req->height, err))
                 return kiln_err_wrap(err, "image");
             size_of_image = 1;
         } else {
@@ -191,7 +212,7 @@ kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *mod
         return kiln_err_set(err, KILN_ERR_INVALID, "guidance_scale must be between 0 and 100");
     if (req->mask && check_mask(req, model, err))
         return err ? err->code : KILN_ERR_INVALID;
-    if (req->strength != 0 && check_strength(req, err))
+    if (req->strength != 0 && check_strength(req, model, err))
         return err ? err->code : KILN_ERR_INVALID;
     if (req->max_sequence_length == 0)
         req->max_sequence_length = 512;

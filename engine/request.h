@@ -53,13 +53,14 @@ typedef struct kiln_request {
     int batch_noise;             /* draw one noise tensor for the batch, as diffusers does
                                     with a single generator */
     /* Image-to-image (diffusers' FluxImg2ImgPipeline algorithm on klein,
-     * engine/denoise_stage.h): in (0, 1], the one image is the starting
-     * point, noised to this fraction of the schedule, instead of a
-     * reference; 0: not img2img. */
+     * ZImageImg2ImgPipeline; engine/denoise_stage.h): in (0, 1], the one
+     * image is the starting point, noised to this fraction of the
+     * schedule, instead of a reference; 0: not img2img (on a model without
+     * references, traits.img2img_strength). */
     double strength;
-    /* Inpainting (Flux2KleinInpaintPipeline): the decoded mask
-     * (kiln_image_decode_mask) of the one image, of its size; strength
-     * defaults to KILN_INPAINT_DEFAULT_STRENGTH (0.8).  NULL: none. */
+    /* Inpainting (Flux2KleinInpaintPipeline, ZImageInpaintPipeline): the
+     * decoded mask (kiln_image_decode_mask) of the one image, of its size;
+     * strength defaults to traits.inpaint_strength.  NULL: none. */
     const kiln_image *mask;
     const kiln_image *refs;      /* edits: decoded references, 1..max_refs */
     int n_refs;
@@ -69,16 +70,27 @@ typedef struct kiln_request {
 
 void kiln_request_init(kiln_request *req);
 
+/* The size an edit's image (klein: a reference too) of width x height is prepared to: with
+ * traits->shrink_images kiln_image_flux2_ref_size (scaled down above
+ * 1024^2 pixels, its side and aspect limits), else the size floored to
+ * multiples of 16 (VaeImageProcessor.get_default_height_width with
+ * ZImage's vae_scale_factor x 2), sides of at least 16.
+ * KILN_ERR_INVALID otherwise. */
+kiln_status kiln_request_image_size(const kiln_model_traits *traits, int width, int height,
+                                    int *out_width, int *out_height, kiln_err *err);
+
 /* Fills defaults and validates against the model and the limits: sizes
  * multiples of 16 inside the limits, n, steps, guidance, sequence length,
  * prompt present, valid UTF-8 and within max_prompt_bytes, references within
  * the limits.  For an edit without a size the output size is the first
  * reference's prepared size (shared/spec/pipeline.md section 8,
- * kiln_image_flux2_ref_size).  With a strength: exactly one image, the
- * output at its prepared size (diffusers' img2img latents are the
- * image's).  With a mask: one image of the mask's size, strength 0.8
- * unless given, not on the
- * reference K/V cache checkpoints (diffusers has no such pipeline).  Returns KILN_ERR_INVALID with a message naming
+ * kiln_request_image_size).  On a model without references (Z-Image) an
+ * edit has one image and is image-to-image at traits.img2img_strength
+ * unless it gives a strength or a mask.  With a strength: exactly one
+ * image, the output at its prepared size (diffusers' img2img latents are
+ * the image's).  With a mask: one image of the mask's size, strength
+ * traits.inpaint_strength unless given, not on the reference K/V cache
+ * checkpoints (diffusers has no such pipeline).  Returns KILN_ERR_INVALID with a message naming
  * the field. */
 kiln_status kiln_request_resolve(kiln_request *req, const kiln_model_traits *model,
                                  const kiln_limits *lim, kiln_err *err);

@@ -71,7 +71,8 @@ static kiln_status decoder_load(kiln_vae *v, const kiln_st *st, kiln_err *err)
 
 /* vae.md section 4.  Only the mean half of the moments is ever used, so the
  * last conv is loaded with its first `latent` output channels only. */
-static kiln_status encoder_load(kiln_vae *v, const kiln_st *st, kiln_err *err)
+/* rows: the output rows kept, z (the mean) or 2z (and the log-variance). */
+static kiln_status encoder_load(kiln_vae *v, const kiln_st *st, int64_t rows, kiln_err *err)
 {
     const vae_config *c = &v->cfg;
     kiln_backend *be = v->be;
@@ -100,11 +101,11 @@ static kiln_status encoder_load(kiln_vae *v, const kiln_st *st, kiln_err *err)
         vae_norm_load(be, st, &e->norm_out, top, "encoder.conv_norm_out", err))
         return err->code;
     if (!c->quant)
-        return vae_conv_load_rows(be, st, &e->conv_out, z, 2 * z, top, 3, "encoder.conv_out",
-                                  err);
+        return vae_conv_load_rows(be, st, &e->conv_out, rows, 2 * z, top, 3,
+                                  "encoder.conv_out", err);
     if (vae_conv_load(be, st, &e->conv_out, 2 * z, top, 3, "encoder.conv_out", err))
         return err->code;
-    return vae_conv_load_rows(be, st, &e->quant, z, 2 * z, 2 * z, 1, "quant_conv", err);
+    return vae_conv_load_rows(be, st, &e->quant, rows, 2 * z, 2 * z, 1, "quant_conv", err);
 }
 
 /* BatchNorm running statistics as host f32 (the module itself never runs). */
@@ -136,6 +137,7 @@ static void fill_info(kiln_vae *v, unsigned parts)
     in->latent_channels = (int)c->latent;
     in->downscale = 1 << (c->nblocks - 1);
     in->parts = parts;
+    in->encode_channels = (int)c->latent * (parts & KILN_VAE_LOGVAR ? 2 : 1);
     in->scaling_factor = c->scaling;
     in->shift_factor = c->shift;
     if (c->kind == KILN_VAE_FLUX2) {
@@ -155,9 +157,11 @@ kiln_vae *kiln_vae_load(kiln_backend *be, const cJSON *config, const kiln_st *we
         kiln_err_set(err, KILN_ERR_INVALID, "vae: no config or weights given");
         return NULL;
     }
-    if (!parts || (parts & ~(unsigned)(KILN_VAE_DECODER | KILN_VAE_ENCODER))) {
+    if (!(parts & (KILN_VAE_DECODER | KILN_VAE_ENCODER)) ||
+        (parts & ~(unsigned)(KILN_VAE_DECODER | KILN_VAE_ENCODER | KILN_VAE_LOGVAR)) ||
+        ((parts & KILN_VAE_LOGVAR) && !(parts & KILN_VAE_ENCODER))) {
         kiln_err_set(err, KILN_ERR_INVALID, "vae: parts must be KILN_VAE_DECODER and/or "
-                     "KILN_VAE_ENCODER");
+                     "KILN_VAE_ENCODER (with KILN_VAE_LOGVAR)");
         return NULL;
     }
     kiln_vae *v = calloc(1, sizeof *v);
@@ -169,7 +173,8 @@ kiln_vae *kiln_vae_load(kiln_backend *be, const cJSON *config, const kiln_st *we
     if (vae_config_parse(config, &v->cfg, err) ||
         (v->cfg.kind == KILN_VAE_FLUX2 && bn_load(v, weights, err)) ||
         ((parts & KILN_VAE_DECODER) && decoder_load(v, weights, err)) ||
-        ((parts & KILN_VAE_ENCODER) && encoder_load(v, weights, err)))
+        ((parts & KILN_VAE_ENCODER) &&
+         encoder_load(v, weights, v->cfg.latent * (parts & KILN_VAE_LOGVAR ? 2 : 1), err)))
         goto fail;
     if (!(v->arena = kiln_arena_create(be, 0, err)))
         goto fail;
@@ -405,8 +410,8 @@ kiln_status kiln_vae_decode(kiln_vae *v, const kiln_tensor *z, kiln_tensor *img,
     return decode_pass(v, z, img, tap, err);
 }
 
-kiln_status kiln_vae_encode_mean(kiln_vae *v, const kiln_tensor *img, kiln_tensor *mean,
-                                 const kiln_vae_tap *tap, kiln_err *err)
+kiln_status kiln_vae_encode(kiln_vae *v, const kiln_tensor *img, kiln_tensor *mean,
+                            const kiln_vae_tap *tap, kiln_err *err)
 {
     const vae_config *c = &v->cfg;
     if (!(v->info.parts & KILN_VAE_ENCODER))
@@ -420,7 +425,8 @@ kiln_status kiln_vae_encode_mean(kiln_vae *v, const kiln_tensor *img, kiln_tenso
     if (!size_ok(B, H, W) || H % f || W % f)
         return kiln_err_set(err, KILN_ERR_INVALID, "vae: image size %lldx%lld must be positive "
                             "multiples of %lld", (long long)H, (long long)W, (long long)f);
-    if (check_output(mean, (int64_t[]){B, c->latent, H / f, W / f}, "latent mean", err))
+    if (check_output(mean, (int64_t[]){B, v->info.encode_channels, H / f, W / f}, "latent mean",
+                     err))
         return err->code;
     int64_t slot = encoder_slot_elems(c, H, W);
     if (slot > VAE_MAX_SLOT_ELEMS / B)

@@ -52,14 +52,18 @@ typedef enum kiln_vae_kind {
     KILN_VAE_KL,    /* AutoencoderKL (FLUX.1 VAE used by Z-Image): scaling/shift factors */
 } kiln_vae_kind;
 
-/* Which halves to load (or'ed); a decoder service loads only the decoder. */
-enum { KILN_VAE_DECODER = 1, KILN_VAE_ENCODER = 2 };
+/* Which halves to load (or'ed); a decoder service loads only the decoder.
+ * KILN_VAE_LOGVAR (with the encoder): it also keeps the posterior's
+ * log-variance half, for pipelines that sample the posterior (Z-Image's
+ * img2img and inpainting) rather than take its mode (klein). */
+enum { KILN_VAE_DECODER = 1, KILN_VAE_ENCODER = 2, KILN_VAE_LOGVAR = 4 };
 
 typedef struct kiln_vae_info {
     kiln_vae_kind kind;
     int latent_channels; /* z: 32 for FLUX.2, 16 for FLUX.1 (8 / 4 in the tiny oracle) */
     int downscale;       /* pixels per latent pixel: 2^(len(block_out_channels) - 1) = 8 */
-    unsigned parts;      /* KILN_VAE_DECODER / KILN_VAE_ENCODER as loaded */
+    unsigned parts;      /* KILN_VAE_DECODER / KILN_VAE_ENCODER / KILN_VAE_LOGVAR as loaded */
+    int encode_channels; /* kiln_vae_encode's: latent_channels, 2x with KILN_VAE_LOGVAR */
     /* FLUX.2 only (bn_channels 0 otherwise): BatchNorm running statistics over
      * the 2x2-patchified latent, bn_channels = z * patch_h * patch_w floats
      * each, host memory owned by the VAE; the pipeline uses
@@ -125,11 +129,14 @@ kiln_status kiln_vae_set_banding(kiln_vae *vae, int64_t above_pixels, int64_t ro
                                  kiln_err *err);
 
 /* Encodes img (B, 3, H, W) in [-1, 1], H and W positive multiples of
- * downscale, into the posterior mean (B, latent_channels, H/downscale,
- * W/downscale) (diffusers' latent_dist.mode(); the log-variance half is never
- * computed).  Errors as for decode.  Needs a loaded encoder. */
-kiln_status kiln_vae_encode_mean(kiln_vae *vae, const kiln_tensor *img, kiln_tensor *mean,
-                                 const kiln_vae_tap *tap, kiln_err *err);
+ * downscale, into the posterior (B, encode_channels, H/downscale,
+ * W/downscale): its mean (diffusers' latent_dist.mode()), followed with
+ * KILN_VAE_LOGVAR by its log-variance, unclamped (DiagonalGaussianDistribution
+ * clamps it to [-30, 20]; that is the sampler's job).  Without
+ * KILN_VAE_LOGVAR the log-variance half is never computed.  Errors as for
+ * decode.  Needs a loaded encoder. */
+kiln_status kiln_vae_encode(kiln_vae *vae, const kiln_tensor *img, kiln_tensor *mean,
+                            const kiln_vae_tap *tap, kiln_err *err);
 
 /* Scratch bytes one call of `part` (KILN_VAE_DECODER or KILN_VAE_ENCODER)
  * needs for a batch of B images of H x W pixels with the current banding

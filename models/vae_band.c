@@ -585,7 +585,7 @@ kiln_status vae_band_encode(kiln_backend *be, kiln_arena *arena, const vae_confi
     bd.dry = 0;
     encode_walk(&bd, e, c->nblocks, img, &last);
     /* 1/8 resolution, whole: the mid block and the output convs
-     * (kiln_vae_encode_mean's tail). */
+     * (kiln_vae_encode's tail). */
     vae_run r = {.be = be, .arena = arena, .groups = c->groups, .cap = l.slot};
     if (!vae_run_begin(&r)) {
         vae_run_load(&r, &last.t);

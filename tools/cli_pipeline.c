@@ -43,13 +43,16 @@ static void usage(FILE *f, int edit)
             "default, exact, is the reference precision.%s\n",
             edit ? "edit" : "generate", edit ? " --image A.png [--image B.jpg ...]" : "",
             edit ? " [--strength S] [--mask M.png]" : "",
-            edit ? "\n--strength S (0 < S <= 1): image-to-image from the one --image (diffusers'\n"
-                   "FluxImg2ImgPipeline algorithm): it is resized to its prepared size, noised to\n"
-                   "fraction S of the schedule and the last steps - int(steps - steps x S) steps\n"
-                   "run; the output has the image's prepared size.\n"
+            edit ? "\n--strength S (0 < S <= 1): image-to-image from the one --image (klein:\n"
+                   "diffusers' FluxImg2ImgPipeline algorithm; Z-Image: ZImageImg2ImgPipeline,\n"
+                   "where an edit is always image-to-image, strength 0.6 unless given): it is\n"
+                   "resized to its prepared size, noised to fraction S of the schedule and the\n"
+                   "last steps - int(steps - steps x S) steps run; the output has the image's\n"
+                   "prepared size.\n"
                    "--mask M.png: inpainting (Flux2KleinInpaintPipeline, strength 0.8 unless\n"
-                   "given) of the one --image, of its size: with alpha, transparent pixels are\n"
-                   "repainted (OpenAI's masks); without, white ones (diffusers' masks)."
+                   "given; ZImageInpaintPipeline, 1.0) of the one --image, of its size: with\n"
+                   "alpha, transparent pixels are repainted (OpenAI's masks); without, white ones\n"
+                   "(diffusers' masks)."
                  : "");
 }
 
@@ -365,17 +368,14 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
     }
     kiln_plan_row_lens(r->B, q->n, lens_p, neg_len, r->lens, r->lens + r->B);
     int64_t R = 0;
-    /* img2img and inpainting: the image as FluxImg2ImgPipeline and
-     * Flux2KleinInpaintPipeline prepare it, resized (not cropped). */
-    if (q->strength > 0 && kiln_inpaint_prepare_image(&r->refs[0], err))
+    /* img2img and inpainting: the image as the family's pipelines
+     * prepare it, resized (not cropped; engine/inpaint.h). */
+    if (q->strength > 0 && kiln_inpaint_prepare_image(&r->refs[0], &traits, err))
         return err->code;
-    if (o->mask) {
-        r->mask_grid = malloc((size_t)(q->width / 16) * (q->height / 16) * sizeof *r->mask_grid);
-        if (!r->mask_grid)
-            return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
-        if (kiln_inpaint_mask(&r->mask, q->width, q->height, r->mask_grid, err))
-            return err->code;
-    }
+    int64_t mask_len = 0;
+    if (o->mask &&
+        kiln_encode_mask(r->enc, &r->mask, q->width, q->height, &r->mask_grid, &mask_len, err))
+        return err->code;
     if (o->n_images &&
         kiln_encode_references(r->enc, r->refs, o->n_images, &r->ref_tokens, &r->ref_ids, &R, err))
         return err->code;
@@ -404,7 +404,7 @@ static kiln_status run(cli_run *r, cli_gen_opts *o, kiln_err *err)
         .seeds = r->seeds, .batch_noise = q->batch_noise, .fp32_noise = o->fp32_noise,
         .latents_in = r->latents_in, .on_step = cli_progress_step, .user = &prog,
     };
-    kiln_denoise_job_image(&job, R ? &r->ref_tokens : NULL, r->ref_ids, R, q->strength,
+    kiln_denoise_job_image(r->den, &job, R ? &r->ref_tokens : NULL, r->ref_ids, R, q->strength,
                            o->mask ? r->mask_grid : NULL);
     cli_progress_stage(&prog, "denoise", plan.run_steps);
     if (kiln_denoise_run(r->den, &job, &r->latents, err))

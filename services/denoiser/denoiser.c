@@ -97,7 +97,7 @@ static kiln_status lens_input(kiln_worker *w, prep *p, const char *name, int64_t
     return KILN_OK;
 }
 
-static kiln_status prepare(kiln_worker *w, prep *p, kiln_err *err)
+static kiln_status prepare(const den_state *s, kiln_worker *w, prep *p, kiln_err *err)
 {
     const kiln_job_denoise *d = &kiln_worker_job_msg(p->job)->denoise;
     if (kiln_worker_input(w, p->job, "embeds", 1, &p->emb, err))
@@ -137,11 +137,12 @@ static kiln_status prepare(kiln_worker *w, prep *p, kiln_err *err)
     if (kiln_worker_input_host(w, p->job, "mask", 0, &mask_ref, &mask, err))
         return err->code;
     if (mask_ref) {
-        if (mask_ref->dtype != KILN_F32 || mask_ref->ndim != 1 ||
-            mask_ref->shape[0] != (int64_t)(d->width / 16) * (d->height / 16) ||
-            p->R != mask_ref->shape[0] || !(d->strength > 0))
-            return kiln_err_set(err, KILN_ERR_INVALID, "mask must be (N) F32 at the output size, "
-                                "with one image of that size and a strength");
+        int64_t len = kiln_denoise_stage_mask_len(s->den, d->width, d->height);
+        if (mask_ref->dtype != KILN_F32 || mask_ref->ndim != 1 || mask_ref->shape[0] != len ||
+            p->R != (int64_t)(d->width / 16) * (d->height / 16) || !(d->strength > 0))
+            return kiln_err_set(err, KILN_ERR_INVALID, "mask must be (%lld) F32 at the output "
+                                "size, with one image of that size and a strength",
+                                (long long)len);
         p->mask = mask;
     }
     return KILN_OK;
@@ -264,7 +265,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         memset(p, 0, sizeof *p);
         p->job = jobs[i];
         kiln_err jerr = {0};
-        if (prepare(w, p, &jerr)) {
+        if (prepare(s, w, p, &jerr)) {
             kiln_worker_done(w, jobs[i], jerr.code, &jerr);
             continue;
         }
@@ -323,7 +324,7 @@ static void den_run(void *state, kiln_worker *w, kiln_worker_job **jobs, int n)
         .on_preview = any_preview ? batch_preview : NULL,
     };
     /* The one image of an edit, img2img or inpainting job (never batched). */
-    kiln_denoise_job_image(&job, ps[0].R ? &ps[0].ref_tokens : NULL, ps[0].ref_ids, ps[0].R,
+    kiln_denoise_job_image(s->den, &job, ps[0].R ? &ps[0].ref_tokens : NULL, ps[0].ref_ids, ps[0].R,
                            d->strength, ps[0].mask);
     double t_run = kiln_now_ms();
     /* Device time (CUDA events; none on the CPU) beside the wall times:

@@ -87,8 +87,8 @@ static int enc_compatible(const kiln_msg_job *head, const kiln_msg_job *j)
  * and downscaling a large one takes a while: a cancel stops between those
  * (the VAE encoder stops at its next op: kiln_worker_watch).  *mp gets the
  * megapixels it had. */
-static kiln_status take_reference(kiln_worker_job *job, int i, kiln_image *img, double *mp,
-                                  int *w0, int *h0, kiln_err *err)
+static kiln_status take_reference(kiln_worker_job *job, const kiln_model_traits *traits, int i,
+                                  kiln_image *img, double *mp, int *w0, int *h0, kiln_err *err)
 {
     const kiln_bytes *ref = &kiln_worker_job_msg(job)->encode.refs[i];
     if (kiln_worker_cancelled(job))
@@ -98,7 +98,7 @@ static kiln_status take_reference(kiln_worker_job *job, int i, kiln_image *img, 
         return kiln_err_set(err, KILN_ERR_CANCELLED, "request cancelled");
     if (!st)
         *mp = (double)img->width * img->height / 1e6, *w0 = img->width, *h0 = img->height;
-    if (!st)
+    if (!st && traits->shrink_images)
         st = kiln_image_flux2_ref_shrink(img, err);
     return st ? kiln_err_wrap(err, "image %d", i) : KILN_OK;
 }
@@ -115,9 +115,10 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
     kiln_status st = KILN_OK;
     double mp = 0, t0 = kiln_now_ms();
     int w0 = 0, h0 = 0;
+    kiln_model_traits traits = kiln_encode_stage_traits(s->enc);
     for (int i = 0; i < e->n_refs && !st; i++) {
         double one = 0;
-        st = take_reference(job, i, &imgs[i], &one, &w0, &h0, err);
+        st = take_reference(job, &traits, i, &imgs[i], &one, &w0, &h0, err);
         mp += one;
     }
     /* img2img's and inpainting's image: resized to its prepared size, not
@@ -125,8 +126,8 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
      * preprocess it (engine/inpaint.h); the sizes kiln_request_resolve
      * checked are the image's as uploaded (w0 x h0). */
     if (!st && (e->mask.len || e->start))
-        st = kiln_inpaint_prepare_image(&imgs[0], err);
-    /* Inpainting: the mask at the latent grid, as kiln edit --mask makes it. */
+        st = kiln_inpaint_prepare_image(&imgs[0], &traits, err);
+    /* Inpainting: the mask at the family's grid, as kiln edit --mask makes it. */
     float *grid = NULL;
     int64_t N = 0;
     if (!st && e->mask.len) {
@@ -135,12 +136,8 @@ static kiln_status encode_refs(enc_state *s, kiln_worker *w, kiln_worker_job *jo
         if (!st && (mask.width != w0 || mask.height != h0))
             st = kiln_err_set(err, KILN_ERR_INVALID, "mask must have the image's size %dx%d",
                               w0, h0);
-        if (!st) {
-            N = (int64_t)(imgs[0].width / 16) * (imgs[0].height / 16);
-            grid = malloc((size_t)N * sizeof *grid);
-            st = grid ? kiln_inpaint_mask(&mask, imgs[0].width, imgs[0].height, grid, err)
-                      : kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
-        }
+        if (!st)
+            st = kiln_encode_mask(s->enc, &mask, imgs[0].width, imgs[0].height, &grid, &N, err);
         kiln_image_free(&mask);
     }
     if (!st) {

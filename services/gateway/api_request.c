@@ -176,7 +176,7 @@ static kiln_status check_images(api_draft *d, const kiln_api_config *cfg, kiln_i
         int w, h;
         /* The encoder refuses these too; refusing here gives the client a
          * 400 before the request queues. */
-        if (kiln_image_flux2_ref_size(dims[i].width, dims[i].height, &w, &h, &err))
+        if (kiln_request_image_size(&cfg->traits, dims[i].width, dims[i].height, &w, &h, &err))
             return api_fail(e, KILN_ERR_INVALID, param, "invalid_image", "image %d: %s", i + 1,
                             err.msg);
     }
@@ -184,14 +184,15 @@ static kiln_status check_images(api_draft *d, const kiln_api_config *cfg, kiln_i
 }
 
 /* The tokens the transformer sees (kiln_api_usage). */
-static kiln_api_usage usage_of(const kiln_plan *plan, const kiln_image *refs, int n_refs)
+static kiln_api_usage usage_of(const kiln_plan *plan, const kiln_model_traits *traits,
+                               const kiln_image *refs, int n_refs)
 {
     const kiln_request *q = &plan->req;
     kiln_api_usage u = {0};
     u.text_tokens = (int64_t)q->max_sequence_length * (plan->cfg ? 2 : 1);
     for (int i = 0; i < n_refs; i++) {
         int w, h;
-        if (kiln_image_flux2_ref_size(refs[i].width, refs[i].height, &w, &h, NULL) == 0)
+        if (kiln_request_image_size(traits, refs[i].width, refs[i].height, &w, &h, NULL) == 0)
             u.image_tokens += (int64_t)(w / 16) * (h / 16);
     }
     u.output_tokens = (int64_t)plan->rows * (q->width / 16) * (q->height / 16);
@@ -274,7 +275,7 @@ static kiln_status finish(api_draft *d, const kiln_api_config *cfg, kiln_api_req
         param_of(err.msg, param, sizeof param);
         return api_fail(e, err.code, param, "invalid_value", "%s", err.msg);
     }
-    out->usage = usage_of(plan, dims, d->n_images);
+    out->usage = usage_of(plan, &cfg->traits, dims, d->n_images);
     plan->req.refs = NULL;
     plan->req.mask = NULL;
     q = &plan->req;

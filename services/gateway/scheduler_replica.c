@@ -277,7 +277,7 @@ void sched_on_hello(kiln_sched *s, const char *peer, const kiln_msg *m, double n
                       : h->traits.cfg_above_zero ? "CFG when guidance > 0"
                                                  : "CFG when guidance > 1",
                       h->traits.kv_cache ? ", reference K/V cache" : "",
-                      h->traits.no_edits ? ", no edits" : "");
+                      h->traits.no_references ? ", edits are img2img or inpainting only" : "");
     }
     /* Fencing emptied the record of the incarnation before; credits come
      * with `ready`. */

@@ -97,7 +97,7 @@ static int run_pass(const char *model, int decode, int64_t H, int64_t W, int64_t
             pthread_create(&s.thread, NULL, sample_loop, &s);
             double t0 = now_ms();
             kiln_status rc = decode ? kiln_vae_decode(vae, &in, &out, NULL, &err)
-                                    : kiln_vae_encode_mean(vae, &in, &out, NULL, &err);
+                                    : kiln_vae_encode(vae, &in, &out, NULL, &err);
             kiln_be_sync(be);
             res->ms = now_ms() - t0;
             atomic_store(&s.stop, 1);

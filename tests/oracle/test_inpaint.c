@@ -135,7 +135,8 @@ static void test_prepare_image(void)
     kiln_image want = {0};
     CHECK(kiln_image_resize_lanczos(&im, 192, 128, &want, NULL) == KILN_OK);
     kiln_err err = {0};
-    CHECKF(kiln_inpaint_prepare_image(&im, &err) == KILN_OK, "%s", err.msg);
+    kiln_model_traits klein = {.shrink_images = 1};
+    CHECKF(kiln_inpaint_prepare_image(&im, &klein, &err) == KILN_OK, "%s", err.msg);
     CHECK(im.width == 192 && im.height == 128);
     CHECK(memcmp(im.pixels, want.pixels, 192 * 128 * 3) == 0);
     kiln_image_free(&im), kiln_image_free(&want);
@@ -157,7 +158,8 @@ static void setup(void)
     CHECK(kiln_image_alloc(&im, W, H, NULL) == KILN_OK);
     for (int i = 0; i < W * H * 3; i++)
         im.pixels[i] = (uint8_t)((i * 37) % 256);
-    CHECK(kiln_inpaint_prepare_image(&im, &err) == KILN_OK);
+    kiln_model_traits tr = kiln_encode_stage_traits(enc);
+    CHECK(kiln_inpaint_prepare_image(&im, &tr, &err) == KILN_OK);
     int64_t R = 0;
     CHECKF(kiln_encode_references(enc, &im, 1, &img_tokens, &img_ids, &R, &err) == KILN_OK, "%s",
            err.msg);
@@ -212,7 +214,8 @@ static void test_blends(void)
 
 static void test_request_rules(void)
 {
-    kiln_model_traits tr = {.default_steps = 4, .default_guidance = 1.0f};
+    kiln_model_traits tr = {.default_steps = 4, .default_guidance = 1.0f, .shrink_images = 1,
+                            .inpaint_strength = 0.8f};
     kiln_limits lim = KILN_LIMITS_CLI;
     kiln_image ref = {.width = 200, .height = 136}, mask = ref, small = {.width = 100, .height = 68};
     kiln_request q;
@@ -220,7 +223,7 @@ static void test_request_rules(void)
     kiln_request_init(&q);
     q.prompt = "x", q.refs = &ref, q.n_refs = 1, q.mask = &mask;
     CHECKF(kiln_request_resolve(&q, &tr, &lim, &err) == KILN_OK, "%s", err.msg);
-    CHECK(q.strength == KILN_INPAINT_DEFAULT_STRENGTH && q.width == 192 && q.height == 128);
+    CHECK(q.strength == 0.8 && q.width == 192 && q.height == 128);
     kiln_request_init(&q);
     q.prompt = "x", q.refs = &ref, q.n_refs = 1, q.mask = &small;
     CHECK(kiln_request_resolve(&q, &tr, &lim, &err) == KILN_ERR_INVALID && strstr(err.msg, "size"));

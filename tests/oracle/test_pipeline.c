@@ -217,7 +217,7 @@ static void run_zimage_case(const char *name, cJSON *meta)
     int max_seq = cJSON_GetObjectItem(meta, "max_seq")->valueint;
     kiln_model_traits traits = kiln_model_traits_of(ck);
     CHECK(!strcmp(traits.family, "zimage") && traits.default_steps == 9 &&
-          traits.default_guidance == 0.0f && traits.no_edits);
+          traits.default_guidance == 0.0f && traits.no_references);
     kiln_plan plan = plan_of(meta, texts, P, &traits, NULL, 0);
     CHECK(plan.rows == P && !plan.cfg && !plan.negative && plan.run_steps == steps);
     /* Without steps and guidance the request takes the Turbo defaults. */

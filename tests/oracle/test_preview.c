@@ -148,13 +148,14 @@ static void test_klein(void)
     /* Inpainting: one row, a mask keeping every third token. */
     enum { W = 64, H = 96, NTOK = (W / 16) * (H / 16) };
     kiln_tensor emb1 = kiln_tensor_batch_view(&emb, 0, 1);
+    kiln_model_traits tr = kiln_encode_stage_traits(enc);
     kiln_image im = {0};
     CHECK(kiln_image_alloc(&im, W, H, NULL) == KILN_OK);
     for (int i = 0; i < W * H * 3; i++)
         im.pixels[i] = (uint8_t)((i * 37) % 256);
     int32_t *ids = NULL;
     int64_t R = 0;
-    CHECK(kiln_inpaint_prepare_image(&im, &err) == KILN_OK);
+    CHECK(kiln_inpaint_prepare_image(&im, &tr, &err) == KILN_OK);
     CHECKF(kiln_encode_references(enc, &im, 1, &img, &ids, &R, &err) == KILN_OK, "%s", err.msg);
     kiln_image_free(&im);
     float mask[NTOK];

@@ -153,7 +153,7 @@ static int encode_refs(kiln_vae *vae, const char *cs, const kiln_st *ref)
         if (mean && !upload_ref(in, &x) &&
             !kiln_be_alloc(be, &m, be->act_dtype, mean->ndim, mean->shape)) {
             kiln_err err = {0};
-            kiln_status st = kiln_vae_encode_mean(vae, &x, &m, NULL, &err);
+            kiln_status st = kiln_vae_encode(vae, &x, &m, NULL, &err);
             CHECKF(st == KILN_OK, "%s encode: %s", cs, err.msg);
             char what[400];
             snprintf(what, sizeof what, "%s %s", cs, kmean);
@@ -315,7 +315,7 @@ static float *encode_host(kiln_vae *vae, const float *x, int64_t B, int64_t zc, 
     kiln_err err = {0};
     int ok = out && !kiln_be_from_host(be, &xt, 4, (int64_t[]){B, 3, H, W}, x, KILN_F32) &&
              !kiln_be_alloc(be, &m, be->act_dtype, 4, (int64_t[]){B, zc, H / 8, W / 8}) &&
-             !kiln_vae_encode_mean(vae, &xt, &m, NULL, &err);
+             !kiln_vae_encode(vae, &xt, &m, NULL, &err);
     if (ok)
         kiln_be_download(be, &m, out);
     kiln_be_check(be, ok ? &err : NULL);
@@ -464,7 +464,7 @@ static kiln_status try_encode(kiln_vae *vae, const int64_t xs[4], const int64_t 
     if (!st)
         st = kiln_be_alloc(be, &m, be->act_dtype, 4, ms);
     if (!st)
-        st = kiln_vae_encode_mean(vae, &x, &m, NULL, err);
+        st = kiln_vae_encode(vae, &x, &m, NULL, err);
     kiln_be_free(be, &x);
     kiln_be_free(be, &m);
     return st;

@@ -55,14 +55,16 @@ static void test_family_traits(void)
     check_family("klein-base-tiny", "flux2", KILN_CHAT_KLEIN, KILN_VAE_FLUX2, 9, 3);
     check_family("zimage-tiny", "zimage", KILN_CHAT_ZIMAGE, KILN_VAE_KL, -2, 1);
     kiln_model_traits k = traits_of_ckpt("klein-tiny");
-    CHECK(!strcmp(k.family, "flux2") && !k.cfg && !k.kv_cache && !k.no_edits);
+    CHECK(!strcmp(k.family, "flux2") && !k.cfg && !k.kv_cache && !k.no_references);
+    CHECK(k.shrink_images && k.img2img_strength == 0.0f && k.inpaint_strength == 0.8f);
     CHECK(k.default_steps == 4 && k.default_guidance == 1.0f);
     CHECK(k.text_width > 0 && k.text_width <= KILN_TRAITS_WIDEST_TEXT && k.latent_channels > 0);
     kiln_model_traits b = traits_of_ckpt("klein-base-tiny");
     CHECK(!strcmp(b.family, "flux2") && b.cfg && !b.cfg_above_zero);
     CHECK(b.default_steps == 50 && b.default_guidance == 4.0f);
     kiln_model_traits z = traits_of_ckpt("zimage-tiny");
-    CHECK(!strcmp(z.family, "zimage") && z.cfg && z.cfg_above_zero && z.no_edits);
+    CHECK(!strcmp(z.family, "zimage") && z.cfg && z.cfg_above_zero && z.no_references);
+    CHECK(!z.shrink_images && z.img2img_strength == 0.6f && z.inpaint_strength == 1.0f);
     CHECK(z.default_steps == 9 && z.default_guidance == 0.0f);
     CHECK(!kiln_model_traits_equal(&k, &z) && kiln_model_traits_equal(&z, &z));
     /* The rule, once: klein base above 1, Z-Image above 0, never without CFG. */
@@ -73,7 +75,8 @@ static void test_family_traits(void)
 
 static const kiln_model_traits distilled = {.family = "flux2", .default_steps = 4,
                                             .default_guidance = 1.0f, .text_width = 7680,
-                                            .latent_channels = 128};
+                                            .latent_channels = 128, .shrink_images = 1,
+                                            .inpaint_strength = 0.8f};
 static const kiln_model_traits base = {.family = "flux2", .cfg = 1, .default_steps = 50,
                                        .default_guidance = 4.0f, .text_width = 7680,
                                        .latent_channels = 128};
@@ -81,7 +84,8 @@ static const kiln_model_traits kv = {.family = "flux2", .kv_cache = 1, .default_
                                      .default_guidance = 1.0f, .text_width = 12288,
                                      .latent_channels = 128};
 static const kiln_model_traits zimage = {.family = "zimage", .cfg = 1, .cfg_above_zero = 1,
-                                         .no_edits = 1, .default_steps = 9,
+                                         .no_references = 1, .img2img_strength = 0.6f,
+                                         .inpaint_strength = 1.0f, .default_steps = 9,
                                          .text_width = 2560, .latent_channels = 64};
 
 static kiln_status plan(kiln_plan *p, kiln_request *q, const char *const *prompts, int P,
