@@ -18,6 +18,10 @@ in oracle_edit_common.py.  The cases in tests/data/oracle were made with:
         --out tests/data/oracle/zimage_inpaint_120x88 --size 120x88 --strength 0.8 \\
         --steps 4 --seed 3 --image-seed 3 --prompt "a cat asleep on a wooden table" \\
         --mask ellipse:30,18,95,69 --mask-form diffusers --mask-blur 3
+    venv/bin/python tests/oracle/gen_zimage_edit_oracle.py --mode inpaint \\
+        --out tests/data/oracle/zimage_inpaint_144x96 --size 144x96 --strength 0.6 \\
+        --steps 5 --seed 21 --image-seed 4 --prompt "a garden path in spring" \\
+        --mask rect:20,10,100,70
 
 Any size, strength, step count, seed, prompt or mask makes a new case
 (meta.json says everything it needs).
