@@ -8,7 +8,12 @@
  * - the Turbo defaults (9 steps, no guidance) on a request that names
  *   neither, and CFG with a negative prompt (guidance > 0, the prompt's
  *   and the negative prompt's token counts travel beside the embeddings);
- * - an edit is refused with 400 (Z-Image is text-to-image only). */
+ * - edits as ZImageImg2ImgPipeline and ZImageInpaintPipeline run them:
+ *   image-to-image at the default strength 0.6 with n = 2 (each row its
+ *   own posterior sample and noise) and inpainting with a mask (strength
+ *   1.0), each equal to kiln edit's bytes and the diffusers cases'
+ *   images (tests/data/oracle/zimage_*) at >= 50 dB; two images are a 400
+ *   (Z-Image takes no references). */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,10 +27,11 @@
 static char zmodel[600];
 static int port;
 
-/* kiln generate on the Z-Image checkpoint with the pipeline's own layers. */
-static int cli(const char *const *args, const char *out)
+/* kiln `cmd` (generate, edit) on the Z-Image checkpoint with the
+ * pipeline's own layers. */
+static int cli_run(const char *cmd, const char *const *args, const char *out)
 {
-    const char *argv[64] = {svc_exe("tools/kiln"), "generate", "--model", zmodel,
+    const char *argv[64] = {svc_exe("tools/kiln"), cmd, "--model", zmodel,
                             "--no-metadata", /* the service's PNGs carry no text chunks */
                             "--out", out};
     int n = 7;
@@ -36,11 +42,10 @@ static int cli(const char *const *args, const char *out)
     return pid < 0 ? -1 : svc_wait_exit(pid, SVC_T_REQ);
 }
 
-static double psnr_vs_oracle(const kiln_buf *png, const char *case_name, int b)
+static int cli(const char *const *args, const char *out) { return cli_run("generate", args, out); }
+
+static double psnr_vs_file(const kiln_buf *png, const char *path)
 {
-    char path[900];
-    snprintf(path, sizeof path, "%s/oracle/cases/%s/image_fp32_%d.png", getenv("KILN_SHARED"),
-             case_name, b);
     kiln_image got = {0}, want = {0};
     kiln_err err = {0};
     double p = -1;
@@ -55,6 +60,14 @@ static double psnr_vs_oracle(const kiln_buf *png, const char *case_name, int b)
     }
     kiln_image_free(&got), kiln_image_free(&want);
     return p;
+}
+
+static double psnr_vs_oracle(const kiln_buf *png, const char *case_name, int b)
+{
+    char path[900];
+    snprintf(path, sizeof path, "%s/oracle/cases/%s/image_fp32_%d.png", getenv("KILN_SHARED"),
+             case_name, b);
+    return psnr_vs_file(png, path);
 }
 
 /* One generation request; its images in *im (0) or -1 with the check failed. */
@@ -155,15 +168,110 @@ static void test_defaults_and_cfg(void)
     }
 }
 
-static void test_edit_refused(void)
+/* A diffusers edit case's file (tests/data/oracle/<c>/<file>). */
+static const char *edit_case(const char *c, const char *file)
 {
+    static char paths[4][PATH_MAX];
+    static int next;
+    char *p = paths[next++ % 4];
+    snprintf(p, PATH_MAX, "%s/tests/data/oracle/%s/%s", getenv("KILN_SOURCE_ROOT"), c, file);
+    return p;
+}
+
+/* A multipart /v1/images/edits: text fields (name, value pairs, NULL
+ * ended), then files (name, path pairs); *r the response. */
+static int post_edit(const char *const *fields, const char *const *files, gwc_response *r)
+{
+    kiln_buf body = {0}, data = {0};
+    char part[512];
+    for (int i = 0; fields[i]; i += 2) {
+        snprintf(part, sizeof part, "--kilnZ\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n"
+                 "%s\r\n", fields[i], fields[i + 1]);
+        kiln_buf_append(&body, part, strlen(part), NULL);
+    }
+    int rc = 0;
+    for (int i = 0; files[i]; i += 2) {
+        snprintf(part, sizeof part, "--kilnZ\r\nContent-Disposition: form-data; name=\"%s\"; "
+                 "filename=\"f.png\"\r\nContent-Type: image/png\r\n\r\n", files[i]);
+        kiln_buf_append(&body, part, strlen(part), NULL);
+        rc |= svc_read_file(files[i + 1], &data);
+        kiln_buf_append(&body, data.data, data.len, NULL);
+        kiln_buf_append(&body, "\r\n", 2, NULL);
+        kiln_buf_free(&data);
+    }
+    kiln_buf_append(&body, "--kilnZ--\r\n", 11, NULL);
+    rc |= gwc_request(port, "POST", "/v1/images/edits", "multipart/form-data; boundary=kilnZ",
+                      body.data, body.len, r, SVC_T_REQ);
+    kiln_buf_free(&body);
+    return rc;
+}
+
+static void test_img2img(void)
+{
+    const char *c = "zimage_img2img_128", *prompt = "a red boat on a lake";
+    const char *fields[] = {"prompt", prompt, "seed", "7", "num_inference_steps", "5", "n", "2",
+                            NULL};
+    const char *files[] = {"image", edit_case(c, "input.png"), NULL};
     gwc_response r;
-    const char *json = "{\"prompt\":\"x\",\"images\":[{\"image_url\":\"data:image/png;base64,"
-                       "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/"
-                       "pLvAAAAAElFTkSuQmCC\"}]}";
-    CHECK(svc_post_json(port, "/v1/images/edits", json, &r, SVC_T_REQ) == 0);
-    CHECKF(r.status == 400, "edit: status %d: %.*s", r.status, (int)r.body.len,
-           (char *)r.body.data);
+    svc_images im = {0};
+    CHECK(post_edit(fields, files, &r) == 0);
+    CHECKF(r.status == 200 && svc_parse_images(&r, &im) == 0 && im.n == 2, "img2img: status %d: "
+           "%.*s", r.status, (int)r.body.len, r.body.data ? (char *)r.body.data : "");
+    gwc_response_free(&r);
+    if (im.n != 2)
+        return;
+    /* The default strength is the pipeline's 0.6, as the case's. */
+    double p = psnr_vs_file(&im.files[0], edit_case(c, "image.png"));
+    fprintf(stderr, "  %s through the service: PSNR %.2f dB\n", c, p);
+    CHECK(p >= 50.0);
+    const char *args[] = {"--image", edit_case(c, "input.png"), "--prompt", prompt, "--seed", "7",
+                          "--steps", "5", "-n", "2", NULL};
+    CHECK(cli_run("edit", args, svc_tmp("i2i.png")) == 0);
+    CHECKF(svc_same_file(svc_tmp("i2i-0.png"), &im.files[0]) &&
+               svc_same_file(svc_tmp("i2i-1.png"), &im.files[1]),
+           "img2img rows differ from kiln edit's");
+    CHECKF(im.files[0].len != im.files[1].len ||
+               memcmp(im.files[0].data, im.files[1].data, im.files[0].len),
+           "the rows share a sample: seed + 1 must draw its own");
+    svc_images_free(&im);
+}
+
+static void test_inpaint(void)
+{
+    const char *c = "zimage_inpaint_144x96", *prompt = "a garden path in spring";
+    const char *fields[] = {"prompt", prompt, "seed", "21", "num_inference_steps", "5",
+                            "strength", "0.6", NULL};
+    const char *files[] = {"image", edit_case(c, "input.png"), "mask", edit_case(c, "mask.png"),
+                           NULL};
+    gwc_response r;
+    svc_images im = {0};
+    CHECK(post_edit(fields, files, &r) == 0);
+    CHECKF(r.status == 200 && svc_parse_images(&r, &im) == 0 && im.n == 1, "inpaint: status %d: "
+           "%.*s", r.status, (int)r.body.len, r.body.data ? (char *)r.body.data : "");
+    gwc_response_free(&r);
+    if (im.n != 1)
+        return;
+    double p = psnr_vs_file(&im.files[0], edit_case(c, "image.png"));
+    fprintf(stderr, "  %s through the service: PSNR %.2f dB\n", c, p);
+    CHECK(p >= 50.0);
+    const char *args[] = {"--image", edit_case(c, "input.png"), "--mask", edit_case(c, "mask.png"),
+                          "--prompt", prompt, "--seed", "21", "--steps", "5", "--strength", "0.6",
+                          NULL};
+    CHECK(cli_run("edit", args, svc_tmp("inpaint.png")) == 0);
+    CHECKF(svc_same_file(svc_tmp("inpaint.png"), &im.files[0]), "inpainting differs from kiln edit");
+    svc_images_free(&im);
+}
+
+static void test_references_refused(void)
+{
+    const char *fields[] = {"prompt", "two boats", NULL};
+    const char *files[] = {"image[]", edit_case("zimage_img2img_128", "input.png"), "image[]",
+                           edit_case("zimage_img2img_112x80", "input.png"), NULL};
+    gwc_response r;
+    CHECK(post_edit(fields, files, &r) == 0);
+    CHECKF(r.status == 400 && r.body.data && strstr((char *)r.body.data, "not 2 references"),
+           "two images: status %d: %.*s", r.status, (int)r.body.len,
+           r.body.data ? (char *)r.body.data : "");
     gwc_response_free(&r);
 }
 
@@ -187,7 +295,9 @@ int main(void)
         RUN(test_oracle_case);
         RUN(test_ragged_captions);
         RUN(test_defaults_and_cfg);
-        RUN(test_edit_refused);
+        RUN(test_img2img);
+        RUN(test_inpaint);
+        RUN(test_references_refused);
     }
     if (serve > 0)
         CHECK(svc_stop(serve, 30000) == 0);
