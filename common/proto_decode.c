@@ -388,7 +388,7 @@ static kiln_status traits(dec *d, const msgpack_object *o, kiln_model_traits *t)
         if (!(g = get(m, names[i][0])) || num_of(d, g, names[i][1], &s[i]) ||
             !(s[i] >= 0 && s[i] <= 1))
             return bad(d, names[i][1], "missing or not a number in [0, 1]");
-    t->img2img_strength = (float)s[0], t->inpaint_strength = (float)s[1];
+    t->img2img_strength = s[0], t->inpaint_strength = s[1];
     return KILN_OK;
 }
 

@@ -130,9 +130,9 @@ static void traits(msgpack_packer *pk, const kiln_model_traits *t)
     kv_bool(pk, "no_references", t->no_references);
     kv_bool(pk, "shrink_images", t->shrink_images);
     key(pk, "strength");
-    msgpack_pack_float(pk, t->img2img_strength);
+    msgpack_pack_double(pk, t->img2img_strength);
     key(pk, "inpaint_strength");
-    msgpack_pack_float(pk, t->inpaint_strength);
+    msgpack_pack_double(pk, t->inpaint_strength);
     kv_int(pk, "steps", t->default_steps);
     key(pk, "guidance");
     msgpack_pack_float(pk, t->default_guidance);

@@ -42,7 +42,7 @@ typedef struct kiln_model_traits {
      * (the FLUX.2 pipelines; Z-Image's keep every size); either way the
      * prepared size is then floored to multiples of 16. */
     int no_references;
-    float img2img_strength, inpaint_strength;
+    double img2img_strength, inpaint_strength; /* doubles: steps x 0.6f is not steps x 0.6 */
     int shrink_images;
     int default_steps;  /* 4 distilled/kv, 50 base, 9 Z-Image-Turbo */
     float default_guidance;

@@ -45,7 +45,7 @@ static void flux2_traits(const kiln_checkpoint *ck, kiln_model_traits *t)
     t->cfg = !t->kv_cache && !kiln_checkpoint_is_distilled(ck);
     t->default_steps = t->cfg ? 50 : 4;
     t->default_guidance = t->cfg ? 4.0f : 1.0f;
-    t->inpaint_strength = 0.8f; /* Flux2KleinInpaintPipeline's default */
+    t->inpaint_strength = 0.8; /* Flux2KleinInpaintPipeline's default */
     t->shrink_images = 1;
 }
 
@@ -61,8 +61,8 @@ static void zimage_traits(const kiln_checkpoint *ck, kiln_model_traits *t)
     t->cfg_above_zero = 1;
     t->no_references = 1;
     /* ZImageImg2ImgPipeline's and ZImageInpaintPipeline's defaults. */
-    t->img2img_strength = 0.6f;
-    t->inpaint_strength = 1.0f;
+    t->img2img_strength = 0.6;
+    t->inpaint_strength = 1.0;
     t->default_steps = 9;
     t->default_guidance = 0.0f;
 }

@@ -215,7 +215,7 @@ static void test_blends(void)
 static void test_request_rules(void)
 {
     kiln_model_traits tr = {.default_steps = 4, .default_guidance = 1.0f, .shrink_images = 1,
-                            .inpaint_strength = 0.8f};
+                            .inpaint_strength = 0.8};
     kiln_limits lim = KILN_LIMITS_CLI;
     kiln_image ref = {.width = 200, .height = 136}, mask = ref, small = {.width = 100, .height = 68};
     kiln_request q;

@@ -1622,7 +1622,7 @@ static void test_traits(void)
     hello(&w, "encode-z", KILN_STAGE_ENCODE, "other-model", 2); /* refused: no traits taken */
     CHECK(!kiln_sched_traits(w.s, &t));
     kiln_model_traits zimage = {.family = "zimage", .cfg = 1, .cfg_above_zero = 1,
-                                .no_references = 1, .img2img_strength = 0.6f, .inpaint_strength = 1.0f, .default_steps = 9, .text_width = 2560,
+                                .no_references = 1, .img2img_strength = 0.6, .inpaint_strength = 1.0, .default_steps = 9, .text_width = 2560,
                                 .latent_channels = 64};
     kiln_msg m = {.type = KILN_MSG_HELLO, .epoch = new_epoch(&w, "denoise-z"),
                   .hello = {.stage = KILN_STAGE_DENOISE, .replica = "denoise-z",

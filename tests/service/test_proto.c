@@ -51,7 +51,7 @@ static int ref_equal(const kiln_tensor_ref *a, const kiln_tensor_ref *b)
 
 /* A Z-Image-Turbo replica's traits (engine/family.c). */
 static const kiln_model_traits zimage = {.family = "zimage", .cfg = 1, .cfg_above_zero = 1,
-                                         .no_references = 1, .img2img_strength = 0.6f, .inpaint_strength = 1.0f, .default_steps = 9,
+                                         .no_references = 1, .img2img_strength = 0.6, .inpaint_strength = 1.0, .default_steps = 9,
                                          .default_guidance = 0.0f, .text_width = 2560,
                                          .latent_channels = 64};
 

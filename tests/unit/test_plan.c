@@ -56,7 +56,7 @@ static void test_family_traits(void)
     check_family("zimage-tiny", "zimage", KILN_CHAT_ZIMAGE, KILN_VAE_KL, -2, 1);
     kiln_model_traits k = traits_of_ckpt("klein-tiny");
     CHECK(!strcmp(k.family, "flux2") && !k.cfg && !k.kv_cache && !k.no_references);
-    CHECK(k.shrink_images && k.img2img_strength == 0.0f && k.inpaint_strength == 0.8f);
+    CHECK(k.shrink_images && k.img2img_strength == 0.0 && k.inpaint_strength == 0.8);
     CHECK(k.default_steps == 4 && k.default_guidance == 1.0f);
     CHECK(k.text_width > 0 && k.text_width <= KILN_TRAITS_WIDEST_TEXT && k.latent_channels > 0);
     kiln_model_traits b = traits_of_ckpt("klein-base-tiny");
@@ -64,7 +64,7 @@ static void test_family_traits(void)
     CHECK(b.default_steps == 50 && b.default_guidance == 4.0f);
     kiln_model_traits z = traits_of_ckpt("zimage-tiny");
     CHECK(!strcmp(z.family, "zimage") && z.cfg && z.cfg_above_zero && z.no_references);
-    CHECK(!z.shrink_images && z.img2img_strength == 0.6f && z.inpaint_strength == 1.0f);
+    CHECK(!z.shrink_images && z.img2img_strength == 0.6 && z.inpaint_strength == 1.0);
     CHECK(z.default_steps == 9 && z.default_guidance == 0.0f);
     CHECK(!kiln_model_traits_equal(&k, &z) && kiln_model_traits_equal(&z, &z));
     /* The rule, once: klein base above 1, Z-Image above 0, never without CFG. */
@@ -76,7 +76,7 @@ static void test_family_traits(void)
 static const kiln_model_traits distilled = {.family = "flux2", .default_steps = 4,
                                             .default_guidance = 1.0f, .text_width = 7680,
                                             .latent_channels = 128, .shrink_images = 1,
-                                            .inpaint_strength = 0.8f};
+                                            .inpaint_strength = 0.8};
 static const kiln_model_traits base = {.family = "flux2", .cfg = 1, .default_steps = 50,
                                        .default_guidance = 4.0f, .text_width = 7680,
                                        .latent_channels = 128};
@@ -84,8 +84,8 @@ static const kiln_model_traits kv = {.family = "flux2", .kv_cache = 1, .default_
                                      .default_guidance = 1.0f, .text_width = 12288,
                                      .latent_channels = 128};
 static const kiln_model_traits zimage = {.family = "zimage", .cfg = 1, .cfg_above_zero = 1,
-                                         .no_references = 1, .img2img_strength = 0.6f,
-                                         .inpaint_strength = 1.0f, .default_steps = 9,
+                                         .no_references = 1, .img2img_strength = 0.6,
+                                         .inpaint_strength = 1.0, .default_steps = 9,
                                          .text_width = 2560, .latent_channels = 64};
 
 static kiln_status plan(kiln_plan *p, kiln_request *q, const char *const *prompts, int P,
@@ -152,10 +152,34 @@ static void test_cfg(void)
     CHECK(p.req.width == 1024 && p.req.height == 1024 && p.run_steps == 9);
     q.guidance = 0.5f;
     CHECK(plan(&p, &q, NULL, 1, &zimage, &err) == KILN_OK && p.cfg && !strcmp(p.negative, ""));
-    kiln_image ref = {.width = 128, .height = 128};
-    q.refs = &ref, q.n_refs = 1;
+    /* An edit is image-to-image at ZImageImg2ImgPipeline's strength 0.6,
+     * exactly: 9 x 0.6 leaves int(9 - 5.4) = 3 steps out (a float 0.6
+     * would not, in general: 5 x 0.6f is 3.0000001). */
+    kiln_image ref = {.width = 120, .height = 88}, refs[2] = {ref, ref};
+    q.guidance = -1.0f, q.refs = &ref, q.n_refs = 1, q.steps = 5;
+    CHECK(plan(&p, &q, NULL, 1, &zimage, &err) == KILN_OK && p.req.strength == 0.6 &&
+          p.run_steps == 3 && p.req.width == 112 && p.req.height == 80);
+    /* Inpainting at its 1.0; a given strength wins. */
+    kiln_image mask = ref;
+    q.mask = &mask, q.strength = 0;
+    CHECK(plan(&p, &q, NULL, 1, &zimage, &err) == KILN_OK && p.req.strength == 1.0 &&
+          p.run_steps == 5);
+    q.strength = 0.8;
+    CHECK(plan(&p, &q, NULL, 1, &zimage, &err) == KILN_OK && p.run_steps == 4);
+    /* No references; large images are not shrunk (klein's are). */
+    q.mask = NULL, q.strength = 0, q.refs = refs, q.n_refs = 2;
     CHECK(plan(&p, &q, NULL, 1, &zimage, &err) == KILN_ERR_INVALID &&
-          strstr(err.msg, "reference"));
+          strstr(err.msg, "not 2 references"));
+    kiln_image big = {.width = 1500, .height = 1000};
+    kiln_limits lim = KILN_LIMITS_CLI;
+    kiln_request_init(&q);
+    q.prompt = "x", q.refs = &big, q.n_refs = 1;
+    CHECK(kiln_plan_make(&p, &q, NULL, 1, &zimage, &lim, &err) == KILN_OK &&
+          p.req.width == 1488 && p.req.height == 992);
+    kiln_request_init(&q);
+    q.prompt = "x", q.refs = &big, q.n_refs = 1, q.strength = 0.5;
+    CHECK(kiln_plan_make(&p, &q, NULL, 1, &distilled, &lim, &err) == KILN_OK &&
+          p.req.width == 1248 && p.req.height == 832);
 }
 
 static void test_img2img_steps(void)
