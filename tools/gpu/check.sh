@@ -27,8 +27,9 @@
 #          on CUDA against the CPU (both fp32 noise): image PSNR >= 40 dB; the
 #          same for kiln edit --mask (inpainting)
 #   editoracle  kiln edit --strength / --mask on every diffusers case in
-#          tests/data/oracle (tests/oracle/gen_edit_oracle.py: img2img and
-#          inpainting, klein-tiny), --fp32-noise: each image against
+#          tests/data/oracle (tests/oracle/gen_edit_oracle.py and
+#          gen_zimage_edit_oracle.py: img2img and inpainting, klein-tiny and
+#          zimage-tiny), --fp32-noise: each image against
 #          diffusers' >= 40 dB (KILN_EDIT_DEVICE=cpu runs it on the CPU, bar
 #          50 dB; EDIT_ORACLE_CASES=dir... checks other case folders)
 #   stream kiln serve --device cuda on the tiny checkpoint (previews as
@@ -350,8 +351,9 @@ case, shared = sys.argv[1:3]
 m = json.load(open(case + "/meta.json"))
 a = ["--model", shared + "/oracle/" + m["checkpoint"], "--image", case + "/input.png",
      "--prompt", m["prompt"], "--seed", str(m["seed"]), "--steps", str(m["steps"]),
-     "--strength", repr(m["strength"]), "--max-sequence-length", str(m["max_seq"]),
-     "--text-encoder-out-layers", ",".join(str(x) for x in m["text_encoder_out_layers"])]
+     "--strength", repr(m["strength"]), "--max-sequence-length", str(m["max_seq"])]
+if "text_encoder_out_layers" in m:  # klein-tiny's stacked layers; Z-Image takes its default
+    a += ["--text-encoder-out-layers", ",".join(str(x) for x in m["text_encoder_out_layers"])]
 if m["mode"] == "inpaint":
     a += ["--mask", case + "/mask.png"]
 print("\n".join(a))
