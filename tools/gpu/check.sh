@@ -40,7 +40,10 @@
 #          requests' latencies are printed (what the previews cost the image)
 #   zserve kiln serve --device cuda on the tiny Z-Image checkpoint, one HTTP
 #          request (256x256, 8 steps), its image compared with kiln generate
-#          --device cuda (must be identical)
+#          --device cuda (must be identical); then a multipart inpainting edit
+#          (tests/data/oracle/zimage_inpaint_144x96) against kiln edit
+#          --device cuda (identical) and diffusers' image (>= 35 dB: bf16
+#          draws, where editoracle's --fp32-noise gives 40)
 #   mixed  tests/cuda/test_cuda_mixed on the tiny checkpoint: one process
 #          through requests of changing sizes (to 2048x2048), rows and
 #          references, each bit-identical to the same request in a fresh
@@ -513,7 +516,58 @@ PY
 }
 
 sec_zserve() {
-  serve_vs_cli "$logs/zserve" "$(oracle_root)/oracle/ckpt/zimage-tiny" 256 256 8 64
+  local ck rc=0
+  ck=$(oracle_root)/oracle/ckpt/zimage-tiny
+  serve_vs_cli "$logs/zserve" "$ck" 256 256 8 64 || rc=1
+  zserve_edit "$logs/zserve/edit" "$ck" tests/data/oracle/zimage_inpaint_144x96 || rc=1
+  return $rc
+}
+
+# A Z-Image inpainting edit (the diffusers case's image, mask, prompt, seed,
+# steps and strength) through kiln serve --device cuda, as multipart: the
+# posterior's moments and the mask go encoder -> denoiser as the service
+# hands them on; the image must be kiln edit --device cuda's, bit for bit.
+zserve_edit() {
+  local dir=$1 ckpt=$2 case=$3 kiln=$build/tools/kiln
+  local port=${KILN_SERVE_PORT:-18400} pid rc
+  mkdir -p "$dir"
+  "$kiln" serve --model "$ckpt" --device cuda --port "$port" >"$dir/serve.log" 2>&1 &
+  pid=$!
+  wait_ready "$port" && python3 - "$port" "$case" "$dir/served.png" <<'PY'
+import base64, json, sys, time, urllib.request
+port, case, out = sys.argv[1:4]
+m = json.load(open(case + "/meta.json"))
+fields = {"prompt": m["prompt"], "seed": str(m["seed"]), "num_inference_steps": str(m["steps"]),
+          "strength": repr(m["strength"]), "max_sequence_length": str(m["max_seq"])}
+parts = [b'--kZ\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n' %
+         (k.encode(), v.encode()) for k, v in fields.items()]
+for name, f in (("image", "input.png"), ("mask", "mask.png")):
+    parts.append(b'--kZ\r\nContent-Disposition: form-data; name="%s"; filename="%s"\r\n'
+                 b'Content-Type: image/png\r\n\r\n' % (name.encode(), f.encode()) +
+                 open(case + "/" + f, "rb").read() + b"\r\n")
+body = b"".join(parts) + b"--kZ--\r\n"
+req = urllib.request.Request("http://127.0.0.1:%s/v1/images/edits" % port, body,
+                             {"Content-Type": "multipart/form-data; boundary=kZ"})
+t0 = time.time()
+reply = json.load(urllib.request.urlopen(req, timeout=300))
+print("HTTP inpainting edit served in %.0f ms" % ((time.time() - t0) * 1e3))
+open(out, "wb").write(base64.b64decode(reply["data"][0]["b64_json"]))
+PY
+  rc=$?
+  kill -TERM "$pid"
+  wait "$pid"
+  [ $rc -eq 0 ] || { tail -20 "$dir/serve.log"; return 1; }
+  mapfile -t args < <(python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1] + "/meta.json"))
+print("\n".join(["--prompt", m["prompt"], "--seed", str(m["seed"]), "--steps", str(m["steps"]),
+                 "--strength", repr(m["strength"]), "--max-sequence-length", str(m["max_seq"])]))
+' "$case")
+  "$kiln" edit --model "$ckpt" --device cuda --image "$case/input.png" --mask "$case/mask.png" \
+    "${args[@]}" --no-metadata --out "$dir/cli.png" >"$dir/cli.log" 2>&1 ||
+    { tail -5 "$dir/cli.log"; return 1; }
+  "$build/tests/cuda/compare_outputs" --image "$dir/served.png" "$dir/cli.png" --min-psnr 1000 &&
+    "$build/tests/cuda/compare_outputs" --image "$dir/served.png" "$case/image.png" --min-psnr 35
 }
 
 # Runs a command, logging to $logs/fullsize/<name>.log, and prints its wall
