@@ -23,7 +23,8 @@ static const kiln_http_limits http_limits = {.max_header_bytes = 4096, .max_body
 static kiln_api_config config(void)
 {
     kiln_api_config c = {.model_id = "klein-tiny",
-                         .traits = {.cfg = 1, .default_steps = 4, .default_guidance = 4.0f},
+                         .traits = {.cfg = 1, .default_steps = 4, .default_guidance = 4.0f,
+                                    .shrink_images = 1, .inpaint_strength = 0.8},
                          .limits = KILN_LIMITS_SERVICE,
                          .image_limits = {.max_side = 512, .max_pixels = 1 << 18},
                          .max_body_bytes = 65536};

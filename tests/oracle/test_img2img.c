@@ -192,7 +192,8 @@ static void test_refusals(void)
 /* kiln_request_resolve: the CLI's and the service's rules. */
 static void test_request_rules(void)
 {
-    kiln_model_traits tr = {.default_steps = 4, .default_guidance = 1.0f};
+    kiln_model_traits tr = {.default_steps = 4, .default_guidance = 1.0f, .shrink_images = 1,
+                            .inpaint_strength = 0.8};
     kiln_limits lim = KILN_LIMITS_CLI;
     kiln_image ref = {.width = 200, .height = 136}; /* prepared: 192x128 */
     kiln_request q;

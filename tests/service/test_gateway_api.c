@@ -13,8 +13,10 @@
 #include "services/gateway/multipart.h"
 #include "tests/test.h"
 
-static const kiln_model_traits distilled = {.cfg = 0, .default_steps = 4, .default_guidance = 1.0f};
-static const kiln_model_traits base = {.cfg = 1, .default_steps = 50, .default_guidance = 4.0f};
+static const kiln_model_traits distilled = {.cfg = 0, .default_steps = 4, .default_guidance = 1.0f,
+                                            .shrink_images = 1, .inpaint_strength = 0.8};
+static const kiln_model_traits base = {.cfg = 1, .default_steps = 50, .default_guidance = 4.0f,
+                                       .shrink_images = 1, .inpaint_strength = 0.8};
 
 static kiln_api_config config(const kiln_model_traits *t)
 {
@@ -436,7 +438,8 @@ static void test_json_limits(void)
  * and the limit. */
 static void test_cost(void)
 {
-    static const kiln_model_traits kv = {.kv_cache = 1, .default_steps = 4, .default_guidance = 1.0f};
+    static const kiln_model_traits kv = {.kv_cache = 1, .default_steps = 4, .default_guidance = 1.0f,
+                                         .shrink_images = 1, .inpaint_strength = 0.8};
     kiln_request q;
     kiln_request_init(&q);
     q.width = q.height = 1024, q.n = 1, q.steps = 4, q.max_sequence_length = 512;

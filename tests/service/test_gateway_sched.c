@@ -160,7 +160,8 @@ static uint64_t new_epoch(world *w, const char *id)
  * the requests are resolved with. */
 static const kiln_model_traits tiny = {.family = "flux2", .default_steps = 4,
                                        .default_guidance = 1.0f, .text_width = 48,
-                                       .latent_channels = 32};
+                                       .latent_channels = 32, .shrink_images = 1,
+                                       .inpaint_strength = 0.8};
 
 static void deliver(world *w, const char *peer, const kiln_msg *m)
 {

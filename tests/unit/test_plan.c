@@ -79,10 +79,12 @@ static const kiln_model_traits distilled = {.family = "flux2", .default_steps = 
                                             .inpaint_strength = 0.8};
 static const kiln_model_traits base = {.family = "flux2", .cfg = 1, .default_steps = 50,
                                        .default_guidance = 4.0f, .text_width = 7680,
-                                       .latent_channels = 128};
+                                       .latent_channels = 128, .shrink_images = 1,
+                                       .inpaint_strength = 0.8};
 static const kiln_model_traits kv = {.family = "flux2", .kv_cache = 1, .default_steps = 4,
                                      .default_guidance = 1.0f, .text_width = 12288,
-                                     .latent_channels = 128};
+                                     .latent_channels = 128, .shrink_images = 1,
+                                     .inpaint_strength = 0.8};
 static const kiln_model_traits zimage = {.family = "zimage", .cfg = 1, .cfg_above_zero = 1,
                                          .no_references = 1, .img2img_strength = 0.6,
                                          .inpaint_strength = 1.0, .default_steps = 9,
