@@ -37,10 +37,9 @@ static void src_index(int dst, int in, int out, int *i0, int *i1, float *l1)
 
 /* The mask LANCZOS-resized to width x height, /255 and binarized at 0.5
  * (diffusers' mask processor): width x height floats, caller frees. */
-static float *binarized(const kiln_image *mask, int width, int height, int cell, kiln_err *err)
+static float *binarized(const kiln_image *mask, int width, int height, kiln_err *err)
 {
-    if (!mask || !mask->pixels || width < cell || height < cell || width % cell ||
-        height % cell) {
+    if (!mask || !mask->pixels || width < 16 || height < 16 || width % 16 || height % 16) {
         kiln_err_set(err, KILN_ERR_INVALID, "bad mask or size");
         return NULL;
     }
@@ -63,7 +62,7 @@ static float *binarized(const kiln_image *mask, int width, int height, int cell,
 kiln_status kiln_inpaint_mask(const kiln_image *mask, int width, int height, float *out,
                               kiln_err *err)
 {
-    float *bin = binarized(mask, width, height, 16, err);
+    float *bin = binarized(mask, width, height, err);
     if (!bin)
         return err ? err->code : KILN_ERR_INVALID;
     int gh = height / 16, gw = width / 16;
@@ -89,7 +88,7 @@ kiln_status kiln_inpaint_mask_latent(const kiln_image *mask, int width, int heig
 {
     /* Whole multiples of 16 make the nearest source index exactly 8 x the
      * destination's (aten's nearest_idx: floor(dst * (float)in / out)). */
-    float *bin = binarized(mask, width, height, 16, err);
+    float *bin = binarized(mask, width, height, err);
     if (!bin)
         return err ? err->code : KILN_ERR_INVALID;
     int gh = height / 8, gw = width / 8;

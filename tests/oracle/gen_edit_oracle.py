@@ -48,7 +48,6 @@ Files written to --out (small: a few tens of KB at 128x128):
                     inpaint its blend)
   image.png         the pipeline's output image
 """
-import argparse
 import copy
 import json
 import math
@@ -64,7 +63,8 @@ from diffusers import Flux2KleinInpaintPipeline, Flux2KleinPipeline
 from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
 from diffusers.utils.torch_utils import randn_tensor
 
-from oracle_edit_common import SHARED, checkpoint_copy, make_image, make_mask, versions
+from oracle_edit_common import (SHARED, checkpoint_copy, make_image, make_mask, parse_args,
+                                versions)
 
 
 def packed(x):
@@ -74,21 +74,7 @@ def packed(x):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", choices=["inpaint", "img2img"], required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--size", default="128x128", help="input image WxH (any; floored to 16)")
-    ap.add_argument("--strength", type=float, default=0.6)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--image-seed", type=int, default=1)
-    ap.add_argument("--prompt", default="a red boat on a lake")
-    ap.add_argument("--mask", default=None, help="rect:x0,y0,x1,y1 or ellipse:...; default: the middle")
-    ap.add_argument("--mask-form", choices=["openai", "diffusers"], default="openai")
-    ap.add_argument("--mask-blur", type=float, default=0, help="diffusers form: GaussianBlur radius")
-    ap.add_argument("--max-seq", type=int, default=64)
-    ap.add_argument("--checkpoint", default="ckpt/klein-tiny", help="relative to shared/oracle")
-    a = ap.parse_args()
+    a = parse_args(__doc__, 4, "ckpt/klein-tiny")
     w, h = (int(v) for v in a.size.lower().split("x"))
     strength = a.strength
     torch.manual_seed(0)

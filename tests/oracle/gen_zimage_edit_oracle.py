@@ -121,7 +121,6 @@ Files written to --out (small: a few tens of KB at 128x128):
                     latent grid, row-major); h, w = H/8, W/8
   image.png         the pipeline's output image
 """
-import argparse
 import copy
 import json
 import os
@@ -137,7 +136,8 @@ import diffusers.pipelines.z_image.pipeline_z_image_img2img as img2img_module
 import diffusers.pipelines.z_image.pipeline_z_image_inpaint as inpaint_module
 from diffusers import ZImageImg2ImgPipeline, ZImageInpaintPipeline
 
-from oracle_edit_common import SHARED, checkpoint_copy, make_image, make_mask, versions
+from oracle_edit_common import (SHARED, checkpoint_copy, make_image, make_mask, parse_args,
+                                versions)
 
 
 def rel(a, b):
@@ -146,21 +146,7 @@ def rel(a, b):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", choices=["inpaint", "img2img"], required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--size", default="128x128", help="input image WxH (any; floored to 16)")
-    ap.add_argument("--strength", type=float, default=0.6)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--image-seed", type=int, default=1)
-    ap.add_argument("--prompt", default="a red boat on a lake")
-    ap.add_argument("--mask", default=None, help="rect:x0,y0,x1,y1 or ellipse:...; default: the middle")
-    ap.add_argument("--mask-form", choices=["openai", "diffusers"], default="openai")
-    ap.add_argument("--mask-blur", type=float, default=0, help="diffusers form: GaussianBlur radius")
-    ap.add_argument("--max-seq", type=int, default=64)
-    ap.add_argument("--checkpoint", default="ckpt/zimage-tiny", help="relative to shared/oracle")
-    a = ap.parse_args()
+    a = parse_args(__doc__, 5, "ckpt/zimage-tiny")
     w, h = (int(v) for v in a.size.lower().split("x"))
     n, strength, guidance = a.steps, a.strength, 0.0
     torch.manual_seed(0)

@@ -2,6 +2,7 @@
 for FLUX.2 klein, gen_zimage_edit_oracle.py for Z-Image): the loadable
 checkpoint folder, the deterministic input image, the two mask forms and the
 versions recorded in meta.json.  Run by hand, not in CI."""
+import argparse
 import math
 import os
 import sys
@@ -87,3 +88,23 @@ def versions():
     return {"torch": torch.__version__, "diffusers": diffusers.__version__,
             "transformers": transformers.__version__, "numpy": np.__version__,
             "pillow": PIL.__version__, "python": sys.version.split()[0]}
+
+
+def parse_args(doc, steps, checkpoint):
+    """The generators' shared command line (--mode, --out, sizes, strength,
+    steps, seeds, prompt, mask, sequence length, checkpoint)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--mode", choices=["inpaint", "img2img"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", default="128x128", help="input image WxH (any; floored to 16)")
+    ap.add_argument("--strength", type=float, default=0.6)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--image-seed", type=int, default=1)
+    ap.add_argument("--prompt", default="a red boat on a lake")
+    ap.add_argument("--mask", default=None, help="rect:x0,y0,x1,y1 or ellipse:...; default: the middle")
+    ap.add_argument("--mask-form", choices=["openai", "diffusers"], default="openai")
+    ap.add_argument("--mask-blur", type=float, default=0, help="diffusers form: GaussianBlur radius")
+    ap.add_argument("--max-seq", type=int, default=64)
+    ap.add_argument("--checkpoint", default=checkpoint, help="relative to shared/oracle")
+    return ap.parse_args()

@@ -206,24 +206,34 @@ static int post_edit(const char *const *fields, const char *const *files, gwc_re
     return rc;
 }
 
+/* Posts an edit of diffusers case c and checks its n images came back,
+ * the first against the case's image (>= 50 dB); 0 or -1. */
+static int served_edit(const char *c, const char *const *fields, const char *const *files, int n,
+                       svc_images *im)
+{
+    gwc_response r;
+    CHECK(post_edit(fields, files, &r) == 0);
+    CHECKF(r.status == 200 && svc_parse_images(&r, im) == 0 && im->n == n, "%s: status %d: %.*s",
+           c, r.status, (int)r.body.len, r.body.data ? (char *)r.body.data : "");
+    gwc_response_free(&r);
+    if (im->n != n)
+        return -1;
+    double p = psnr_vs_file(&im->files[0], edit_case(c, "image.png"));
+    fprintf(stderr, "  %s through the service: PSNR %.2f dB\n", c, p);
+    CHECK(p >= 50.0);
+    return 0;
+}
+
 static void test_img2img(void)
 {
+    /* No strength: the pipeline's 0.6, as the case's. */
     const char *c = "zimage_img2img_128", *prompt = "a red boat on a lake";
     const char *fields[] = {"prompt", prompt, "seed", "7", "num_inference_steps", "5", "n", "2",
                             NULL};
     const char *files[] = {"image", edit_case(c, "input.png"), NULL};
-    gwc_response r;
     svc_images im = {0};
-    CHECK(post_edit(fields, files, &r) == 0);
-    CHECKF(r.status == 200 && svc_parse_images(&r, &im) == 0 && im.n == 2, "img2img: status %d: "
-           "%.*s", r.status, (int)r.body.len, r.body.data ? (char *)r.body.data : "");
-    gwc_response_free(&r);
-    if (im.n != 2)
+    if (served_edit(c, fields, files, 2, &im))
         return;
-    /* The default strength is the pipeline's 0.6, as the case's. */
-    double p = psnr_vs_file(&im.files[0], edit_case(c, "image.png"));
-    fprintf(stderr, "  %s through the service: PSNR %.2f dB\n", c, p);
-    CHECK(p >= 50.0);
     const char *args[] = {"--image", edit_case(c, "input.png"), "--prompt", prompt, "--seed", "7",
                           "--steps", "5", "-n", "2", NULL};
     CHECK(cli_run("edit", args, svc_tmp("i2i.png")) == 0);
@@ -243,17 +253,9 @@ static void test_inpaint(void)
                             "strength", "0.6", NULL};
     const char *files[] = {"image", edit_case(c, "input.png"), "mask", edit_case(c, "mask.png"),
                            NULL};
-    gwc_response r;
     svc_images im = {0};
-    CHECK(post_edit(fields, files, &r) == 0);
-    CHECKF(r.status == 200 && svc_parse_images(&r, &im) == 0 && im.n == 1, "inpaint: status %d: "
-           "%.*s", r.status, (int)r.body.len, r.body.data ? (char *)r.body.data : "");
-    gwc_response_free(&r);
-    if (im.n != 1)
+    if (served_edit(c, fields, files, 1, &im))
         return;
-    double p = psnr_vs_file(&im.files[0], edit_case(c, "image.png"));
-    fprintf(stderr, "  %s through the service: PSNR %.2f dB\n", c, p);
-    CHECK(p >= 50.0);
     const char *args[] = {"--image", edit_case(c, "input.png"), "--mask", edit_case(c, "mask.png"),
                           "--prompt", prompt, "--seed", "21", "--steps", "5", "--strength", "0.6",
                           NULL};
