@@ -49,7 +49,6 @@ Files written to --out (small: a few tens of KB at 128x128):
   image.png         the pipeline's output image
 """
 import copy
-import json
 import math
 import os
 import shutil
@@ -64,7 +63,7 @@ from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
 from diffusers.utils.torch_utils import randn_tensor
 
 from oracle_edit_common import (SHARED, checkpoint_copy, make_image, make_mask, parse_args,
-                                versions)
+                                write_meta)
 
 
 def packed(x):
@@ -192,12 +191,8 @@ def main():
         "t_start": int(t_start), "steps_run": n - int(t_start),
         "image_latents_fp32_vs_fp64": drift,
         "sigmas": [float(s) for s in sigmas],
-        "tensors": {k: list(v.shape) for k, v in tensors.items()},
-        "versions": versions(),
     })
-    with open(os.path.join(a.out, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
-        f.write("\n")
+    write_meta(a.out, meta, tensors)
     shutil.rmtree(ckpt)
     print(f"{a.out}: {a.mode} {w}x{h} -> {W}x{H}, strength {strength}, {n - t_start} of {n} steps")
 

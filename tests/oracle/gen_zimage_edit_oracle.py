@@ -122,7 +122,6 @@ Files written to --out (small: a few tens of KB at 128x128):
   image.png         the pipeline's output image
 """
 import copy
-import json
 import os
 import shutil
 
@@ -137,7 +136,7 @@ import diffusers.pipelines.z_image.pipeline_z_image_inpaint as inpaint_module
 from diffusers import ZImageImg2ImgPipeline, ZImageInpaintPipeline
 
 from oracle_edit_common import (SHARED, checkpoint_copy, make_image, make_mask, parse_args,
-                                versions)
+                                write_meta)
 
 
 def rel(a, b):
@@ -355,12 +354,8 @@ def main():
         "prompt_token_ids": ids[0, :T].tolist(),
         "draws": (["posterior_eps (image)", "noise", "posterior_eps (masked image, unused)"]
                   if inpaint else ["posterior_eps (image)", "noise"]),
-        "tensors": {k: list(v.shape) for k, v in tensors.items()},
-        "versions": versions(),
     })
-    with open(os.path.join(a.out, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
-        f.write("\n")
+    write_meta(a.out, meta, tensors)
     shutil.rmtree(ckpt)
     print(f"{a.out}: {a.mode} {w}x{h} -> {W}x{H}, strength {strength}, {steps_run} of {n} steps, T {T}")
 

@@ -3,6 +3,7 @@ for FLUX.2 klein, gen_zimage_edit_oracle.py for Z-Image): the loadable
 checkpoint folder, the deterministic input image, the two mask forms and the
 versions recorded in meta.json.  Run by hand, not in CI."""
 import argparse
+import json
 import math
 import os
 import sys
@@ -108,3 +109,11 @@ def parse_args(doc, steps, checkpoint):
     ap.add_argument("--max-seq", type=int, default=64)
     ap.add_argument("--checkpoint", default=checkpoint, help="relative to shared/oracle")
     return ap.parse_args()
+
+
+def write_meta(out, meta, tensors):
+    """meta.json in folder out, with the tensors' shapes and the versions."""
+    meta = dict(meta, tensors={k: list(v.shape) for k, v in tensors.items()}, versions=versions())
+    with open(os.path.join(out, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
