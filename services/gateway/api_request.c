@@ -152,10 +152,12 @@ static kiln_status check_images(api_draft *d, const kiln_api_config *cfg, kiln_i
     if (cfg->max_ref_pixels > 0 && total > cfg->max_ref_pixels)
         return api_fail(e, KILN_ERR_INVALID, d->images_field == F_IMAGES ? "images" : "image",
                         "invalid_image",
-                        "the %d reference image(s) hold %.1f megapixels in all and this server's "
-                        "limit is %.1f; klein scales each reference to at most 1 megapixel, so "
-                        "send them smaller", d->n_images, (double)total / (1 << 20),
-                        (double)cfg->max_ref_pixels / (1 << 20));
+                        "the %d image(s) hold %.1f megapixels in all and this server's limit is "
+                        "%.1f; %ssend them smaller", d->n_images, (double)total / (1 << 20),
+                        (double)cfg->max_ref_pixels / (1 << 20),
+                        cfg->traits.shrink_images
+                            ? "the model scales each image to at most 1 megapixel, so "
+                            : "");
     for (int i = 0; i < d->n_images; i++) {
         const char *param = image_param(d, i, buf);
         kiln_image img = {0};
