@@ -99,7 +99,8 @@ static kiln_status start_image(zi_loop *c, float sigma, float *x0, kiln_err *err
     if (!st && job->mask && !(c->keep.mask = malloc((size_t)(N * C) * sizeof *c->keep.mask)))
         st = kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
     if (!st && job->mask) {
-        /* The mask (1, 1, 2h, 2w) over the channels, as latents. */
+        /* The mask (1, 1, 2h, 2w) over the channels, as latents, patchified
+         * like them (eps is spent: its room holds the channels' copies). */
         const kiln_zimage_dit_config *zc = kiln_zimage_dit_get_config(s->dit);
         int64_t z = zc->in_channels, plane = 4 * N;
         for (int64_t ch = 0; ch < z; ch++)
