@@ -298,7 +298,7 @@ static void expect_failure(const char **argv, const char *needle)
 
 /* Z-Image checkpoints through the same command: the pipeline's template and
  * hidden state without flags, both oracle cases (the batch with captions of
- * 10 and 75 tokens), and edits refused. */
+ * 10 and 75 tokens), an edit (image-to-image) and references refused. */
 static void test_zimage_cases(void)
 {
     char model[512];
@@ -324,9 +324,14 @@ static void test_zimage_cases(void)
     cJSON_Delete(meta);
     char ref_png[512];
     snprintf(ref_png, sizeof ref_png, "%s", oracle_path("cases/klein_edit_1ref/input_ref0.png"));
+    /* An edit is image-to-image of one image (tests/oracle/test_edit_oracle
+     * checks it against diffusers); two images are references, refused. */
     const char *edit[] = {NULL, "edit", "--model", model, "--image", ref_png, "--prompt", "x",
-                          "--out", io_path("bad.png"), NULL};
-    expect_failure(edit, "reference images");
+                          "--steps", "3", "--out", io_path("zi2i.png"), NULL};
+    CHECK(run(edit) == 0 && access(io_path("zi2i.png"), F_OK) == 0);
+    const char *two_refs[] = {NULL, "edit", "--model", model, "--image", ref_png, "--image",
+                              ref_png, "--prompt", "x", "--out", io_path("bad.png"), NULL};
+    expect_failure(two_refs, "not 2 references");
 }
 
 static void test_bad_input(void)
