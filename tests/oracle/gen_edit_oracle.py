@@ -62,8 +62,7 @@ from diffusers import Flux2KleinInpaintPipeline, Flux2KleinPipeline
 from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
 from diffusers.utils.torch_utils import randn_tensor
 
-from oracle_edit_common import (SHARED, checkpoint_copy, make_image, make_mask, parse_args,
-                                write_meta)
+from oracle_edit_common import make_mask, parse_args, start_case, write_meta
 
 
 def packed(x):
@@ -74,15 +73,8 @@ def packed(x):
 
 def main():
     a = parse_args(__doc__, 4, "ckpt/klein-tiny")
-    w, h = (int(v) for v in a.size.lower().split("x"))
+    w, h, ckpt, image = start_case(a)
     strength = a.strength
-    torch.manual_seed(0)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-
-    ckpt = checkpoint_copy(os.path.join(SHARED, "oracle", a.checkpoint))
-    os.makedirs(a.out, exist_ok=True)
-    image = make_image(w, h, a.image_seed)
-    image.save(os.path.join(a.out, "input.png"), optimize=True)
     layers = (1, 2, 3)  # the tiny Qwen3's stacked layers (shared/oracle/README.md)
     # Flux2KleinInpaintPipeline's step 2: over 1024^2 pixels the image is
     # first LANCZOS-resized to int(side x sqrt(1024^2 / area)), then both

@@ -135,8 +135,7 @@ import diffusers.pipelines.z_image.pipeline_z_image_img2img as img2img_module
 import diffusers.pipelines.z_image.pipeline_z_image_inpaint as inpaint_module
 from diffusers import ZImageImg2ImgPipeline, ZImageInpaintPipeline
 
-from oracle_edit_common import (SHARED, checkpoint_copy, make_image, make_mask, parse_args,
-                                write_meta)
+from oracle_edit_common import make_mask, parse_args, start_case, write_meta
 
 
 def rel(a, b):
@@ -146,15 +145,8 @@ def rel(a, b):
 
 def main():
     a = parse_args(__doc__, 5, "ckpt/zimage-tiny")
-    w, h = (int(v) for v in a.size.lower().split("x"))
+    w, h, ckpt, image = start_case(a)
     n, strength, guidance = a.steps, a.strength, 0.0
-    torch.manual_seed(0)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-
-    ckpt = checkpoint_copy(os.path.join(SHARED, "oracle", a.checkpoint))
-    os.makedirs(a.out, exist_ok=True)
-    image = make_image(w, h, a.image_seed)
-    image.save(os.path.join(a.out, "input.png"), optimize=True)
     W, H = w // 16 * 16, h // 16 * 16
     meta = {"mode": a.mode, "checkpoint": a.checkpoint, "prompt": a.prompt, "seed": a.seed,
             "steps": n, "strength": strength, "guidance": guidance, "max_seq": a.max_seq,

@@ -117,3 +117,18 @@ def write_meta(out, meta, tensors):
     with open(os.path.join(out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
+
+
+def start_case(a):
+    """The case's set-up shared by the generators: torch seeded and kept to
+    two threads, a loadable copy of the checkpoint, the out folder with
+    input.png.  Returns (w, h, checkpoint folder, input image)."""
+    import torch  # the generators' own dependency, not this module's
+    w, h = (int(v) for v in a.size.lower().split("x"))
+    torch.manual_seed(0)
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    ckpt = checkpoint_copy(os.path.join(SHARED, "oracle", a.checkpoint))
+    os.makedirs(a.out, exist_ok=True)
+    image = make_image(w, h, a.image_seed)
+    image.save(os.path.join(a.out, "input.png"), optimize=True)
+    return w, h, ckpt, image
