@@ -18,8 +18,10 @@
 
 /* Samples once a second for 100 s of: a flat process with noise (pid 1),
  * one that grows 0.5 MiB/s (2), one born at 40 s that grows during its own
- * warm-up only (3), one gone at 60 s (4), and a GPU-only one whose GPU
- * memory grows 20 MiB/s (5). */
+ * warm-up only (3), one gone at 60 s (4), a GPU-only one whose GPU
+ * memory grows 20 MiB/s (5), and two encoders born at 30 s that grow
+ * 0.5 MiB/s after their warm-up: one up to below pid 2's peak (6, its
+ * arenas filling again), one past it (7). */
 static void test_growth(void)
 {
     kiln_soak_sample *s = calloc(600, sizeof *s);
@@ -36,10 +38,14 @@ static void test_growth(void)
         if (t <= 60)
             s[n++] = (kiln_soak_sample){t, 4, "kiln-denoiser", 200000, 40 * 1024 + t * 1024, -1};
         s[n++] = (kiln_soak_sample){t, 5, "kiln-decoder", -1, -1, 3000 + 20 * t};
+        if (t >= 30) {
+            s[n++] = (kiln_soak_sample){t, 6, "kiln-encoder", 200000, 60 * 1024 + t * 512, -1};
+            s[n++] = (kiln_soak_sample){t, 7, "kiln-encoder", 200000, 130 * 1024 + t * 512, -1};
+        }
     }
     kiln_soak_growth *g;
     size_t ng = kiln_soak_mem_growth(s, n, 20, 100, 10, 1024, &g);
-    CHECK(ng == 5);
+    CHECK(ng == 7);
     for (size_t i = 0; i < ng; i++) {
         switch (g[i].pid) {
         case 1:
@@ -47,7 +53,8 @@ static void test_growth(void)
                    g[i].end_mb - g[i].base_mb);
             break;
         case 2: /* 80 s after the warm-up, medians 64 s apart: +32 MiB */
-            CHECKF(g[i].judged && g[i].over && g[i].end_mb - g[i].base_mb > 25,
+            CHECKF(g[i].judged && g[i].over && g[i].end_mb - g[i].base_mb > 25 &&
+                       g[i].reach_mb < 0,
                    "growing: %+.2f", g[i].end_mb - g[i].base_mb);
             break;
         case 3: /* warm-up from 40 + 20 s: flat after */
@@ -62,6 +69,15 @@ static void test_growth(void)
         case 5: /* GPU only: +1280 MiB in 64 s, over 1024 */
             CHECKF(g[i].judged && g[i].over && g[i].base_mb < 0 && g[i].gpu_peak_mb == 5000,
                    "gpu: judged %d over %d base %g", g[i].judged, g[i].over, g[i].gpu_base_mb);
+            break;
+        case 6: /* +20 MiB, to 110 MiB: under pid 2's 150 */
+            CHECKF(g[i].judged && !g[i].over && g[i].end_mb - g[i].base_mb > 10 &&
+                       g[i].reach_mb == 150,
+                   "refilling: over %d %+.2f reach %g", g[i].over, g[i].end_mb - g[i].base_mb,
+                   g[i].reach_mb);
+            break;
+        case 7: /* +20 MiB, to 180 MiB: past pid 2's 150 */
+            CHECKF(g[i].judged && g[i].over, "past the reach: over %d", g[i].over);
             break;
         default:
             CHECK(0);

@@ -64,6 +64,8 @@ typedef struct kiln_soak_growth {
     double base_mb, end_mb, peak_mb; /* RssAnon: median after warm-up, median at the end, max;
                                         -1 / 0 without RSS samples */
     double gpu_base_mb, gpu_end_mb, gpu_peak_mb; /* -1 without GPU samples */
+    double reach_mb, gpu_reach_mb; /* the highest peaks of its stage's processes born
+                                      before it (same name); -1 when none */
     int over;                    /* judged, and grew past a bound */
 } kiln_soak_growth;
 
@@ -72,7 +74,8 @@ typedef struct kiln_soak_growth {
  * and at least 10 s past that, the base is the median of its samples in
  * the first fifth of that span and the end the median of the last fifth;
  * growth (end - base) over max_rss_mb (RssAnon) or max_gpu_mb (GPU) sets
- * `over`.  *out is malloc'd (the caller frees); the count, or 0 when out
+ * `over`, unless a process of its stage born before it had reached a
+ * level at or above its end (a replacement filling its arenas again).  *out is malloc'd (the caller frees); the count, or 0 when out
  * of memory. */
 size_t kiln_soak_mem_growth(const kiln_soak_sample *s, size_t n, double warmup_s, double end_s,
                             double max_rss_mb, double max_gpu_mb, kiln_soak_growth **out);
