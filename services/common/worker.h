@@ -190,7 +190,9 @@ kiln_status kiln_worker_partial(kiln_worker *w, kiln_worker_job *j, int preview,
 kiln_status kiln_worker_output_host(kiln_worker *w, kiln_worker_job *j, const char *name,
                                     kiln_dtype dt, int ndim, const int64_t *shape,
                                     const void *data, kiln_err *err);
-/* Appends encoded image `row` (the job takes the buffer's memory). */
+/* Appends encoded image `row` (the job takes the buffer's memory).  Any
+ * thread: distinct rows of one job may arrive from several at once, all
+ * before the job is done. */
 kiln_status kiln_worker_output_image(kiln_worker_job *j, int row, kiln_buf *img, kiln_err *err);
 /* The backend thread finished one step of a batch (a denoising step).
  * Steps are the gateway's proof that a busy replica is alive (a replica

@@ -84,7 +84,9 @@ struct kiln_worker_job {
     job_output out[KILN_PROTO_MAX_TENSORS];
     int n_out;
     kiln_msg *done; /* the reply under construction */
-    kiln_buf *images; /* KILN_PROTO_MAX_ROWS, allocated on the first image */
+    /* KILN_PROTO_MAX_ROWS, allocated by the first image to arrive: the
+     * decoder's pool threads append a job's rows at once. */
+    _Atomic(kiln_buf *) images;
 };
 
 struct kiln_worker {

@@ -303,13 +303,21 @@ kiln_status kiln_worker_output_image(kiln_worker_job *j, int row, kiln_buf *img,
 {
     if (row < 0 || row >= KILN_PROTO_MAX_ROWS)
         return kiln_err_set(err, KILN_ERR_INTERNAL, "image row %d out of range", row);
-    if (!j->images) {
-        j->images = calloc(KILN_PROTO_MAX_ROWS, sizeof *j->images);
-        if (!j->images)
+    kiln_buf *images = atomic_load(&j->images);
+    if (!images) {
+        /* Rows encoded at once race to allocate: one array wins, the
+         * others are dropped (a plain store lost the winner's rows:
+         * "image 0 missing" under the GPU soak, 2026-12-06). */
+        kiln_buf *mine = calloc(KILN_PROTO_MAX_ROWS, sizeof *mine);
+        if (!mine)
             return kiln_err_set(err, KILN_ERR_NOMEM, "out of memory");
+        if (atomic_compare_exchange_strong(&j->images, &images, mine))
+            images = mine;
+        else
+            free(mine);
     }
-    kiln_buf_free(&j->images[row]);
-    j->images[row] = *img;
+    kiln_buf_free(&images[row]);
+    images[row] = *img;
     memset(img, 0, sizeof *img);
     return KILN_OK;
 }
@@ -328,10 +336,11 @@ void kiln_worker_timing(kiln_worker_job *j, const char *name, double ms)
 
 void worker_job_free(kiln_worker_job *j)
 {
-    if (j->images)
+    kiln_buf *images = atomic_load(&j->images);
+    if (images)
         for (int i = 0; i < KILN_PROTO_MAX_ROWS; i++)
-            kiln_buf_free(&j->images[i]);
-    free(j->images);
+            kiln_buf_free(&images[i]);
+    free(images);
     free(j->done);
     kiln_msg_free(j->msg);
     free(j);
@@ -343,16 +352,17 @@ static kiln_status collect_images(kiln_worker_job *j, kiln_err *err)
 {
     kiln_msg_done *d = &j->done->done;
     d->n_images = 0;
-    if (!j->images)
+    kiln_buf *images = atomic_load(&j->images);
+    if (!images)
         return KILN_OK;
     int top = -1;
     for (int i = 0; i < KILN_PROTO_MAX_ROWS; i++)
-        if (j->images[i].len)
+        if (images[i].len)
             top = i;
     for (int i = 0; i <= top; i++) {
-        if (!j->images[i].len)
+        if (!images[i].len)
             return kiln_err_set(err, KILN_ERR_INTERNAL, "image %d missing", i);
-        d->images[d->n_images++] = (kiln_bytes){j->images[i].data, j->images[i].len};
+        d->images[d->n_images++] = (kiln_bytes){images[i].data, images[i].len};
     }
     return KILN_OK;
 }
