@@ -30,7 +30,8 @@ static void usage(FILE *f)
             "  [--encoders N] [--denoisers N] [--decoders N] [--max-batch N]\n"
             "  [--encoder-gpu G] [--denoiser-gpu G] [--decoder-gpu G] [--colocate]\n"
             "  [--prompt-cache-mb N]\n"
-            "  [--vae-band-above MP] [--vae-band-rows N] [--precision exact|fp8]\n"
+            "  [--vae-band-above MP] [--vae-band-rows N] [--image-threads N]\n"
+            "  [--precision exact|fp8]\n"
             "  [--served-model-name NAME] [--trace-file FILE]\n"
             "  [kiln-gateway's limits and timeouts: --max-body-mb N --max-header-kb N\n"
             "   --max-connections N --max-client-connections N --body-budget-mb N\n"
@@ -52,6 +53,8 @@ static void usage(FILE *f)
             "(default 256, 0: off) of prompt embeddings in host memory.  Images of more than\n"
             "--vae-band-above megapixels (default 1 = 1024x1024) run through the VAE in bands\n"
             "of --vae-band-rows rows (default 128), with the same result and less GPU memory.\n"
+            "Each decoder encodes images on --image-threads threads (default half the CPUs,\n"
+            "1 to 4).\n"
             "--precision fp8 (never the default) runs the denoisers' transformer-block linear\n"
             "layers as FP8 (E4M3) GEMMs: faster on GPUs with FP8 tensor cores, images close\n"
             "to but not the same as the exact ones (docs/PERFORMANCE.md, \"FP8 mode\").\n"
@@ -69,6 +72,7 @@ typedef struct serve_opts {
     const char *min_size, *max_size;
     const char *prompt_cache_mb; /* NULL: the encoder's default */
     const char *band_above, *band_rows; /* NULL: the VAE stages' defaults */
+    const char *image_threads;          /* NULL: the decoders' default */
     const char *precision; /* NULL: the denoiser's default (exact) */
     int port, gpus, max_batch;
     int replicas[3]; /* encoders, denoisers, decoders */
@@ -127,9 +131,11 @@ static int colocated(const serve_opts *o, int i, unsigned *stages, int *gpu)
 static int parse(int argc, char **argv, serve_opts *o)
 {
     enum { O_MIN = 256, O_MAX, O_LAYERS, O_ENC, O_DEN, O_DEC, O_GPUS, O_BATCH, O_ENC_GPU,
-           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_BAND_ABOVE, O_BAND_ROWS, O_IGNORE_UNKNOWN,
+           O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_BAND_ABOVE, O_BAND_ROWS,
+           O_IMAGE_THREADS, O_IGNORE_UNKNOWN,
            O_PRECISION, O_COLOCATE, O_GATEWAY };
-    static struct option longopts[24 + N_GATEWAY_OPTIONS] = {
+    /* The 24 options below, the gateway's, and the zeroed terminator. */
+    static struct option longopts[24 + N_GATEWAY_OPTIONS + 1] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
         {"gpus", required_argument, 0, O_GPUS},   {"min-size", required_argument, 0, O_MIN},
@@ -144,6 +150,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"host", required_argument, 0, O_HOST},
         {"vae-band-above", required_argument, 0, O_BAND_ABOVE},
         {"vae-band-rows", required_argument, 0, O_BAND_ROWS},
+        {"image-threads", required_argument, 0, O_IMAGE_THREADS},
         {"ignore-unknown-fields", no_argument, 0, O_IGNORE_UNKNOWN},
         {"precision", required_argument, 0, O_PRECISION},
         {"colocate", no_argument, 0, O_COLOCATE},
@@ -189,6 +196,9 @@ static int parse(int argc, char **argv, serve_opts *o)
         }
         case O_BAND_ROWS:
             o->band_rows = optarg, bad = kiln_parse_int(optarg, 1, 65536, &unused);
+            break;
+        case O_IMAGE_THREADS:
+            o->image_threads = optarg, bad = kiln_parse_int(optarg, 1, 64, &unused);
             break;
         case O_IGNORE_UNKNOWN: o->ignore_unknown = 1; break;
         case O_COLOCATE: o->colocate = 1; break;
@@ -338,6 +348,8 @@ static kiln_status add_stage_process(kiln_supervisor *s, const serve_opts *o, co
         argv[k++] = "--vae-band-above", argv[k++] = o->band_above;
     if ((stages & (enc | dec)) && o->band_rows)
         argv[k++] = "--vae-band-rows", argv[k++] = o->band_rows;
+    if ((stages & dec) && o->image_threads)
+        argv[k++] = "--image-threads", argv[k++] = o->image_threads;
     if ((stages & den) && o->precision)
         argv[k++] = "--precision", argv[k++] = o->precision;
     return kiln_supervisor_add(s, name, KILN_CHILD_BACK, argv, err);

@@ -78,6 +78,10 @@ typedef struct kiln_worker_opts {
     /* kiln-denoiser's --precision (engine/denoise_stage.h kiln_precision:
      * exact, the default, or fp8). */
     kiln_precision precision;
+    /* kiln-decoder's image encoders (--image-threads): threads that turn
+     * decoded rows into PNG/JPEG/WebP files while the backend decodes the
+     * next batch; 0 = half the CPUs, from 1 to 4. */
+    int image_threads;
 } kiln_worker_opts;
 
 /* --vae-band-above in pixels for kiln_vae_set_banding. */
@@ -115,7 +119,7 @@ extern const kiln_stage_ops kiln_encoder_ops, kiln_denoiser_ops, kiln_decoder_op
  * (one of each at most): parses the common command line (--model --bus
  * [--bus-key --bus-server-key] [--device] [--gpu] [--max-batch]
  * [--text-encoder-out-layers] [--prompt-cache-mb] [--vae-band-above MP]
- * [--vae-band-rows N] [--batch-window-ms] [--tensor-transport
+ * [--vae-band-rows N] [--image-threads N] [--batch-window-ms] [--tensor-transport
  * auto|shm|cuda_ipc] [--replica-id ID], and with several stages offered
  * --stages, default all), loads the stages, serves until SIGINT/SIGTERM
  * or until one halts, and returns the exit status (0, 2 on a usage error,

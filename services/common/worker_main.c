@@ -31,13 +31,16 @@ static void usage(FILE *f, const char *binary, const kiln_stage_ops *const *offe
             "  [--bus-allow FILE]] [--data-port P] [--data-host HOST] [--health-port P]\n"
             "  [--device cpu|cuda] [--gpu N]\n"
             "  [--max-batch N] [--batch-window-ms MS] [--tensor-transport auto|shm|cuda_ipc]\n"
-            "  [--replica-id ID] [--drain-s S]%s%s%s\n",
+            "  [--replica-id ID] [--drain-s S]%s%s%s%s\n",
             binary, n_offered > 1 ? " [--stages encode,denoise,decode]" : "",
             can & STAGE_BIT(KILN_STAGE_ENCODE)
                 ? "\n  [--text-encoder-out-layers A,B,C] [--prompt-cache-mb N (default 256, 0: off)]"
                 : "",
             can & (STAGE_BIT(KILN_STAGE_ENCODE) | STAGE_BIT(KILN_STAGE_DECODE))
                 ? "\n  [--vae-band-above MP (default 1)] [--vae-band-rows N (default 128)]"
+                : "",
+            can & STAGE_BIT(KILN_STAGE_DECODE)
+                ? "\n  [--image-threads N (default half the CPUs, 1 to 4)]"
                 : "",
             can & STAGE_BIT(KILN_STAGE_DENOISE)
                 ? "\n  [--precision exact|fp8 (default exact; fp8: the transformer blocks'\n"
@@ -146,7 +149,7 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
 {
     enum { O_LAYERS = 256, O_WINDOW, O_TRANSPORT, O_PROMPT_CACHE, O_REPLICA_ID, O_BUS_KEY,
            O_BUS_SERVER_KEY, O_BUS_ALLOW, O_DATA_PORT, O_DATA_HOST, O_HEALTH_PORT, O_BAND_ABOVE,
-           O_BAND_ROWS, O_DRAIN, O_PRECISION, O_STAGES };
+           O_BAND_ROWS, O_DRAIN, O_PRECISION, O_STAGES, O_IMAGE_THREADS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},      {"bus", required_argument, 0, 'b'},
         {"device", required_argument, 0, 'd'},     {"gpu", required_argument, 0, 'g'},
@@ -166,6 +169,7 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
         {"drain-s", required_argument, 0, O_DRAIN},
         {"precision", required_argument, 0, O_PRECISION},
         {"stages", required_argument, 0, O_STAGES},
+        {"image-threads", required_argument, 0, O_IMAGE_THREADS},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     const unsigned enc = STAGE_BIT(KILN_STAGE_ENCODE), vae = enc | STAGE_BIT(KILN_STAGE_DECODE);
@@ -215,6 +219,10 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
             break;
         case O_STAGES:
             bad = n_offered < 2 || parse_stages(optarg, offered, n_offered, stages);
+            break;
+        case O_IMAGE_THREADS:
+            only = STAGE_BIT(KILN_STAGE_DECODE);
+            bad = kiln_parse_int(optarg, 1, 64, &o->image_threads);
             break;
         case O_DATA_HOST:
             o->data_host = optarg;

@@ -33,7 +33,13 @@ static void *dec_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_wo
     }
     s->be = be;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    s->pool = kiln_pool_create(cpus < 2 ? 1 : cpus > 8 ? 4 : (int)(cpus / 2), err);
+    int threads = o->image_threads         ? o->image_threads
+                  : cpus < 2 ? 1
+                  : cpus > 8 ? 4
+                             : (int)(cpus / 2);
+    s->pool = kiln_pool_create(threads, err);
+    if (s->pool)
+        KILN_LOG_INFO("kiln-decoder: %d image encoder thread(s)", threads);
     s->dec = s->pool ? kiln_decode_stage_create(be, ck, err) : NULL;
     if (s->dec && kiln_decode_stage_set_banding(s->dec, kiln_worker_band_pixels(o),
                                                 o->vae_band_rows, err)) {

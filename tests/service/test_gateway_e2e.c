@@ -876,7 +876,9 @@ static int start(void)
     const char *enc[] = {exe[1], "--model", model, "--bus", bus, "--text-encoder-out-layers",
                          "1,2,3", NULL};
     const char *den[] = {exe[2], "--model", model, "--bus", bus, NULL};
-    const char *dec[] = {exe[3], "--model", model, "--bus", bus, NULL};
+    /* Four image encoders, so that a job's rows are encoded at once even
+     * on CI's two cores (the default there is one thread). */
+    const char *dec[] = {exe[3], "--model", model, "--bus", bus, "--image-threads", "4", NULL};
     pids[1] = spawn(enc, log[1]);
     pids[2] = spawn(den, log[2]);
     pids[3] = spawn(dec, log[3]);

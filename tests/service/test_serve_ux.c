@@ -192,8 +192,11 @@ static void test_ready_access_and_hub_name(void)
     CHECK(make_hub_snapshot(oracle, hub, sizeof hub) == 0);
     snprintf(svc.model, sizeof svc.model, "%s", hub);
     int port;
-    pid_t serve = svc_serve(1, NULL, NULL, &port);
+    const char *extra[] = {"--image-threads", "3", NULL};
+    pid_t serve = svc_serve(1, extra, NULL, &port);
     CHECK(serve > 0);
+    /* kiln serve hands the decoders their image encoders' count */
+    CHECK(svc_log_count(svc_tmp("serve.log"), "kiln-decoder: 3 image encoder thread(s)") == 1);
     char ready[160];
     snprintf(ready, sizeof ready, "ready: http://127.0.0.1:%d serves model 'acme/tiny-klein'",
              port);
