@@ -308,11 +308,11 @@ static void earlier_reach(const kiln_soak_growth *g, size_t ng, kiln_soak_growth
     }
 }
 
-/* Growth past the bound that also passes the stage's earlier reach (when
+/* Growth past a bound that also passes the stage's earlier reach (when
  * there is one) is a leak; growth back up to that reach is warm-up. */
-static int grew_past(double base, double end, double reach, double bound)
+static int past_reach(double end, double reach)
 {
-    return end - base > bound && (reach < 0 || end > reach);
+    return reach < 0 || end > reach;
 }
 
 size_t kiln_soak_mem_growth(const kiln_soak_sample *s, size_t n, double warmup_s, double end_s,
@@ -362,9 +362,12 @@ size_t kiln_soak_mem_growth(const kiln_soak_sample *s, size_t n, double warmup_s
         int rss = p->base_mb >= 0 && p->end_mb >= 0;
         int gpu = p->gpu_base_mb >= 0 && p->gpu_end_mb >= 0;
         p->judged = rss || gpu;
+        int rss_grew = rss && p->end_mb - p->base_mb > max_rss_mb;
+        int gpu_grew = gpu && p->gpu_end_mb - p->gpu_base_mb > max_gpu_mb;
         earlier_reach(g, ng, p);
-        p->over = (rss && grew_past(p->base_mb, p->end_mb, p->reach_mb, max_rss_mb)) ||
-                  (gpu && grew_past(p->gpu_base_mb, p->gpu_end_mb, p->gpu_reach_mb, max_gpu_mb));
+        p->over = (rss_grew && past_reach(p->end_mb, p->reach_mb)) ||
+                  (gpu_grew && past_reach(p->gpu_end_mb, p->gpu_reach_mb));
+        p->refilled = !p->over && (rss_grew || gpu_grew);
     }
     free(v);
     *out = g;

@@ -67,6 +67,7 @@ typedef struct kiln_soak_growth {
     double reach_mb, gpu_reach_mb; /* the highest peaks of its stage's processes born
                                       before it (same name); -1 when none */
     int over;                    /* judged, and grew past a bound */
+    int refilled;                /* grew past a bound, but only back up to its stage's reach */
 } kiln_soak_growth;
 
 /* Per process (pid): its warm-up ends at max(warmup_s, first sample +
@@ -75,8 +76,9 @@ typedef struct kiln_soak_growth {
  * the first fifth of that span and the end the median of the last fifth;
  * growth (end - base) over max_rss_mb (RssAnon) or max_gpu_mb (GPU) sets
  * `over`, unless a process of its stage born before it had reached a
- * level at or above its end (a replacement filling its arenas again).  *out is malloc'd (the caller frees); the count, or 0 when out
- * of memory. */
+ * level at or above its end (a replacement filling its arenas again:
+ * `refilled`).  *out is malloc'd (the caller frees); the count, or 0 when
+ * out of memory. */
 size_t kiln_soak_mem_growth(const kiln_soak_sample *s, size_t n, double warmup_s, double end_s,
                             double max_rss_mb, double max_gpu_mb, kiln_soak_growth **out);
 

@@ -140,8 +140,7 @@ void kiln_soak_report_text(FILE *f, const kiln_soak_run *run, const kiln_soak_op
                 fprintf(f, "; GPU %.0f -> %.0f MiB (%+.0f), peak %.0f", g->gpu_base_mb,
                         g->gpu_end_mb, g->gpu_end_mb - g->gpu_base_mb, g->gpu_peak_mb);
             fprintf(f, "%s", g->over ? "  OVER THE BOUND" : "");
-            if (!g->over && (g->end_mb - g->base_mb > o->max_rss_growth_mb ||
-                             g->gpu_end_mb - g->gpu_base_mb > o->max_gpu_growth_mb))
+            if (g->refilled)
                 fprintf(f, "  (refilled to under its stage's earlier peak: %.1f MiB, GPU %.0f)",
                         g->reach_mb, g->gpu_reach_mb);
             fprintf(f, "\n");
@@ -255,6 +254,7 @@ static cJSON *summary_json(const kiln_soak_run *run, const kiln_soak_opts *o,
         if (g->gpu_reach_mb >= 0)
             cJSON_AddNumberToObject(e, "gpu_stage_earlier_peak_mb", g->gpu_reach_mb);
         cJSON_AddBoolToObject(e, "over", g->over);
+        cJSON_AddBoolToObject(e, "refilled", g->refilled);
         cJSON_AddItemToArray(mem, e);
     }
     cJSON_AddNumberToObject(j, "memory_over", vd->mem_over);
