@@ -134,8 +134,7 @@ static int parse(int argc, char **argv, serve_opts *o)
            O_DEN_GPU, O_DEC_GPU, O_PROMPT_CACHE, O_HOST, O_BAND_ABOVE, O_BAND_ROWS,
            O_IMAGE_THREADS, O_IGNORE_UNKNOWN,
            O_PRECISION, O_COLOCATE, O_GATEWAY };
-    /* The 24 options below, the gateway's, and the zeroed terminator. */
-    static struct option longopts[24 + N_GATEWAY_OPTIONS + 1] = {
+    static const struct option fixed[] = {
         {"model", required_argument, 0, 'm'},     {"port", required_argument, 0, 'p'},
         {"bus", required_argument, 0, 'b'},       {"device", required_argument, 0, 'd'},
         {"gpus", required_argument, 0, O_GPUS},   {"min-size", required_argument, 0, O_MIN},
@@ -156,11 +155,12 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"colocate", no_argument, 0, O_COLOCATE},
         {"help", no_argument, 0, 'h'},
     };
-    int n_fixed = 0;
-    while (longopts[n_fixed].name && longopts[n_fixed].flag == 0 && longopts[n_fixed].val != O_GATEWAY)
-        n_fixed++;
+    /* The options above, then the gateway's, then the zeroed terminator. */
+    enum { N_FIXED = sizeof fixed / sizeof *fixed };
+    static struct option longopts[N_FIXED + N_GATEWAY_OPTIONS + 1];
+    memcpy(longopts, fixed, sizeof fixed);
     for (int i = 0; i < N_GATEWAY_OPTIONS; i++)
-        longopts[n_fixed + i] = (struct option){gateway_options[i], required_argument, 0, O_GATEWAY};
+        longopts[N_FIXED + i] = (struct option){gateway_options[i], required_argument, 0, O_GATEWAY};
     /* Loopback by default: a one-machine service is reached from this
      * machine unless the operator says otherwise (--host 0.0.0.0). */
     *o = (serve_opts){.device = "cpu", .host = "127.0.0.1", .port = 8000, .gpus = 1, .max_batch = 4,
@@ -212,7 +212,7 @@ static int parse(int argc, char **argv, serve_opts *o)
                 bad = 1;
                 break;
             }
-            o->gw_opt[o->n_gw_args] = index - n_fixed;
+            o->gw_opt[o->n_gw_args] = index - N_FIXED;
             o->gw_value[o->n_gw_args++] = optarg;
             break;
         case 'h': usage(stdout); exit(0);
