@@ -32,11 +32,11 @@ static void *dec_load(kiln_backend *be, const kiln_checkpoint *ck, const kiln_wo
         return NULL;
     }
     s->be = be;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = o->image_threads         ? o->image_threads
-                  : cpus < 2 ? 1
-                  : cpus > 8 ? 4
-                             : (int)(cpus / 2);
+    int threads = o->image_threads;
+    if (!threads) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cpus < 2 ? 1 : cpus > 8 ? 4 : (int)(cpus / 2);
+    }
     s->pool = kiln_pool_create(threads, err);
     if (s->pool)
         KILN_LOG_INFO("kiln-decoder: %d image encoder thread(s)", threads);
