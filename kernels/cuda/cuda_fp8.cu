@@ -42,20 +42,12 @@ __global__ void f8_zero_kernel(void *y, size_t stride, size_t off, int entries)
         ((unsigned *)f8_slot(y, stride, off, e))[1] = 0u;
 }
 
-__global__ void f8_amax_kernel(const void *x, int x_bf16, int64_t per, void *y, size_t stride,
-                               size_t off)
+/* Folds each thread's |x| maximum m into entry e's amax slot: the block
+ * maximum (block_sum's pattern with fmaxf), then one atomicMax on the
+ * float bits per block. */
+__device__ __forceinline__ void f8_block_amax(float m, void *y, size_t stride, size_t off, int e)
 {
     __shared__ float red[32];
-    const int e = blockIdx.y;
-    const int64_t base = (int64_t)e * per;
-    float m = 0.0f;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < per;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float a = fabsf(ld_act(x, base + i, x_bf16));
-        if (a > m) /* false for NaN: NaNs do not count */
-            m = a;
-    }
-    /* Block maximum (block_sum's pattern with fmaxf). */
     for (int o = 16; o > 0; o >>= 1)
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -69,6 +61,21 @@ __global__ void f8_amax_kernel(const void *x, int x_bf16, int64_t per, void *y, 
         if (lane == 0)
             atomicMax((unsigned *)f8_slot(y, stride, off, e) + 1, __float_as_uint(m));
     }
+}
+
+__global__ void f8_amax_kernel(const void *x, int x_bf16, int64_t per, void *y, size_t stride,
+                               size_t off)
+{
+    const int e = blockIdx.y;
+    const int64_t base = (int64_t)e * per;
+    float m = 0.0f;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < per;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float a = fabsf(ld_act(x, base + i, x_bf16));
+        if (a > m) /* false for NaN: NaNs do not count */
+            m = a;
+    }
+    f8_block_amax(m, y, stride, off, e);
 }
 
 __global__ void f8_quant_kernel(const void *x, int x_bf16, int64_t per, void *y, size_t stride,
@@ -92,7 +99,6 @@ __global__ void f8_quant_kernel(const void *x, int x_bf16, int64_t per, void *y,
 /* The 8-wide bf16 passes: `per8` = per / 8 vectors an entry. */
 __global__ void f8_amax_vec_kernel(const bf16 *x, int64_t per8, void *y, size_t stride, size_t off)
 {
-    __shared__ float red[32];
     const int e = blockIdx.y;
     const uint4 *xv = (const uint4 *)x + (int64_t)e * per8;
     float m = 0.0f;
@@ -104,19 +110,7 @@ __global__ void f8_amax_vec_kernel(const bf16 *x, int64_t per8, void *y, size_t 
         for (int j = 0; j < 8; j++)
             m = fmaxf(m, fabsf(__bfloat162float(h[j]))); /* fmaxf drops NaNs */
     }
-    for (int o = 16; o > 0; o >>= 1)
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0)
-        red[warp] = m;
-    __syncthreads();
-    if (warp == 0) {
-        m = lane < nw ? red[lane] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1)
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0)
-            atomicMax((unsigned *)f8_slot(y, stride, off, e) + 1, __float_as_uint(m));
-    }
+    f8_block_amax(m, y, stride, off, e);
 }
 
 __global__ void f8_quant_vec_kernel(const bf16 *x, int64_t per8, void *y, size_t stride,
