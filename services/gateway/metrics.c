@@ -64,9 +64,9 @@ struct kiln_metrics {
 };
 
 static const char *queue_names[KILN_QUEUE_COUNT] = {"gateway", "replica"};
-static const char *part_names[KILN_PART_COUNT] = {"encode_run",    "denoise_setup",
-                                                  "denoise_step",  "decode_vae",
-                                                  "image_encode",  "handoff"};
+static const char *part_names[KILN_PART_COUNT] = {
+    "encode_run",   "denoise_setup",  "denoise_step",    "decode_vae",
+    "image_encode", "encode_handoff", "denoise_handoff", "decode_handoff"};
 static const char *event_names[KILN_EVENT_COUNT] = {"replica_lost", "redispatch", "timeout",
                                                     "cancel", "handoff_failure",
                                                     "cancel_timeout", "replica_left"};

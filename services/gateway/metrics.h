@@ -58,10 +58,18 @@ typedef enum kiln_part {
     KILN_PART_DENOISE_STEP,    /* one denoising step (mean over the job's steps) */
     KILN_PART_DECODE_VAE,      /* VAE decode, 8-bit conversion, download */
     KILN_PART_IMAGE_ENCODE,    /* PNG / JPEG / WebP of the job's images */
-    KILN_PART_HANDOFF,         /* a stage's time at the gateway minus the replica's
-                                * queue and run: bus messages, tensor handoff */
+    /* A stage's time at the gateway minus the replica's queue and run: bus
+     * messages and the tensor hand-off, one part per stage (in kiln_stage
+     * order) so that a slow hop shows as itself. */
+    KILN_PART_ENCODE_HANDOFF,
+    KILN_PART_DENOISE_HANDOFF,
+    KILN_PART_DECODE_HANDOFF,
     KILN_PART_COUNT
 } kiln_part;
+_Static_assert(KILN_PART_DENOISE_HANDOFF - KILN_PART_ENCODE_HANDOFF == KILN_STAGE_DENOISE &&
+                   KILN_PART_DECODE_HANDOFF - KILN_PART_ENCODE_HANDOFF == KILN_STAGE_DECODE &&
+                   KILN_STAGE_ENCODE == 0,
+               "the hand-off parts follow kiln_stage's order");
 
 typedef enum kiln_event {
     KILN_EVENT_REPLICA_LOST = 0,

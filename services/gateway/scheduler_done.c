@@ -256,7 +256,7 @@ static void record(kiln_sched *s, sched_job *j, const kiln_msg_done *d, double n
     if (queue >= 0)
         kiln_metrics_queue_wait(s->metrics, j->stage, KILN_QUEUE_REPLICA, queue / 1000.0);
     if (queue >= 0 && run >= 0)
-        part(s, KILN_PART_HANDOFF, at_gateway - queue - run);
+        part(s, (kiln_part)(KILN_PART_ENCODE_HANDOFF + j->stage), at_gateway - queue - run);
     switch (j->stage) {
     case KILN_STAGE_ENCODE:
         part(s, KILN_PART_ENCODE_RUN, run);
