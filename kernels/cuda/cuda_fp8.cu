@@ -15,8 +15,8 @@
  * they belong to the tensor), so no other memory is needed.  Entries
  * (batch rows quantised alone) run in one launch along grid.y.
  *
- * Both passes are memory-bound (a step quantises ~3.5 GB of klein-4B
- * activations), so bf16 inputs whose entries are whole 16-byte vectors
+ * Both passes are memory-bound (each reads every DiT GEMM input of a step,
+ * gigabytes on klein-4B at 1024x1024), so bf16 inputs whose entries are whole 16-byte vectors
  * take 8 elements a thread: one 16-byte load, and 8 codes stored as one
  * 8-byte word.  The arithmetic per element is the scalar path's. */
 #include <cuda_fp8.h>
@@ -63,6 +63,14 @@ __device__ __forceinline__ void f8_block_amax(float m, void *y, size_t stride, s
     }
 }
 
+/* Entry e's scale from the amax its slot holds: kiln_f8_scale_of, with the
+ * same fp32 division. */
+__device__ __forceinline__ float f8_entry_scale(const float *slot)
+{
+    const float amax = __uint_as_float(((const unsigned *)slot)[1]);
+    return amax > 0.0f ? amax / KILN_E4M3_MAX : 1.0f;
+}
+
 __global__ void f8_amax_kernel(const void *x, int x_bf16, int64_t per, void *y, size_t stride,
                                size_t off)
 {
@@ -83,9 +91,7 @@ __global__ void f8_quant_kernel(const void *x, int x_bf16, int64_t per, void *y,
 {
     const int e = blockIdx.y;
     float *slot = f8_slot(y, stride, off, e);
-    const float amax = __uint_as_float(((const unsigned *)slot)[1]);
-    /* kiln_f8_scale_of, with the same fp32 division. */
-    const float s = amax > 0.0f ? amax / KILN_E4M3_MAX : 1.0f;
+    const float s = f8_entry_scale(slot);
     const int64_t base = (int64_t)e * per;
     uint8_t *codes = (uint8_t *)y + (size_t)e * stride;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < per;
@@ -118,8 +124,7 @@ __global__ void f8_quant_vec_kernel(const bf16 *x, int64_t per8, void *y, size_t
 {
     const int e = blockIdx.y;
     float *slot = f8_slot(y, stride, off, e);
-    const float amax = __uint_as_float(((const unsigned *)slot)[1]);
-    const float s = amax > 0.0f ? amax / KILN_E4M3_MAX : 1.0f;
+    const float s = f8_entry_scale(slot);
     const uint4 *xv = (const uint4 *)x + (int64_t)e * per8;
     uint2 *codes = (uint2 *)((uint8_t *)y + (size_t)e * stride);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < per8;
