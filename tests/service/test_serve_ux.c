@@ -397,6 +397,20 @@ static void test_served_name_and_timeouts(void)
     CHECK(p > 0 && svc_wait_exit(p, 10000) == 2);
     CHECK(svc_log_count(svc_tmp("split.log"), "--colocate runs replica 0 of every stage") == 1 &&
           svc_log_count(svc_tmp("split.log"), "started kiln-") == 0);
+    /* --image-threads outside 1..64: a usage error naming the value, before
+     * anything starts (the decoders never see it) */
+    const char *threads[][2] = {{"0", "threads0.log"}, {"65", "threads65.log"}};
+    for (int i = 0; i < 2; i++) {
+        const char *argv[] = {svc_exe("tools/kiln"), "serve", "--model", svc.model, "--port",
+                              port_s, "--image-threads", threads[i][0], NULL};
+        char said[64];
+        snprintf(said, sizeof said, "invalid value '%s' for --image-threads", threads[i][0]);
+        p = svc_spawn(argv, NULL, svc_tmp(threads[i][1]));
+        CHECK(p > 0 && svc_wait_exit(p, 10000) == 2);
+        CHECKF(svc_log_count(svc_tmp(threads[i][1]), said) == 1 &&
+                   svc_log_count(svc_tmp(threads[i][1]), "started kiln-") == 0,
+               "--image-threads %s", threads[i][0]);
+    }
 }
 
 int main(void)
