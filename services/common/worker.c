@@ -463,8 +463,13 @@ static void *bus_main(void *arg)
             uint64_t v;
             (void)!read(w->efd, &v, sizeof v);
         }
-        if (ev & KILN_BUS_CONNECTED)
+        if (ev & KILN_BUS_CONNECTED) {
             send_hello(w);
+            /* A heartbeat sent before the hello was refused as unregistered:
+             * the next one goes right behind it, so the gateway knows the
+             * replica's memory from its registration on, not a period later. */
+            next_hb = now;
+        }
         for (int rc; (rc = kiln_bus_recv(w->bus, NULL, 0, &f, &err)) != 0;) {
             if (rc < 0) {
                 KILN_LOG_WARN("worker: %s", err.msg);
