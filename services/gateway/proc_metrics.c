@@ -4,12 +4,13 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
-/* Fields 14 (utime), 15 (stime), 22 (starttime, clock ticks after boot),
- * 23 (vsize, bytes), 24 (rss, pages) of /proc/self/stat (proc(5)); the
- * command name (field 2) may hold spaces, so parsing starts after its ')'. */
-static int read_stat(double *cpu_s, double *start_ticks, double *vsize, double *rss_pages)
+/* Fields 22 (starttime, clock ticks after boot), 23 (vsize, bytes), 24
+ * (rss, pages) of /proc/self/stat (proc(5)); the command name (field 2)
+ * may hold spaces, so parsing starts after its ')'. */
+static int read_stat(double *start_ticks, double *vsize, double *rss_pages)
 {
     FILE *f = fopen("/proc/self/stat", "r");
     if (!f)
@@ -21,18 +22,17 @@ static int read_stat(double *cpu_s, double *start_ticks, double *vsize, double *
     char *p = strrchr(buf, ')');
     if (!p)
         return -1;
-    unsigned long long utime, stime, start, vs;
+    unsigned long long start, vs;
     long long rss;
     /* after ")": state(3) ppid pgrp session tty tpgid flags minflt cminflt
      * majflt cmajflt utime(14) stime cutime cstime priority nice threads
      * itrealvalue starttime(22) vsize rss */
     if (sscanf(p + 1,
-               " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d "
+               " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
                "%*d %llu %llu %lld",
-               &utime, &stime, &start, &vs, &rss) != 5)
+               &start, &vs, &rss) != 3)
         return -1;
     long hz = sysconf(_SC_CLK_TCK);
-    *cpu_s = (double)(utime + stime) / (double)(hz > 0 ? hz : 100);
     *start_ticks = (double)start / (double)(hz > 0 ? hz : 100);
     *vsize = (double)vs;
     *rss_pages = (double)rss;
@@ -80,15 +80,20 @@ kiln_status kiln_proc_metrics_render(kiln_buf *out, kiln_err *err)
 {
     size_t start = out->len;
     kiln_status st = KILN_OK;
-    double cpu, start_s, vsize, rss;
-    if (read_stat(&cpu, &start_s, &vsize, &rss) == 0) {
+    /* User and system time of all threads, in nanoseconds: /proc/self/stat's
+     * utime and stime count clock ticks (10 ms), so a gateway that has done
+     * little would read 0. */
+    struct timespec cpu;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu) == 0)
+        st = put(out, "process_cpu_seconds_total", "counter",
+                 "Total user and system CPU time spent in seconds.",
+                 (double)cpu.tv_sec + (double)cpu.tv_nsec * 1e-9, err);
+    double start_s, vsize, rss;
+    if (!st && read_stat(&start_s, &vsize, &rss) == 0) {
         long page = sysconf(_SC_PAGESIZE);
         double bt = boot_time();
-        st = put(out, "process_cpu_seconds_total", "counter",
-                 "Total user and system CPU time spent in seconds.", cpu, err);
-        if (!st)
-            st = put(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
-                     rss * (double)(page > 0 ? page : 4096), err);
+        st = put(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+                 rss * (double)(page > 0 ? page : 4096), err);
         if (!st)
             st = put(out, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
                      vsize, err);
