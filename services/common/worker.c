@@ -441,7 +441,10 @@ static void *bus_main(void *arg)
                            w->ops->binary, w->replica, WORKER_HALT_EXIT_MS);
             _exit(KILN_WORKER_EXIT_RESTART);
         }
-        if (now >= next_hb && !worker_halted(w)) {
+        /* Not before the first hello: the gateway refuses (and counts as
+         * kiln_bus_rejected_total{reason="unregistered"}) what an unknown
+         * peer sends. */
+        if (now >= next_hb && !worker_halted(w) && atomic_load(&w->registered)) {
             kiln_msg hb = {.type = KILN_MSG_HB, .progress = atomic_load(&w->progress),
                            .shm_short = worker_shm_short(w), .rss = process_rss(),
                            .dev_used = atomic_load(&w->dev_used),
@@ -465,8 +468,7 @@ static void *bus_main(void *arg)
         }
         if (ev & KILN_BUS_CONNECTED) {
             send_hello(w);
-            /* A heartbeat sent before the hello was refused as unregistered:
-             * the next one goes right behind it, so the gateway knows the
+            /* The first heartbeat right behind it, so the gateway knows the
              * replica's memory from its registration on, not a period later. */
             next_hb = now;
         }

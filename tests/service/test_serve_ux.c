@@ -282,6 +282,8 @@ static void test_ready_access_and_hub_name(void)
     }
     CHECK(strstr(t, "le=\"0.3\"") && strstr(t, "le=\"0.4\""));
     CHECK(svc_metric(t, "kiln_prompt_cache_misses_total") == 1);
+    /* replicas speak only after their hello: nothing of theirs refused */
+    CHECK(svc_metric(t, "kiln_bus_rejected_total{reason=\"unregistered\"}") == 0);
     CHECK(!strstr(t, "\nkiln_replica_gpu_memory_used_bytes{")); /* the CPU has none */
     const char *bi = strstr(t, "\nkiln_build_info{version=\"");
     CHECK(bi && bi[strcspn(bi + 1, "\n")] == '1' && bi[strcspn(bi + 1, "\n") - 1] == ' ');
