@@ -586,7 +586,7 @@ static void test_leave_drain_out(void)
     denoiser_drain = NULL;
     if (rc)
         return;
-    request slow = {.prompt = "leaving", .n = 1, .width = 64, .height = 64, .steps = 1000,
+    request slow = {.prompt = "leaving", .n = 1, .width = 128, .height = 128, .steps = 1000,
                     .max_seq = 16, .guidance = 1.0f, .seed = 9};
     ref_file rf = {0};
     kiln_msg *e = encode_job(&c, &slow, &rf);
