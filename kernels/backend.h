@@ -108,8 +108,10 @@ typedef struct kiln_backend_ops {
      * layer_norm_mod: x (B, S, D); y = LN(x) * (1 + scale[b]) + shift[b] with
      * LN over D without affine parameters; shift/scale (B, D), either may be
      * NULL (then 0).  y may alias x.
-     * group_norm: x (B, C, H, W); groups of C/groups channels; per-channel
-     * weight and bias (C); optional SiLU after.  y may alias x. */
+     * group_norm: x (B, H, W, C), channels last (the VAE's layout: what
+     * tensor-core convolutions read, so none of them transposes); groups of
+     * C/groups consecutive channels; per-channel weight and bias (C);
+     * optional SiLU after.  y may alias x. */
     void (*rms_norm)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                      float eps);
     void (*layer_norm_mod)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
@@ -120,13 +122,13 @@ typedef struct kiln_backend_ops {
      * statistics must still be those of the whole image (models/vae_band.c):
      * group_norm_stats: stats (B, groups, 2) F32 holds each group's (mean,
      * M2 = sum of squared deviations) over `count_before` elements; the
-     * elements of x (B, C, h, W) (a band) are merged in (Chan et al.'s
+     * elements of x (B, h, W, C) (a band) are merged in (Chan et al.'s
      * parallel update, fp32 storage, wider arithmetic inside), so it then
      * holds them over count_before + C/groups * h * W.  count_before 0
      * starts afresh (stats' old contents ignored).  Deterministic: the same
      * inputs give the same bits.
      * group_norm_apply: y = (x - mean) * inv * w + b (optional SiLU) for a
-     * band x (B, C, h, W), with mean = stats mean and inv = 1 / sqrt(M2 /
+     * band x (B, h, W, C), with mean = stats mean and inv = 1 / sqrt(M2 /
      * count + eps): the arithmetic of group_norm once the statistics are
      * known, count being the elements per group of the whole image.  y may
      * alias x. */
@@ -181,10 +183,11 @@ typedef struct kiln_backend_ops {
     void (*transpose)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 
     /* --- convolution (VAE) -----------------------------------------------
-     * conv2d: x (B, Cin, H, W), w (Cout, Cin, kh, kw), bias (Cout) or NULL,
-     * zero padding pad[4] = {top, left, bottom, right}, y (B, Cout, Ho, Wo)
+     * Channels last, as group_norm: the VAE runs in NHWC end to end.
+     * conv2d: x (B, H, W, Cin), w (Cout, kh, kw, Cin), bias (Cout) or NULL,
+     * zero padding pad[4] = {top, left, bottom, right}, y (B, Ho, Wo, Cout)
      * with Ho = (H + top + bottom - kh) / stride + 1.
-     * upsample_nearest2x: x (B, C, H, W) -> y (B, C, 2H, 2W). */
+     * upsample_nearest2x: x (B, H, W, C) -> y (B, 2H, 2W, C). */
     void (*conv2d)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                    const kiln_tensor *bias, int stride, const int pad[4]);
     void (*upsample_nearest2x)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);

@@ -207,11 +207,12 @@ const kiln_vae_info *kiln_vae_get_info(const kiln_vae *v) { return &v->info; }
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Per image, latent h x w. */
+/* Per image, latent h x w.  The latent itself passes through a slot on its
+ * way channels-last (vae_conv_from). */
 static int64_t decoder_slot_elems(const vae_config *c, int64_t h, int64_t w)
 {
     int n = c->nblocks;
-    int64_t m = c->post_quant ? c->latent * h * w : 0;
+    int64_t m = c->latent * h * w;
     for (int i = 0; i < n; i++) {
         int64_t ch = c->channels[n - 1 - i], prev = c->channels[i ? n - i : n - 1];
         m = max64(m, max64(ch, prev) * h * w);
@@ -228,7 +229,7 @@ static int64_t decoder_slot_elems(const vae_config *c, int64_t h, int64_t w)
 static int64_t encoder_slot_elems(const vae_config *c, int64_t h, int64_t w)
 {
     int n = c->nblocks;
-    int64_t m = c->channels[0] * h * w;
+    int64_t m = max64(c->in_channels, c->channels[0]) * h * w;
     for (int i = 0; i < n; i++) {
         int64_t ch = c->channels[i], prev = c->channels[i ? i - 1 : 0];
         m = max64(m, max64(ch, prev) * h * w);

@@ -15,7 +15,7 @@ enum { S_SIDE0, S_SIDE1, S_EXT, S_INNER, S_UP, S_COUNT };
 
 /* A whole activation and the GroupNorm statistics of all of it. */
 typedef struct plane {
-    kiln_tensor t;      /* (B, C, H, W) */
+    kiln_tensor t;      /* (B, H, W, C) */
     kiln_tensor *stats; /* (B, groups, 2) F32 */
     int in_region;
 } plane;
@@ -48,7 +48,8 @@ static int64_t band_rows(const band *bd, int64_t H)
     return max64(1, bd->rows * H / bd->full_h);
 }
 
-/* Band buffer i viewed as (B, C, H, W); the dry run records its size. */
+/* Band buffer i viewed as the activation (B, H, W, C) (channels last, as
+ * everywhere in the VAE); the dry run records its size. */
 static kiln_tensor tmp(band *bd, int i, int64_t B, int64_t C, int64_t H, int64_t W)
 {
     int64_t n = B * C * H * W;
@@ -57,7 +58,7 @@ static kiln_tensor tmp(band *bd, int i, int64_t B, int64_t C, int64_t H, int64_t
         bd->tmp_elems[i] = max64(bd->tmp_elems[i], n);
     else if (n > kiln_tensor_numel(&bd->tmp[i]))
         kiln_be_fail(bd->be, KILN_ERR_INTERNAL, "vae: band buffer %d too small", i);
-    kiln_tensor_set_shape(&t, bd->dt, 4, (int64_t[]){B, C, H, W});
+    kiln_tensor_set_shape(&t, bd->dt, 4, (int64_t[]){B, H, W, C});
     return t;
 }
 
@@ -68,7 +69,7 @@ static void plane_new(band *bd, plane *p, const plane *in, int64_t B, int64_t C,
 {
     size_t bytes = vae_align_bytes(B * C * H * W, bd->dsize);
     *p = (plane){.t = bd->region, .stats = &bd->stats[bd->side], .in_region = 1};
-    kiln_tensor_set_shape(&p->t, bd->dt, 4, (int64_t[]){B, C, H, W});
+    kiln_tensor_set_shape(&p->t, bd->dt, 4, (int64_t[]){B, H, W, C});
     if (bd->dry) {
         size_t in_bytes = in && in->in_region ?
                           vae_align_bytes(kiln_tensor_numel(&in->t), bd->dsize) : 0;
@@ -82,8 +83,17 @@ static void plane_new(band *bd, plane *p, const plane *in, int64_t B, int64_t C,
     bd->side ^= 1;
 }
 
-/* (B*C, H, W) view, the layout copy_rows moves rows in. */
+/* (B, H, W*C) view of an activation, the layout copy_rows moves rows in. */
 static kiln_tensor rows3(const kiln_tensor *t)
+{
+    kiln_tensor v = *t;
+    kiln_tensor_set_shape(&v, t->dtype, 3,
+                          (int64_t[]){t->shape[0], t->shape[1], t->shape[2] * t->shape[3]});
+    return v;
+}
+
+/* (B*C, H, W) view of an image outside the pass, (B, C, H, W). */
+static kiln_tensor planes3(const kiln_tensor *t)
 {
     kiln_tensor v = *t;
     kiln_tensor_set_shape(&v, t->dtype, 3,
@@ -97,7 +107,7 @@ static void rows_in(band *bd, kiln_tensor *dst, const kiln_tensor *src, int64_t 
     if (bd->dry)
         return;
     kiln_tensor d = rows3(dst), s = rows3(src);
-    kiln_be_copy_rows(bd->be, &d, 0, &s, r0, dst->shape[2]);
+    kiln_be_copy_rows(bd->be, &d, 0, &s, r0, dst->shape[1]);
 }
 
 /* Rows [s0, s0 + n) of src into rows [r0, r0 + n) of dst. */
@@ -129,14 +139,14 @@ static void norm(band *bd, kiln_tensor *x, const vae_norm *n, const kiln_tensor 
 
 static int64_t plane_count(const band *bd, const plane *p)
 {
-    return p->t.shape[1] / bd->groups * p->t.shape[2] * p->t.shape[3];
+    return p->t.shape[3] / bd->groups * p->t.shape[1] * p->t.shape[2];
 }
 
 /* Stride-1 convolution (3x3 with padding 1, or 1x1) giving output rows
  * [o0, o1) of an H-row image into y, from x holding input rows
  * [in_lo(o0), in_hi(o1)): zero padding only at the image's own edges, so
  * the rows are exactly the whole image's. */
-static int conv_k(const vae_conv *c) { return (int)(c->w.shape[2] / 2); }
+static int conv_k(const vae_conv *c) { return (int)(c->w.shape[1] / 2); }
 static int64_t in_lo(int64_t o0, int k) { return max64(o0 - k, 0); }
 static int64_t in_hi(int64_t o1, int k, int64_t H) { return min64(o1 + k, H); }
 
@@ -167,20 +177,20 @@ typedef struct source {
 static source stored(const band *bd, const plane *p)
 {
     const int64_t *sh = p->t.shape;
-    return (source){.p = p, .stats = p->stats, .B = sh[0], .C = sh[1], .H = sh[2], .W = sh[3],
-                    .count = sh[1] / bd->groups * sh[2] * sh[3]};
+    return (source){.p = p, .stats = p->stats, .B = sh[0], .C = sh[3], .H = sh[1], .W = sh[2],
+                    .count = sh[3] / bd->groups * sh[1] * sh[2]};
 }
 
 static source upsampled(const band *bd, const plane *p, const vae_conv *up)
 {
     const int64_t *sh = p->t.shape;
-    source s = {.p = p, .up = up, .B = sh[0], .C = up->w.shape[0], .H = 2 * sh[2],
-                .W = 2 * sh[3]};
+    source s = {.p = p, .up = up, .B = sh[0], .C = up->w.shape[0], .H = 2 * sh[1],
+                .W = 2 * sh[2]};
     s.count = s.C / bd->groups * s.H * s.W;
     return s;
 }
 
-/* Rows [a0, a1) of the source into dst (B, C, a1 - a0, W). */
+/* Rows [a0, a1) of the source into dst (B, a1 - a0, W, C). */
 static void source_rows(band *bd, const source *s, kiln_tensor *dst, int64_t a0, int64_t a1)
 {
     if (!s->up) {
@@ -190,7 +200,7 @@ static void source_rows(band *bd, const source *s, kiln_tensor *dst, int64_t a0,
     /* The conv reads upsampled rows [u0, u1); nearest 2x makes them in
      * pairs from rows [c0, c1) of the stored plane. */
     int64_t u0 = in_lo(a0, 1), u1 = in_hi(a1, 1, s->H), c0 = u0 / 2, c1 = (u1 + 1) / 2;
-    int64_t B = s->B, Cu = s->p->t.shape[1], w = s->p->t.shape[3];
+    int64_t B = s->B, Cu = s->p->t.shape[3], w = s->p->t.shape[2];
     kiln_tensor half = tmp(bd, T_OUT, B, Cu, c1 - c0, w);
     rows_in(bd, &half, &s->p->t, c0);
     kiln_tensor up = tmp(bd, T_MID, B, Cu, 2 * (c1 - c0), s->W);
@@ -301,12 +311,12 @@ static void res_stage(band *bd, const source *x, plane *y, const vae_resnet *res
         }
         /* This band has read its input: the previous band's rows may go. */
         if (k > 0)
-            rows_out(bd, &y->t, pending_r0, &pending, 0, pending.shape[2]);
+            rows_out(bd, &y->t, pending_r0, &pending, 0, pending.shape[1]);
         pending = out;
         pending_r0 = r0;
     }
     if (inplace)
-        rows_out(bd, &y->t, pending_r0, &pending, 0, pending.shape[2]);
+        rows_out(bd, &y->t, pending_r0, &pending, 0, pending.shape[1]);
     measure(bd, y);
 }
 
@@ -314,7 +324,7 @@ static void res_stage(band *bd, const source *x, plane *y, const vae_resnet *res
  * 2o + 2, the last one below the image being the zero padding. */
 static void down_stage(band *bd, const plane *x, plane *y, const vae_conv *c)
 {
-    int64_t B = x->t.shape[0], C = x->t.shape[1], H = x->t.shape[2], W = x->t.shape[3];
+    int64_t B = x->t.shape[0], H = x->t.shape[1], W = x->t.shape[2], C = x->t.shape[3];
     int64_t Ho = (H + 1 - 3) / 2 + 1, Wo = (W + 1 - 3) / 2 + 1, cout = c->w.shape[0];
     int64_t R = band_rows(bd, Ho);
     plane_new(bd, y, x, B, cout, Ho, Wo);
@@ -331,7 +341,8 @@ static void down_stage(band *bd, const plane *x, plane *y, const vae_conv *c)
     measure(bd, y);
 }
 
-/* The encoder's conv_in, from the input image. */
+/* The encoder's conv_in, from the input image (B, C, H, W): each band's
+ * rows are taken as planes and laid out channels-last. */
 static void in_stage(band *bd, const kiln_tensor *img, const vae_conv *c, plane *y)
 {
     int64_t B = img->shape[0], C = img->shape[1], H = img->shape[2], W = img->shape[3];
@@ -340,7 +351,13 @@ static void in_stage(band *bd, const kiln_tensor *img, const vae_conv *c, plane 
     for (int64_t r0 = 0; r0 < H; r0 += R) {
         int64_t r1 = min64(r0 + R, H), a0 = in_lo(r0, 1), a1 = in_hi(r1, 1, H);
         kiln_tensor t0 = tmp(bd, T_IN, B, C, a1 - a0, W);
-        rows_in(bd, &t0, img, a0);
+        kiln_tensor pl = tmp(bd, T_MID, B, C, a1 - a0, W);
+        kiln_tensor_set_shape(&pl, pl.dtype, 4, (int64_t[]){B, C, a1 - a0, W});
+        if (!bd->dry) {
+            kiln_tensor d = planes3(&pl), s = planes3(img);
+            kiln_be_copy_rows(bd->be, &d, 0, &s, a0, a1 - a0);
+            vae_nchw_to_nhwc(bd->be, &t0, &pl);
+        }
         kiln_tensor out = tmp(bd, T_OUT, B, cout, r1 - r0, W);
         conv_out(bd, &out, &t0, c, r0, r1, H);
         rows_out(bd, &y->t, r0, &out, 0, r1 - r0);
@@ -348,11 +365,12 @@ static void in_stage(band *bd, const kiln_tensor *img, const vae_conv *c, plane 
     measure(bd, y);
 }
 
-/* The decoder's conv_norm_out + SiLU + conv_out, into the output image. */
+/* The decoder's conv_norm_out + SiLU + conv_out, into the output image
+ * (B, C, H, W): each band's rows are laid out as planes and put in place. */
 static void out_stage(band *bd, const plane *x, const vae_norm *n, const vae_conv *c,
                       kiln_tensor *img)
 {
-    int64_t B = x->t.shape[0], C = x->t.shape[1], H = x->t.shape[2], W = x->t.shape[3];
+    int64_t B = x->t.shape[0], H = x->t.shape[1], W = x->t.shape[2], C = x->t.shape[3];
     int64_t cout = c->w.shape[0], R = band_rows(bd, H);
     for (int64_t r0 = 0; r0 < H; r0 += R) {
         int64_t r1 = min64(r0 + R, H), a0 = in_lo(r0, 1), a1 = in_hi(r1, 1, H);
@@ -361,7 +379,13 @@ static void out_stage(band *bd, const plane *x, const vae_norm *n, const vae_con
         norm(bd, &t0, n, x->stats, plane_count(bd, x));
         kiln_tensor out = tmp(bd, T_OUT, B, cout, r1 - r0, W);
         conv_out(bd, &out, &t0, c, r0, r1, H);
-        rows_out(bd, img, r0, &out, 0, r1 - r0);
+        kiln_tensor pl = tmp(bd, T_MID, B, cout, r1 - r0, W);
+        kiln_tensor_set_shape(&pl, pl.dtype, 4, (int64_t[]){B, cout, r1 - r0, W});
+        if (!bd->dry) {
+            vae_nhwc_to_nchw(bd->be, &pl, &out);
+            kiln_tensor d = planes3(img), s = planes3(&pl);
+            kiln_be_copy_rows(bd->be, &d, r0, &s, 0, r1 - r0);
+        }
     }
 }
 
@@ -429,9 +453,10 @@ static layout decode_layout(band *bd, const vae_config *c, const vae_coder *d, i
                             int64_t h, int64_t w, kiln_tensor *img)
 {
     int64_t top = c->channels[c->nblocks - 1];
-    layout l = {.slot = B * max64(c->post_quant ? c->latent : 0, top) * h * w};
+    /* The latent itself passes through a slot on its way channels-last. */
+    layout l = {.slot = B * max64(c->latent, top) * h * w};
     plane m = {.in_region = 0};
-    kiln_tensor_set_shape(&m.t, bd->dt, 4, (int64_t[]){B, top, h, w});
+    kiln_tensor_set_shape(&m.t, bd->dt, 4, (int64_t[]){B, h, w, top});
     bd->dry = 1;
     decode_walk(bd, d, c->nblocks, &m, img);
     l.head = vae_align_bytes(B * top * h * w, bd->dsize) + stats_bytes(c, B);
@@ -485,7 +510,7 @@ kiln_status vae_band_decode(kiln_backend *be, kiln_arena *arena, const vae_confi
     kiln_arena_reset(arena);
     plane m = {.in_region = 0};
     if (kiln_arena_reserve(arena, l.head + (l.whole > l.bands ? l.whole : l.bands)) ||
-        kiln_arena_tensor(arena, &m.t, be->act_dtype, 4, (int64_t[]){B, top, h, w})) {
+        kiln_arena_tensor(arena, &m.t, be->act_dtype, 4, (int64_t[]){B, h, w, top})) {
         kiln_be_check(be, err);
         return kiln_err_wrap(err, "vae: scratch memory");
     }

@@ -8,11 +8,38 @@
 
 /* --- loading ---------------------------------------------------------------- */
 
+/* Conv weights are stored (cout, cin, k, k) and used channels-last,
+ * (cout, k, k, cin): the stored tensor viewed as (cout, cin, k*k) and
+ * transposed on the backend. */
+static kiln_status to_channels_last(kiln_backend *be, kiln_tensor *w, kiln_err *err)
+{
+    int64_t cout = w->shape[0], cin = w->shape[1], kh = w->shape[2], kw = w->shape[3];
+    kiln_tensor stored = *w, src;
+    if (kh * kw == 1) {
+        kiln_tensor_set_shape(w, w->dtype, 4, (int64_t[]){cout, kh, kw, cin});
+        return KILN_OK;
+    }
+    if (kiln_be_alloc(be, w, stored.dtype, 4, (int64_t[]){cout, kh, kw, cin}) == KILN_OK) {
+        kiln_tensor dst = *w;
+        src = stored;
+        kiln_tensor_set_shape(&src, src.dtype, 3, (int64_t[]){cout, cin, kh * kw});
+        kiln_tensor_set_shape(&dst, dst.dtype, 3, (int64_t[]){cout, kh * kw, cin});
+        kiln_be_transpose(be, &dst, &src);
+    }
+    kiln_be_free(be, &stored);
+    if (kiln_be_check(be, err)) {
+        kiln_be_free(be, w);
+        return kiln_err_wrap(err, "vae: laying out a conv weight channels-last");
+    }
+    return KILN_OK;
+}
+
 kiln_status vae_conv_load(kiln_backend *be, const kiln_st *st, vae_conv *c, int64_t cout,
                           int64_t cin, int k, const char *prefix, kiln_err *err)
 {
     if (kiln_weight_load(be, st, &c->w, 4, (int64_t[]){cout, cin, k, k}, err, "%s.weight",
-                         prefix))
+                         prefix) ||
+        to_channels_last(be, &c->w, err))
         return err->code;
     return kiln_weight_load(be, st, &c->b, 1, (int64_t[]){cout}, err, "%s.bias", prefix);
 }
@@ -153,7 +180,7 @@ kiln_status vae_run_begin(vae_run *r)
     return KILN_OK;
 }
 
-/* Slot s viewed as (B, C, H, W). */
+/* Slot s viewed as the activation (B, H, W, C): channels last. */
 static kiln_tensor slot_view(vae_run *r, int s, int64_t C, int64_t H, int64_t W)
 {
     kiln_tensor t = r->slot[s];
@@ -161,7 +188,7 @@ static kiln_tensor slot_view(vae_run *r, int s, int64_t C, int64_t H, int64_t W)
         kiln_be_fail(r->be, KILN_ERR_INTERNAL, "vae: activation of %lld elements exceeds the "
                      "%lld-element scratch slot", (long long)(r->B * C * H * W),
                      (long long)r->cap);
-    kiln_tensor_set_shape(&t, t.dtype, 4, (int64_t[]){r->B, C, H, W});
+    kiln_tensor_set_shape(&t, t.dtype, 4, (int64_t[]){r->B, H, W, C});
     return t;
 }
 
@@ -178,9 +205,9 @@ void vae_run_tap(vae_run *r, const char *stage)
 void vae_run_load(vae_run *r, const kiln_tensor *x)
 {
     r->B = x->shape[0];
-    r->C = x->shape[1];
-    r->H = x->shape[2];
-    r->W = x->shape[3];
+    r->H = x->shape[1];
+    r->W = x->shape[2];
+    r->C = x->shape[3];
     kiln_tensor t = act(r);
     kiln_be_copy(r->be, &t, x);
 }
@@ -191,24 +218,47 @@ void vae_run_store(vae_run *r, kiln_tensor *y)
     kiln_be_copy(r->be, y, &t);
 }
 
-static int conv_pad(const vae_conv *c) { return (int)(c->w.shape[2] / 2); }
+void vae_nchw_to_nhwc(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
+{
+    int64_t B = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3];
+    kiln_tensor src = *x, dst = *y;
+    kiln_tensor_set_shape(&src, src.dtype, 3, (int64_t[]){B, C, HW});
+    kiln_tensor_set_shape(&dst, dst.dtype, 3, (int64_t[]){B, HW, C});
+    kiln_be_transpose(be, &dst, &src);
+}
+
+void vae_nhwc_to_nchw(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
+{
+    int64_t B = x->shape[0], HW = x->shape[1] * x->shape[2], C = x->shape[3];
+    kiln_tensor src = *x, dst = *y;
+    kiln_tensor_set_shape(&src, src.dtype, 3, (int64_t[]){B, HW, C});
+    kiln_tensor_set_shape(&dst, dst.dtype, 3, (int64_t[]){B, C, HW});
+    kiln_be_transpose(be, &dst, &src);
+}
+
+static int conv_pad(const vae_conv *c) { return (int)(c->w.shape[1] / 2); }
 
 void vae_conv_from(vae_run *r, const vae_conv *c, const kiln_tensor *x)
 {
-    int p = conv_pad(c);
+    int p = conv_pad(c), s = (r->cur + 1) % 3;
     r->B = x->shape[0];
-    r->C = c->w.shape[0];
+    r->C = x->shape[1];
     r->H = x->shape[2];
     r->W = x->shape[3];
+    kiln_tensor t = slot_view(r, s, r->C, r->H, r->W);
+    vae_nchw_to_nhwc(r->be, &t, x);
+    r->C = c->w.shape[0];
     kiln_tensor y = act(r);
-    kiln_be_conv2d(r->be, &y, x, &c->w, &c->b, 1, (int[]){p, p, p, p});
+    kiln_be_conv2d(r->be, &y, &t, &c->w, &c->b, 1, (int[]){p, p, p, p});
 }
 
 void vae_conv_to(vae_run *r, const vae_conv *c, kiln_tensor *y)
 {
-    int p = conv_pad(c);
+    int p = conv_pad(c), s = (r->cur + 1) % 3;
     kiln_tensor x = act(r);
-    kiln_be_conv2d(r->be, y, &x, &c->w, &c->b, 1, (int[]){p, p, p, p});
+    kiln_tensor t = slot_view(r, s, c->w.shape[0], r->H, r->W);
+    kiln_be_conv2d(r->be, &t, &x, &c->w, &c->b, 1, (int[]){p, p, p, p});
+    vae_nhwc_to_nchw(r->be, y, &t);
 }
 
 void vae_conv_apply(vae_run *r, const vae_conv *c)
@@ -256,7 +306,8 @@ void vae_resnet_apply(vae_run *r, const vae_resnet *res)
 
 /* diffusers Attention with AttnProcessor2_0, heads = 1, head dim = C,
  * residual_connection, rescale 1: x + to_out(softmax(q k^T / sqrt(C)) v) with
- * q, k, v projected from GroupNorm(x) laid out as (B, H*W, C) tokens. */
+ * q, k, v projected from GroupNorm(x) laid out as (B, H*W, C) tokens, which
+ * is the channels-last activation as it stands. */
 static void attn_apply(vae_run *r, const vae_attn *at)
 {
     kiln_backend *be = r->be;
@@ -266,30 +317,28 @@ static void attn_apply(vae_run *r, const vae_attn *at)
     kiln_tensor n = slot_view(r, a, C, r->H, r->W);
     kiln_be_group_norm(be, &n, &x, &at->norm.w, &at->norm.b, r->groups, VAE_GN_EPS, 0);
 
-    kiln_tensor tok, q, k, v;
-    kiln_tensor *bufs[VAE_ATTN_BUFS] = {&tok, &q, &k, &v};
+    kiln_tensor q, k, v, o;
+    kiln_tensor *bufs[VAE_ATTN_BUFS] = {&q, &k, &v, &o};
     for (int i = 0; i < VAE_ATTN_BUFS; i++)
         if (kiln_arena_tensor(r->arena, bufs[i], be->act_dtype, 3, (int64_t[]){B, S, C}))
             return;
-    kiln_tensor nc = n; /* (B, C, S) view of the normalised input */
-    kiln_tensor_set_shape(&nc, n.dtype, 3, (int64_t[]){B, C, S});
-    kiln_be_transpose(be, &tok, &nc);
+    kiln_tensor tok = n; /* (B, S, C) view of the normalised input */
+    kiln_tensor_set_shape(&tok, n.dtype, 3, (int64_t[]){B, S, C});
     kiln_be_linear(be, &q, &tok, &at->wq, &at->bq);
     kiln_be_linear(be, &k, &tok, &at->wk, &at->bk);
     kiln_be_linear(be, &v, &tok, &at->wv, &at->bv);
 
-    /* One head: view the tokens as (B, S, 1, C); the output reuses tok. */
-    kiln_tensor q4 = q, k4 = k, v4 = v, o4 = tok;
+    /* One head: view the tokens as (B, S, 1, C). */
+    kiln_tensor q4 = q, k4 = k, v4 = v, o4 = o;
     int64_t shape4[4] = {B, S, 1, C};
     kiln_tensor_set_shape(&q4, q.dtype, 4, shape4);
     kiln_tensor_set_shape(&k4, k.dtype, 4, shape4);
     kiln_tensor_set_shape(&v4, v.dtype, 4, shape4);
-    kiln_tensor_set_shape(&o4, tok.dtype, 4, shape4);
+    kiln_tensor_set_shape(&o4, o.dtype, 4, shape4);
     kiln_attn_opts opts = {.scale = 1.0f / sqrtf((float)C)};
     kiln_be_attention(be, &o4, &q4, &k4, &v4, &opts);
 
-    kiln_be_linear(be, &q, &tok, &at->wo, &at->bo);
-    kiln_be_transpose(be, &nc, &q);
+    kiln_be_linear(be, &tok, &o, &at->wo, &at->bo);
     kiln_be_add(be, &n, &n, &x);
     r->cur = a;
 }

@@ -10,7 +10,11 @@
  *
  * A forward pass keeps its activation in one of three equal slot buffers of
  * `cap` elements and every step writes into the other two, so a whole pass
- * needs three buffers no matter how deep the network is.  Steps record
+ * needs three buffers no matter how deep the network is.  Activations are
+ * channels-last, (B, H, W, C), and conv weights are laid out (cout, k, k,
+ * cin) at load (kernels/backend.h: tensor-core convolutions read that
+ * layout, so none of them transposes); tensors outside the pass (latents,
+ * images) stay (B, C, H, W) as diffusers has them.  Steps record
  * failures as the backend's sticky error (vae.md sections 2-4 for the maths).
  * Not thread-safe: a vae_run belongs to its backend's thread.
  */
@@ -29,7 +33,7 @@
 #define VAE_GN_EPS 1e-6f
 
 typedef struct vae_conv {
-    kiln_tensor w, b; /* (cout, cin, k, k), (cout) */
+    kiln_tensor w, b; /* (cout, k, k, cin) channels-last, (cout) */
 } vae_conv;
 
 typedef struct vae_norm {
@@ -109,20 +113,26 @@ void vae_norm_free(kiln_backend *be, vae_norm *n);
 void vae_resnet_free(kiln_backend *be, vae_resnet *r);
 void vae_mid_free(kiln_backend *be, vae_mid *m);
 
+/* The layout changes at the pass's edges: x (B, C, H, W) -> y (B, H, W, C)
+ * and back. */
+void vae_nchw_to_nhwc(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+void vae_nhwc_to_nchw(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
+
 /* Takes the three slot buffers from the arena (after the caller's reset). */
 kiln_status vae_run_begin(vae_run *r);
 /* Hands the current activation to the tap, if any. */
 void vae_run_tap(vae_run *r, const char *stage);
-/* Copies x (B, C, H, W) into the current slot as the activation, and the
+/* Copies x (B, H, W, C) into the current slot as the activation, and the
  * activation out into y of its shape (models/vae_band.c's hand-overs
  * between whole and banded stages). */
 void vae_run_load(vae_run *r, const kiln_tensor *x);
 void vae_run_store(vae_run *r, kiln_tensor *y);
 
 /* conv from an external tensor x (B, cin, H, W) into a slot (padding 1 for
- * 3x3, 0 for 1x1). */
+ * 3x3, 0 for 1x1); x goes channels-last through another slot first. */
 void vae_conv_from(vae_run *r, const vae_conv *c, const kiln_tensor *x);
-/* conv of the current activation into an external tensor y. */
+/* conv of the current activation into an external tensor y (B, cout, H,
+ * W), through another slot. */
 void vae_conv_to(vae_run *r, const vae_conv *c, kiln_tensor *y);
 /* conv of the current activation into another slot, same padding rule. */
 void vae_conv_apply(vae_run *r, const vae_conv *c);

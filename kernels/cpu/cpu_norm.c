@@ -1,4 +1,5 @@
 #include <math.h>
+#include <stdlib.h>
 
 #include "cpu_ops.h"
 
@@ -56,37 +57,101 @@ void cpu_layer_norm_mod(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
     }
 }
 
+/* GroupNorm over channels-last x (B, H, W, C): group g holds channels
+ * [g * cpg, (g + 1) * cpg) of every pixel. */
+typedef struct gn_shape {
+    int64_t bsz, pixels, c, cpg;
+} gn_shape;
+
+static int gn_shape_of(kiln_backend *be, const kiln_tensor *x, int groups, gn_shape *s)
+{
+    if (CPU_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[3] % groups == 0))
+        return -1;
+    *s = (gn_shape){x->shape[0], x->shape[1] * x->shape[2], x->shape[3], x->shape[3] / groups};
+    return 0;
+}
+
+/* One batch row's per-group (mean, M2), two passes in double. */
+static void gn_row_moments(const float *x, const gn_shape *s, int groups, double *mean,
+                           double *m2)
+{
+    for (int g = 0; g < groups; g++)
+        mean[g] = m2[g] = 0;
+    for (int64_t p = 0; p < s->pixels; p++)
+        for (int64_t ch = 0; ch < s->c; ch++)
+            mean[ch / s->cpg] += x[p * s->c + ch];
+    double n = (double)(s->pixels * s->cpg);
+    for (int g = 0; g < groups; g++)
+        mean[g] /= n;
+    for (int64_t p = 0; p < s->pixels; p++)
+        for (int64_t ch = 0; ch < s->c; ch++) {
+            double d = (double)x[p * s->c + ch] - mean[ch / s->cpg];
+            m2[ch / s->cpg] += d * d;
+        }
+}
+
+/* y = (x - mean) * inv * w + b, optional SiLU, for one batch row with its
+ * groups' mean and inv given. */
+static void gn_row_apply(float *y, const float *x, const gn_shape *s, const float *mean,
+                         const float *inv, const float *w, const float *b, int silu)
+{
+    for (int64_t p = 0; p < s->pixels; p++)
+        for (int64_t ch = 0; ch < s->c; ch++) {
+            int64_t g = ch / s->cpg;
+            float v = (x[p * s->c + ch] - mean[g]) * inv[g] * w[ch] + b[ch];
+            y[p * s->c + ch] = silu ? v / (1.0f + expf(-v)) : v;
+        }
+}
+
+/* Scratch for a row's per-group values: 2 doubles and 2 floats a group. */
+typedef struct gn_scratch {
+    double *mean, *m2;
+    float *fmean, *inv;
+} gn_scratch;
+
+static int gn_scratch_new(kiln_backend *be, gn_scratch *t, int groups)
+{
+    t->mean = malloc(2 * (size_t)groups * sizeof(double));
+    t->fmean = malloc(2 * (size_t)groups * sizeof(float));
+    if (!t->mean || !t->fmean) {
+        free(t->mean);
+        free(t->fmean);
+        kiln_be_fail(be, KILN_ERR_NOMEM, "group_norm: out of memory");
+        return -1;
+    }
+    t->m2 = t->mean + groups;
+    t->inv = t->fmean + groups;
+    return 0;
+}
+
+static void gn_scratch_free(gn_scratch *t)
+{
+    free(t->mean);
+    free(t->fmean);
+}
+
 void cpu_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
                     const kiln_tensor *b, int groups, float eps, int silu)
 {
-    if (CPU_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[1] % groups == 0 &&
-                            kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
-                            kiln_tensor_numel(w) == x->shape[1] &&
-                            kiln_tensor_numel(b) == x->shape[1]))
+    gn_shape s;
+    gn_scratch t;
+    if (gn_shape_of(be, x, groups, &s) ||
+        CPU_REQUIRE(be, kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
+                            kiln_tensor_numel(w) == s.c && kiln_tensor_numel(b) == s.c) ||
+        gn_scratch_new(be, &t, groups))
         return;
-    int64_t bsz = x->shape[0], c = x->shape[1], hw = x->shape[2] * x->shape[3];
-    int64_t cpg = c / groups, n = cpg * hw;
-    for (int64_t bi = 0; bi < bsz; bi++) {
+    double n = (double)(s.pixels * s.cpg);
+    for (int64_t bi = 0; bi < s.bsz; bi++) {
+        const float *xs = cpu_f32(x) + bi * s.pixels * s.c;
+        gn_row_moments(xs, &s, groups, t.mean, t.m2);
         for (int g = 0; g < groups; g++) {
-            const float *xs = cpu_f32(x) + (bi * c + g * cpg) * hw;
-            float *ys = cpu_f32(y) + (bi * c + g * cpg) * hw;
-            double mean = 0, var = 0;
-            for (int64_t i = 0; i < n; i++)
-                mean += xs[i];
-            mean /= (double)n;
-            for (int64_t i = 0; i < n; i++)
-                var += ((double)xs[i] - mean) * ((double)xs[i] - mean);
-            var /= (double)n;
-            float inv = 1.0f / sqrtf((float)var + eps);
-            for (int64_t ch = 0; ch < cpg; ch++) {
-                float wc = cpu_f32(w)[g * cpg + ch], bc = cpu_f32(b)[g * cpg + ch];
-                for (int64_t i = 0; i < hw; i++) {
-                    float v = (xs[ch * hw + i] - (float)mean) * inv * wc + bc;
-                    ys[ch * hw + i] = silu ? v / (1.0f + expf(-v)) : v;
-                }
-            }
+            t.fmean[g] = (float)t.mean[g];
+            t.inv[g] = 1.0f / sqrtf((float)(t.m2[g] / n) + eps);
         }
+        gn_row_apply(cpu_f32(y) + bi * s.pixels * s.c, xs, &s, t.fmean, t.inv, cpu_f32(w),
+                     cpu_f32(b), silu);
     }
+    gn_scratch_free(&t);
 }
 
 /* Band statistics merged into the running (mean, M2) of each group: the
@@ -94,34 +159,31 @@ void cpu_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, cons
 void cpu_group_norm_stats(kiln_backend *be, kiln_tensor *stats, const kiln_tensor *x, int groups,
                           int64_t count_before)
 {
-    if (CPU_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[1] % groups == 0 &&
-                            stats->dtype == KILN_F32 && count_before >= 0 &&
-                            kiln_tensor_numel(stats) == x->shape[0] * groups * 2))
+    gn_shape s;
+    gn_scratch t;
+    if (gn_shape_of(be, x, groups, &s) ||
+        CPU_REQUIRE(be, stats->dtype == KILN_F32 && count_before >= 0 &&
+                            kiln_tensor_numel(stats) == s.bsz * groups * 2))
         return;
-    int64_t bsz = x->shape[0], c = x->shape[1], hw = x->shape[2] * x->shape[3];
-    int64_t cpg = c / groups, n = cpg * hw;
-    if (!n)
+    double n = (double)(s.pixels * s.cpg);
+    if (!n || gn_scratch_new(be, &t, groups))
         return;
-    for (int64_t bi = 0; bi < bsz; bi++) {
+    for (int64_t bi = 0; bi < s.bsz; bi++) {
+        gn_row_moments(cpu_f32(x) + bi * s.pixels * s.c, &s, groups, t.mean, t.m2);
         for (int g = 0; g < groups; g++) {
-            const float *xs = cpu_f32(x) + (bi * c + g * cpg) * hw;
             float *st = cpu_f32(stats) + (bi * groups + g) * 2;
-            double mean = 0, m2 = 0;
-            for (int64_t i = 0; i < n; i++)
-                mean += xs[i];
-            mean /= (double)n;
-            for (int64_t i = 0; i < n; i++)
-                m2 += ((double)xs[i] - mean) * ((double)xs[i] - mean);
+            double mean = t.mean[g], m2 = t.m2[g];
             if (count_before) {
-                double na = (double)count_before, tot = na + (double)n;
+                double na = (double)count_before, tot = na + n;
                 double delta = mean - st[0];
-                mean = st[0] + delta * (double)n / tot;
-                m2 = st[1] + m2 + delta * delta * na * (double)n / tot;
+                mean = st[0] + delta * n / tot;
+                m2 = st[1] + m2 + delta * delta * na * n / tot;
             }
             st[0] = (float)mean;
             st[1] = (float)m2;
         }
     }
+    gn_scratch_free(&t);
 }
 
 /* cpu_group_norm's arithmetic with the statistics given. */
@@ -129,27 +191,23 @@ void cpu_group_norm_apply(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x
                           const kiln_tensor *w, const kiln_tensor *b, const kiln_tensor *stats,
                           int64_t count, int groups, float eps, int silu)
 {
-    if (CPU_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[1] % groups == 0 &&
-                            kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
-                            kiln_tensor_numel(w) == x->shape[1] &&
-                            kiln_tensor_numel(b) == x->shape[1] && stats->dtype == KILN_F32 &&
-                            kiln_tensor_numel(stats) == x->shape[0] * groups * 2 && count > 0))
+    gn_shape s;
+    gn_scratch t;
+    if (gn_shape_of(be, x, groups, &s) ||
+        CPU_REQUIRE(be, kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
+                            kiln_tensor_numel(w) == s.c && kiln_tensor_numel(b) == s.c &&
+                            stats->dtype == KILN_F32 &&
+                            kiln_tensor_numel(stats) == s.bsz * groups * 2 && count > 0) ||
+        gn_scratch_new(be, &t, groups))
         return;
-    int64_t bsz = x->shape[0], c = x->shape[1], hw = x->shape[2] * x->shape[3];
-    int64_t cpg = c / groups;
-    for (int64_t bi = 0; bi < bsz; bi++) {
+    for (int64_t bi = 0; bi < s.bsz; bi++) {
         for (int g = 0; g < groups; g++) {
             const float *st = cpu_f32(stats) + (bi * groups + g) * 2;
-            const float *xs = cpu_f32(x) + (bi * c + g * cpg) * hw;
-            float *ys = cpu_f32(y) + (bi * c + g * cpg) * hw;
-            float mean = st[0], inv = 1.0f / sqrtf((float)((double)st[1] / (double)count) + eps);
-            for (int64_t ch = 0; ch < cpg; ch++) {
-                float wc = cpu_f32(w)[g * cpg + ch], bc = cpu_f32(b)[g * cpg + ch];
-                for (int64_t i = 0; i < hw; i++) {
-                    float v = (xs[ch * hw + i] - mean) * inv * wc + bc;
-                    ys[ch * hw + i] = silu ? v / (1.0f + expf(-v)) : v;
-                }
-            }
+            t.fmean[g] = st[0];
+            t.inv[g] = 1.0f / sqrtf((float)((double)st[1] / (double)count) + eps);
         }
+        gn_row_apply(cpu_f32(y) + bi * s.pixels * s.c, cpu_f32(x) + bi * s.pixels * s.c, &s,
+                     t.fmean, t.inv, cpu_f32(w), cpu_f32(b), silu);
     }
+    gn_scratch_free(&t);
 }

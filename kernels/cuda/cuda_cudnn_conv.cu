@@ -1,5 +1,8 @@
-/* 2-D convolutions (the VAE's) through cuDNN's graph API: bf16 NCHW data,
- * f32 accumulation, any stride and padding.  kiln's implicit-GEMM kernel
+/* 2-D convolutions (the VAE's) through cuDNN's graph API: bf16 channels-last
+ * data (NHWC activations, (cout, kh, kw, cin) weights: the layout cuDNN's
+ * tensor-core engines read, so cuDNN adds no NCHW<->NHWC transposes around
+ * them; those took 7.6 ms of a 1024x1024 decode in NCHW), f32
+ * accumulation, any stride and padding.  kiln's implicit-GEMM kernel
  * (cuda_conv.cu) reaches about 105 TFLOP/s on the VAE's 3x3 convolutions,
  * which makes the convolutions most of a 1024x1024 decode.
  *
@@ -47,11 +50,14 @@ static void build_conv(cuda_cudnn *c, cudnn_plan *p, const void *arg)
     const conv_shape *s = (const conv_shape *)arg;
     cudnn_builder b;
     cudnn_builder_init(&b, c, p);
-    int64_t xd[4] = {1, s->cin, s->h, s->w}, xs[4] = {s->cin * s->h * s->w, s->h * s->w, s->w, 1};
+    /* cuDNN's dimensions are always (N, C, H, W); the strides make them
+     * channels-last. */
+    int64_t xd[4] = {1, s->cin, s->h, s->w},
+            xs[4] = {s->h * s->w * s->cin, 1, s->w * s->cin, s->cin};
     int64_t wd[4] = {s->cout, s->cin, s->kh, s->kw},
-            ws[4] = {s->cin * s->kh * s->kw, s->kh * s->kw, s->kw, 1};
+            ws[4] = {s->kh * s->kw * s->cin, 1, s->kw * s->cin, s->cin};
     int64_t yd[4] = {1, s->cout, s->ho, s->wo},
-            ys[4] = {s->cout * s->ho * s->wo, s->ho * s->wo, s->wo, 1};
+            ys[4] = {s->ho * s->wo * s->cout, 1, s->wo * s->cout, s->cout};
     desc_t x = cudnn_tensor(&b, UID_X, CUDNN_DATA_BFLOAT16, 4, xd, xs, 0);
     desc_t w = cudnn_tensor(&b, UID_W, CUDNN_DATA_BFLOAT16, 4, wd, ws, 0);
     desc_t y = cudnn_tensor(&b, UID_Y, CUDNN_DATA_BFLOAT16, 4, yd, ys, 0);
@@ -99,51 +105,41 @@ static void build_conv(cuda_cudnn *c, cudnn_plan *p, const void *arg)
     cudnn_plan_graph(&b, &op, 1, exact_engine, label);
 }
 
-/* y (B, C, HW) = bf16(y + bias[c]), the bias in its own dtype. */
-__global__ void bias_nchw_kernel(bf16 *y, const void *bias, int bias_bf16, int64_t c, int64_t hw,
-                                 int64_t n)
+/* y (pixels, C) = bf16(y + bias[c]), the bias in its own dtype. */
+__global__ void bias_nhwc_kernel(bf16 *y, const void *bias, int bias_bf16, int64_t c, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + ld_act(bias, i % c, bias_bf16));
+}
+
+/* The same 8 values a load (c % 8 == 0: a vector's channels are
+ * consecutive), so the pass runs at memory speed. */
+__global__ void bias_nhwc_vec_kernel(bf16 *y, const void *bias, int bias_bf16, int64_t c8,
+                                     int64_t n8)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8;
          i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t ch = (i / hw) % c;
-        y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + ld_act(bias, ch, bias_bf16));
-    }
-}
-
-/* The same over whole planes 8 values a load (hw % 8 == 0): one bias load
- * per plane and no index division per element, so the pass runs at memory
- * speed (the scalar kernel took ~8 ms of a 1024x1024 decode). */
-__global__ void bias_planes_vec_kernel(bf16 *y, const void *bias, int bias_bf16, int64_t c,
-                                       int64_t planes, int64_t hw8)
-{
-    for (int64_t p = blockIdx.y; p < planes; p += gridDim.y) {
-        const float b = ld_act(bias, p % c, bias_bf16);
-        uint4 *row = (uint4 *)y + p * hw8;
-        for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < hw8;
-             i += (int64_t)gridDim.x * blockDim.x) {
-            uint4 v = row[i];
-            bf16 *e = (bf16 *)&v;
+        int64_t c0 = i % c8 * 8;
+        uint4 v = ((uint4 *)y)[i];
+        bf16 *e = (bf16 *)&v;
 #pragma unroll
-            for (int k = 0; k < 8; k++)
-                e[k] = __float2bfloat16_rn(__bfloat162float(e[k]) + b);
-            row[i] = v;
-        }
+        for (int k = 0; k < 8; k++)
+            e[k] = __float2bfloat16_rn(__bfloat162float(e[k]) + ld_act(bias, c0 + k, bias_bf16));
+        ((uint4 *)y)[i] = v;
     }
 }
 
-static void add_bias(kiln_backend *be, bf16 *y, const kiln_tensor *bias, int64_t planes,
-                     int64_t c, int64_t hw)
+static void add_bias(kiln_backend *be, bf16 *y, const kiln_tensor *bias, int64_t pixels,
+                     int64_t c)
 {
-    if (hw % 8) {
-        int64_t n = planes * hw;
-        bias_nchw_kernel<<<cuda_blocks(be, n), 256, 0, cuda_stream(be)>>>(y, bias->data,
-                                                                          is_bf16(bias), c, hw, n);
-    } else {
-        int64_t hw8 = hw / 8, bx = (hw8 + 255) / 256;
-        dim3 grid((unsigned)(bx < 1024 ? bx : 1024), (unsigned)(planes < 65535 ? planes : 65535));
-        bias_planes_vec_kernel<<<grid, 256, 0, cuda_stream(be)>>>(y, bias->data, is_bf16(bias), c,
-                                                                  planes, hw8);
-    }
+    int64_t n = pixels * c;
+    if (c % 8)
+        bias_nhwc_kernel<<<cuda_blocks(be, n), 256, 0, cuda_stream(be)>>>(y, bias->data,
+                                                                          is_bf16(bias), c, n);
+    else
+        bias_nhwc_vec_kernel<<<cuda_blocks(be, n / 8), 256, 0, cuda_stream(be)>>>(
+            y, bias->data, is_bf16(bias), c / 8, n / 8);
     cuda_launched(be, "conv2d bias");
 }
 
@@ -151,9 +147,9 @@ int cuda_cudnn_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, co
                       const kiln_tensor *bias, int stride, const int pad[4])
 {
     cuda_cudnn *c = cuda_of(be)->cudnn;
-    conv_shape s = {x->shape[1], x->shape[2], x->shape[3], w->shape[0], w->shape[2],
-                    w->shape[3], stride, {pad[0], pad[1], pad[2], pad[3]},
-                    y->shape[2], y->shape[3]};
+    conv_shape s = {x->shape[3], x->shape[1], x->shape[2], w->shape[0], w->shape[1],
+                    w->shape[2], stride, {pad[0], pad[1], pad[2], pad[3]},
+                    y->shape[1], y->shape[2]};
     int64_t bsz = x->shape[0], xrow = s.cin * s.h * s.w, yrow = s.cout * s.ho * s.wo;
     /* Row pointers must keep the plan's 16-byte alignment. */
     if (!c || !bsz || !xrow || !yrow || xrow % 8 || yrow % 8 || !cuda_enter(be) ||
@@ -171,6 +167,6 @@ int cuda_cudnn_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, co
             return 1;
     }
     if (bias)
-        add_bias(be, (bf16 *)y->data, bias, bsz * s.cout, s.cout, s.ho * s.wo);
+        add_bias(be, (bf16 *)y->data, bias, bsz * s.ho * s.wo, s.cout);
     return 1;
 }

@@ -344,69 +344,55 @@ void cuda_transpose(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
     }
 }
 
+/* Nearest 2x upsampling, channels last: each input pixel's c elements (of
+ * type T) are copied to its four output pixels.  One thread per element of
+ * x, so a warp's loads and each of its four stores are contiguous. */
 template <typename T>
-__global__ void upsample2x_kernel(T *__restrict__ y, const T *__restrict__ x, int64_t planes,
-                                  int64_t h, int64_t w)
+__global__ void upsample2x_kernel(T *__restrict__ y, const T *__restrict__ x, int64_t rows,
+                                  int64_t w, int64_t c)
 {
-    int64_t total = planes * 4 * h * w, w2 = 2 * w;
+    int64_t total = rows * w * c;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t xx = i % w2, r = i / w2, yy = r % (2 * h), p = r / (2 * h);
-        y[i] = x[(p * h + yy / 2) * w + xx / 2];
-    }
-}
-
-/* 2-byte elements with w % 4 == 0: four input values (8 bytes) become
- * eight (16 bytes) stored to both output rows. */
-__global__ void upsample2x_vec_kernel(uint4 *__restrict__ y, const uint2 *__restrict__ x,
-                                      int64_t rows, int64_t w4)
-{
-    int64_t total = rows * w4;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / w4, j = i % w4; /* input row r = (plane, yy), columns 4j.. */
-        uint2 v = x[i];
-        uint4 o;
-        o.x = (v.x & 0xffffu) | (v.x << 16);
-        o.y = (v.x >> 16) | (v.x & 0xffff0000u);
-        o.z = (v.y & 0xffffu) | (v.y << 16);
-        o.w = (v.y >> 16) | (v.y & 0xffff0000u);
-        y[(2 * r) * w4 + j] = o;
-        y[(2 * r + 1) * w4 + j] = o;
+        int64_t ch = i % c, px = i / c, xx = px % w, r = px / w; /* r: input row (b, yy) */
+        T v = x[i];
+        T *o = y + ((2 * r) * (2 * w) + 2 * xx) * c + ch; /* output rows 2r, 2r + 1 */
+        o[0] = v;
+        o[c] = v;
+        o[2 * w * c] = v;
+        o[2 * w * c + c] = v;
     }
 }
 
 template <typename T>
-static void launch_upsample(kiln_backend *be, void *y, const void *x, int64_t planes, int64_t h,
-                            int64_t w)
+static void launch_upsample(kiln_backend *be, void *y, const void *x, int64_t rows, int64_t w,
+                            int64_t c)
 {
-    upsample2x_kernel<T><<<cuda_blocks(be, planes * 4 * h * w), 256, 0, cuda_stream(be)>>>(
-        (T *)y, (const T *)x, planes, h, w);
+    upsample2x_kernel<T><<<cuda_blocks(be, rows * w * c), 256, 0, cuda_stream(be)>>>(
+        (T *)y, (const T *)x, rows, w, c);
     cuda_launched(be, "upsample_nearest2x");
 }
 
 void cuda_upsample_nearest2x(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x)
 {
     if (CUDA_REQUIRE(be, x->ndim == 4 && y->ndim == 4 && y->dtype == x->dtype &&
-                             y->shape[0] == x->shape[0] && y->shape[1] == x->shape[1] &&
-                             y->shape[2] == 2 * x->shape[2] && y->shape[3] == 2 * x->shape[3] &&
+                             y->shape[0] == x->shape[0] && y->shape[1] == 2 * x->shape[1] &&
+                             y->shape[2] == 2 * x->shape[2] && y->shape[3] == x->shape[3] &&
                              y->data != x->data))
         return;
-    int64_t planes = x->shape[0] * x->shape[1], h = x->shape[2], w = x->shape[3];
-    if (!planes || !h || !w || !cuda_enter(be))
+    int64_t rows = x->shape[0] * x->shape[1], w = x->shape[2], c = x->shape[3];
+    size_t es = kiln_dtype_size(x->dtype);
+    if (!rows || !w || !c || !cuda_enter(be))
         return;
-    if (kiln_dtype_size(x->dtype) == 2 && w % 4 == 0 &&
-        ((uintptr_t)x->data | (uintptr_t)y->data) % 16 == 0) {
-        int64_t rows = planes * h, w4 = w / 4;
-        upsample2x_vec_kernel<<<cuda_blocks(be, rows * w4), 256, 0, cuda_stream(be)>>>(
-            (uint4 *)y->data, (const uint2 *)x->data, rows, w4);
-        cuda_launched(be, "upsample_nearest2x");
+    /* A pixel's channels in whole 16-byte vectors: copy those. */
+    if ((size_t)c * es % 16 == 0 && ((uintptr_t)x->data | (uintptr_t)y->data) % 16 == 0) {
+        launch_upsample<uint4>(be, y->data, x->data, rows, w, c * (int64_t)es / 16);
         return;
     }
-    switch (kiln_dtype_size(x->dtype)) {
-    case 1: launch_upsample<uint8_t>(be, y->data, x->data, planes, h, w); break;
-    case 2: launch_upsample<uint16_t>(be, y->data, x->data, planes, h, w); break;
-    case 4: launch_upsample<uint32_t>(be, y->data, x->data, planes, h, w); break;
-    default: launch_upsample<uint64_t>(be, y->data, x->data, planes, h, w); break;
+    switch (es) {
+    case 1: launch_upsample<uint8_t>(be, y->data, x->data, rows, w, c); break;
+    case 2: launch_upsample<uint16_t>(be, y->data, x->data, rows, w, c); break;
+    case 4: launch_upsample<uint32_t>(be, y->data, x->data, rows, w, c); break;
+    default: launch_upsample<uint64_t>(be, y->data, x->data, rows, w, c); break;
     }
 }

@@ -1,7 +1,8 @@
 /* CUDA normalisations: RMSNorm (whole rows or per-head groups), LayerNorm
  * without affine followed by adaLN modulation, GroupNorm with optional SiLU.
- * Statistics are fp32; mean and variance are two passes over the row (the
- * second from cache), never E[x^2] - E[x]^2. */
+ * Statistics are fp32, never E[x^2] - E[x]^2: RMSNorm's and LayerNorm's
+ * mean and variance are two passes over the row (the second from cache),
+ * GroupNorm's Welford updates merged with Chan et al.'s formulas. */
 #include "cuda_internal.cuh"
 
 /* One warp per group of g elements.  transformers' Qwen3RMSNorm and
@@ -163,300 +164,203 @@ void cuda_layer_norm_mod(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
     cuda_launched(be, "layer_norm_mod");
 }
 
-/* GroupNorm in two launches so that a group of millions of elements (VAE
- * at full resolution) is spread over many blocks: gn_stats writes a (mean,
- * M2) pair per chunk of a group, gn_apply merges a group's pairs (Chan et
- * al.'s parallel variance) and normalises its chunk. */
-__global__ void gn_stats_kernel(float *part, const void *x, int xbf, int64_t n, int64_t chunk)
+/* --- GroupNorm, channels last ------------------------------------------------
+ * x (B, H, W, C): B rows of P = H * W pixels, groups of cpg = C / groups
+ * consecutive channels.  Three kernels, none with atomics, so the same
+ * input gives the same bits:
+ *   gn_chunk_kernel  block (s, b) takes pixels [s * chunk, (s + 1) * chunk)
+ *                    of row b and writes each group's (mean, M2) over them;
+ *   gn_merge_kernel  block (b, g) merges group g's chunk moments, in double
+ *                    and a fixed order, into its running (mean, M2);
+ *   gn_apply_kernel  the normalisation, a pass of elementwise work.
+ * group_norm is stats (into scratch) then apply.
+ *
+ * The chunk and apply kernels share one block shape: a pixel's C channels
+ * are ncol = ceil(C / 8) columns of 8, a thread keeps one column for the
+ * whole block (so its channels, their groups, weights and biases are set
+ * once), and rows = GN_THREADS / ncol threads share a column, taking pixels
+ * rows apart: a block's threads read consecutive pixels, contiguous memory.
+ * A column is one 16-byte load for bf16 with C % 8 == 0 and aligned
+ * pointers, else up to 8 element loads; the arithmetic after the load is
+ * the same either way, so both paths give the same bits. */
+#define GN_THREADS 256
+#define GN_MAX_C (8 * GN_THREADS) /* every column a thread */
+#define GN_UNROLL 4               /* loads in flight per thread */
+
+/* Pixels of a chunk of n that row `row` of `rows` takes: row, row + rows, ... */
+__device__ __forceinline__ int64_t gn_row_pixels(int64_t n, int row, int rows)
 {
-    __shared__ float red[32];
-    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
-    int64_t hi = lo + chunk < n ? lo + chunk : n;
-    const int64_t base = grp * n;
-    float sum = 0;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-        sum += ld_act(x, base + i, xbf);
-    float mean = block_sum(sum, red) / (float)(hi - lo), m2 = 0;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float v = ld_act(x, base + i, xbf) - mean;
-        m2 += v * v;
-    }
-    m2 = block_sum(m2, red);
-    if (threadIdx.x == 0) {
-        part[(grp * gridDim.x + blockIdx.x) * 2] = mean;
-        part[(grp * gridDim.x + blockIdx.x) * 2 + 1] = m2;
-    }
+    return row < n ? (n - 1 - row) / rows + 1 : 0;
 }
 
-/* Running (count, mean, M2) of Chan et al., merged pairwise. */
-struct gn_moments {
-    float n, mean, m2;
-};
-
-__device__ __forceinline__ gn_moments gn_merge(gn_moments a, gn_moments b)
+/* A column's 8 channels: unpacked from a 16-byte vector (the vector path
+ * loads GN_UNROLL of them before using the first), or loaded one by one
+ * (nch of them real).  Either way the values that follow are the same. */
+__device__ __forceinline__ void gn_unpack(float f[8], uint4 v)
 {
-    float n = a.n + b.n;
-    if (n == 0.0f)
-        return a;
-    float delta = b.mean - a.mean, fb = b.n / n;
-    return {n, a.mean + delta * fb, a.m2 + b.m2 + delta * delta * a.n * fb};
-}
-
-__device__ __forceinline__ gn_moments gn_warp_merge(gn_moments m)
-{
-    for (int o = 16; o > 0; o >>= 1) {
-        gn_moments u = {__shfl_xor_sync(0xffffffffu, m.n, o),
-                        __shfl_xor_sync(0xffffffffu, m.mean, o),
-                        __shfl_xor_sync(0xffffffffu, m.m2, o)};
-        m = gn_merge(m, u);
-    }
-    return m;
-}
-
-/* gn_stats for bf16 with n and chunk multiples of 8: one pass instead of
- * two (the second pass of a 0.5 MB chunk came from DRAM, not cache), 16-byte
- * loads; each 8-element vector's exact two-pass moments are merged into the
- * thread's running ones, threads and warps merged the same way. */
-__global__ void gn_stats_vec_kernel(float *part, const bf16 *x, int64_t n, int64_t chunk)
-{
-    __shared__ gn_moments red[32];
-    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
-    int64_t hi = lo + chunk < n ? lo + chunk : n;
-    const uint4 *xv = (const uint4 *)(x + grp * n);
-    gn_moments m = {0.0f, 0.0f, 0.0f};
-    for (int64_t i = lo / 8 + threadIdx.x; i < hi / 8; i += blockDim.x) {
-        uint4 v = xv[i];
-        const bf16 *e = (const bf16 *)&v;
-        float f[8], sum = 0, m2 = 0;
+    const bf16 *e = (const bf16 *)&v;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            f[j] = __bfloat162float(e[j]);
-            sum += f[j];
-        }
-        float mean = sum * 0.125f;
+    for (int j = 0; j < 8; j++)
+        f[j] = __bfloat162float(e[j]);
+}
+
+__device__ __forceinline__ void gn_load(float f[8], const void *x, int xbf, int64_t off, int nch)
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        f[j] = j < nch ? ld_act(x, off + j, xbf) : 0.0f;
+}
+
+template <bool VEC>
+__device__ __forceinline__ void gn_store(void *y, int ybf, int64_t off, const float f[8], int nch)
+{
+    if (VEC) {
+        uint4 v;
+        bf16 *e = (bf16 *)&v;
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            m2 += (f[j] - mean) * (f[j] - mean);
-        m = gn_merge(m, {8.0f, mean, m2});
+            e[j] = __float2bfloat16_rn(f[j]);
+        *(uint4 *)((bf16 *)y + off) = v;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < nch)
+                st_act(y, off + j, f[j], ybf);
     }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    m = gn_warp_merge(m);
-    if (lane == 0)
-        red[warp] = m;
-    __syncthreads();
-    if (warp == 0) {
-        m = lane < nw ? red[lane] : gn_moments{0.0f, 0.0f, 0.0f};
-        m = gn_warp_merge(m);
-        if (lane == 0) {
-            part[(grp * gridDim.x + blockIdx.x) * 2] = m.mean;
-            part[(grp * gridDim.x + blockIdx.x) * 2 + 1] = m.m2;
+}
+
+/* Each thread runs Welford's update per channel over its pixels (in fp32:
+ * a few hundred values); the block then merges, per group, the moments of
+ * its channels in every row with Chan et al.'s formulas for many sets,
+ * mean = sum n_i mean_i / n and M2 = sum (M2_i + n_i (mean_i - mean)^2),
+ * one warp a group.  part (B, splits, groups, 2). */
+template <bool VEC>
+__global__ void __launch_bounds__(GN_THREADS)
+    gn_chunk_kernel(float *part, const void *x, int xbf, int64_t pixels, int64_t chunk, int c,
+                    int groups)
+{
+    extern __shared__ float gn_smem[]; /* mean, then M2, of each (row, channel) */
+    const int64_t b = blockIdx.y, p0 = blockIdx.x * chunk;
+    const int64_t n = chunk < pixels - p0 ? chunk : pixels - p0;
+    const int ncol = (c + 7) / 8, rows = GN_THREADS / ncol, width = ncol * 8;
+    const int row = threadIdx.x / ncol, c0 = threadIdx.x % ncol * 8;
+    float *smean = gn_smem, *sm2 = gn_smem + rows * width;
+    if (row < rows) {
+        float mean[8], m2[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            mean[j] = m2[j] = 0.0f;
+        const int nch = c - c0 < 8 ? c - c0 : 8;
+        const int64_t kn = gn_row_pixels(n, row, rows), step = (int64_t)rows * c;
+        const int64_t off = (b * pixels + p0 + row) * c + c0;
+        constexpr int U = VEC ? GN_UNROLL : 1;
+        for (int64_t k = 0; k < kn; k += U) {
+            uint4 raw[U];
+            if (VEC) {
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (k + u < kn)
+                        raw[u] = *(const uint4 *)((const bf16 *)x + off + (k + u) * step);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (k + u >= kn)
+                    break;
+                float f[8];
+                if (VEC)
+                    gn_unpack(f, raw[u]);
+                else
+                    gn_load(f, x, xbf, off + (k + u) * step, nch);
+                const float rk = __frcp_rn((float)(k + u + 1));
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float d = f[j] - mean[j];
+                    mean[j] = __fmaf_rn(d, rk, mean[j]);
+                    m2[j] = __fmaf_rn(d, f[j] - mean[j], m2[j]);
+                }
+            }
         }
-    }
-}
-
-/* Merges a group's chunk moments (the same for every thread of the grid
- * row); double, as the pairs of a million-element group add up. */
-__device__ __forceinline__ void gn_group_stats(const float *part, int64_t grp, int64_t n,
-                                               int64_t chunk, float eps, float *fmean, float *inv)
-{
-    double cnt = 0, mean = 0, m2 = 0;
-    for (unsigned s = 0; s < gridDim.x; s++) {
-        int64_t slo = s * chunk, shi = slo + chunk < n ? slo + chunk : n;
-        double nb = (double)(shi - slo), mb = part[(grp * gridDim.x + s) * 2];
-        double delta = mb - mean, tot = cnt + nb;
-        mean += delta * nb / tot;
-        m2 += part[(grp * gridDim.x + s) * 2 + 1] + delta * delta * cnt * nb / tot;
-        cnt = tot;
-    }
-    *fmean = (float)mean;
-    *inv = rsqrtf((float)(m2 / cnt) + eps);
-}
-
-/* diffusers' VAE: GroupNorm (bf16 output) and then SiLU as a separate bf16 op. */
-__global__ void gn_apply_kernel(void *y, int ybf, const void *x, int xbf, const float *part,
-                                const void *w, int wbf, const void *b, int bbf, int64_t n,
-                                int64_t chunk, int64_t hw, int64_t cpg, int groups, float eps,
-                                int silu)
-{
-    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
-    int64_t hi = lo + chunk < n ? lo + chunk : n;
-    /* Every thread merges the few pairs itself: cheaper than a barrier. */
-    float fmean, inv;
-    gn_group_stats(part, grp, n, chunk, eps, &fmean, &inv);
-    int64_t c0 = (grp % groups) * cpg, base = grp * n;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        int64_t c = c0 + i / hw;
-        float v = (ld_act(x, base + i, xbf) - fmean) * inv * ld_act(w, c, wbf) + ld_act(b, c, bbf);
-        if (silu) {
-            v = rnd_act(v, ybf);
-            v = v / (1.0f + __expf(-v));
-        }
-        st_act(y, base + i, v, ybf);
-    }
-}
-
-/* gn_apply for bf16 x and y with hw % 8 == 0: the 8 elements of a vector
- * share a channel; same arithmetic as gn_apply_kernel. */
-__global__ void gn_apply_vec_kernel(bf16 *y, const bf16 *x, const float *part, const void *w,
-                                    int wbf, const void *b, int bbf, int64_t n, int64_t chunk,
-                                    int64_t hw, int64_t cpg, int groups, float eps, int silu)
-{
-    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
-    int64_t hi = lo + chunk < n ? lo + chunk : n;
-    float fmean, inv;
-    gn_group_stats(part, grp, n, chunk, eps, &fmean, &inv);
-    int64_t c0 = (grp % groups) * cpg, base = grp * n;
-    const uint4 *xv = (const uint4 *)(x + base);
-    uint4 *yv = (uint4 *)(y + base);
-    for (int64_t i = lo / 8 + threadIdx.x; i < hi / 8; i += blockDim.x) {
-        int64_t c = c0 + i * 8 / hw;
-        float wc = ld_act(w, c, wbf), bc = ld_act(b, c, bbf);
-        uint4 v = xv[i], o4;
-        const bf16 *e = (const bf16 *)&v;
-        bf16 *o = (bf16 *)&o4;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float t = (__bfloat162float(e[j]) - fmean) * inv * wc + bc;
-            if (silu) {
-                t = rnd_act(t, 1);
-                t = t / (1.0f + __expf(-t));
-            }
-            o[j] = __float2bfloat16_rn(t);
+            smean[row * width + c0 + j] = mean[j];
+            sm2[row * width + c0 + j] = m2[j];
         }
-        yv[i] = o4;
+    }
+    __syncthreads();
+    /* Set e of group g: channel g * cpg + e % cpg of row e / cpg. */
+    const int lane = threadIdx.x & 31, cpg = c / groups, sets = cpg * rows;
+    const float total = (float)(cpg * n);
+    for (int g = threadIdx.x >> 5; g < groups; g += GN_THREADS / 32) {
+        float s = 0.0f;
+        for (int e = lane; e < sets; e += 32) {
+            const int r = e / cpg;
+            s += (float)gn_row_pixels(n, r, rows) * smean[r * width + g * cpg + e % cpg];
+        }
+        const float mean = warp_sum(s) / total;
+        float q = 0.0f;
+        for (int e = lane; e < sets; e += 32) {
+            const int r = e / cpg, i = r * width + g * cpg + e % cpg;
+            const float d = smean[i] - mean;
+            q += sm2[i] + (float)gn_row_pixels(n, r, rows) * d * d;
+        }
+        q = warp_sum(q);
+        if (lane == 0) {
+            float *o = part + ((b * gridDim.x + blockIdx.x) * groups + g) * 2;
+            o[0] = mean;
+            o[1] = q;
+        }
     }
 }
 
-/* How a group of n elements is cut into chunks, one block each: about
- * eight blocks per multiprocessor in all, at least 2048 elements each, at
- * most 64 chunks a group; whole 8-element vectors for the vector kernels
- * (n is then a multiple of 8). */
-static void gn_plan(kiln_backend *be, int64_t ngroups, int64_t n, int vec, int64_t *splits_out,
-                    int64_t *chunk_out)
+/* Sum over a block of GN_THREADS threads in double, in a fixed order; every
+ * thread gets the same result.  `red` holds GN_THREADS / 32 doubles. */
+__device__ __forceinline__ double gn_block_sum(double v, double *red)
 {
-    int64_t splits = (8 * cuda_of(be)->num_sms + ngroups - 1) / ngroups;
-    int64_t most = (n + 2047) / 2048;
-    if (splits > most)
-        splits = most;
-    if (splits > 64)
-        splits = 64;
-    if (splits < 1)
-        splits = 1;
-    int64_t chunk = (n + splits - 1) / splits;
-    if (vec)
-        chunk = (chunk + 7) / 8 * 8;
-    *chunk_out = chunk;
-    *splits_out = (n + chunk - 1) / chunk; /* no empty chunk */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* red's previous use is read */
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    v = lane < GN_THREADS / 32 ? red[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
-void cuda_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
-                     const kiln_tensor *b, int groups, float eps, int silu)
+/* Block b * groups + g merges group g's chunk moments and its running
+ * (mean, M2) over count_before elements (none when 0: stats' old contents
+ * are ignored) with the many-set formulas above, in double; each thread
+ * takes every GN_THREADS-th chunk in order and the block sums in a fixed
+ * tree, so the result never depends on scheduling. */
+__global__ void __launch_bounds__(GN_THREADS)
+    gn_merge_kernel(float *stats, const float *part, int64_t splits, int64_t pixels,
+                    int64_t chunk, int groups, int64_t cpg, int64_t count_before)
 {
-    if (CUDA_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[1] % groups == 0 &&
-                             kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
-                             kiln_tensor_numel(w) == x->shape[1] &&
-                             kiln_tensor_numel(b) == x->shape[1] && is_act(x) && is_act(y) &&
-                             is_act(w) && is_act(b)))
-        return;
-    int64_t ngroups = x->shape[0] * groups, cpg = x->shape[1] / groups;
-    int64_t hw = x->shape[2] * x->shape[3], n = cpg * hw;
-    if (!ngroups || !n || CUDA_REQUIRE(be, ngroups <= 65535) || !cuda_enter(be))
-        return;
-    int vec = is_bf16(x) && is_bf16(y) && hw % 8 == 0 &&
-              ((uintptr_t)x->data | (uintptr_t)y->data) % 16 == 0;
-    int64_t splits, chunk;
-    gn_plan(be, ngroups, n, vec, &splits, &chunk);
-    float *part = (float *)cuda_scratch(be, (size_t)(ngroups * splits * 2) * sizeof(float));
-    if (!part)
-        return;
-    dim3 grid((unsigned)splits, (unsigned)ngroups);
-    if (vec) {
-        gn_stats_vec_kernel<<<grid, 256, 0, cuda_stream(be)>>>(part, (const bf16 *)x->data, n,
-                                                               chunk);
-        if (!cuda_launched(be, "group_norm(stats)"))
-            return;
-        gn_apply_vec_kernel<<<grid, 256, 0, cuda_stream(be)>>>(
-            (bf16 *)y->data, (const bf16 *)x->data, part, w->data, is_bf16(w), b->data,
-            is_bf16(b), n, chunk, hw, cpg, groups, eps, silu);
-        cuda_launched(be, "group_norm(apply)");
-        return;
+    __shared__ double red[GN_THREADS / 32];
+    const int64_t b = blockIdx.x / groups, g = blockIdx.x % groups;
+    float *st = stats + (int64_t)blockIdx.x * 2;
+    const double cb = (double)count_before;
+    const double mean0 = count_before ? st[0] : 0.0, m20 = count_before ? st[1] : 0.0;
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < splits; i += GN_THREADS) {
+        const int64_t hi = (i + 1) * chunk < pixels ? (i + 1) * chunk : pixels;
+        s += (double)(cpg * (hi - i * chunk)) * part[((b * splits + i) * groups + g) * 2];
     }
-    gn_stats_kernel<<<grid, 256, 0, cuda_stream(be)>>>(part, x->data, is_bf16(x), n, chunk);
-    if (!cuda_launched(be, "group_norm(stats)"))
-        return;
-    gn_apply_kernel<<<grid, 256, 0, cuda_stream(be)>>>(y->data, is_bf16(y), x->data, is_bf16(x),
-                                                       part, w->data, is_bf16(w), b->data,
-                                                       is_bf16(b), n, chunk, hw, cpg, groups, eps,
-                                                       silu);
-    cuda_launched(be, "group_norm(apply)");
-}
-
-/* --- GroupNorm in pieces (kernels/backend.h group_norm_stats / _apply) ---- */
-
-/* Merges each group's chunk moments, in chunk order and in double, into its
- * running (mean, M2) over count_before elements: one thread per group, so
- * the result never depends on scheduling (no atomics). */
-__global__ void gn_stats_merge_kernel(float *stats, const float *part, int64_t ngroups,
-                                      int64_t splits, int64_t n, int64_t chunk,
-                                      int64_t count_before)
-{
-    int64_t grp = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (grp >= ngroups)
-        return;
-    double cnt = 0, mean = 0, m2 = 0;
-    if (count_before > 0) {
-        cnt = (double)count_before;
-        mean = stats[grp * 2];
-        m2 = stats[grp * 2 + 1];
+    const double mean = (cb * mean0 + gn_block_sum(s, red)) / (cb + (double)(cpg * pixels));
+    double q = 0;
+    for (int64_t i = threadIdx.x; i < splits; i += GN_THREADS) {
+        const int64_t hi = (i + 1) * chunk < pixels ? (i + 1) * chunk : pixels;
+        const float *pm = part + ((b * splits + i) * groups + g) * 2;
+        const double d = pm[0] - mean;
+        q += pm[1] + (double)(cpg * (hi - i * chunk)) * d * d;
     }
-    for (int64_t s = 0; s < splits; s++) {
-        int64_t slo = s * chunk, shi = slo + chunk < n ? slo + chunk : n;
-        double nb = (double)(shi - slo), mb = part[(grp * splits + s) * 2];
-        double delta = mb - mean, tot = cnt + nb;
-        mean += delta * nb / tot;
-        m2 += part[(grp * splits + s) * 2 + 1] + delta * delta * cnt * nb / tot;
-        cnt = tot;
+    q = gn_block_sum(q, red) + m20 + cb * (mean0 - mean) * (mean0 - mean);
+    if (threadIdx.x == 0) {
+        st[0] = (float)mean;
+        st[1] = (float)q;
     }
-    stats[grp * 2] = (float)mean;
-    stats[grp * 2 + 1] = (float)m2;
-}
-
-void cuda_group_norm_stats(kiln_backend *be, kiln_tensor *stats, const kiln_tensor *x, int groups,
-                           int64_t count_before)
-{
-    if (CUDA_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[1] % groups == 0 && is_act(x) &&
-                             stats->dtype == KILN_F32 && count_before >= 0 &&
-                             kiln_tensor_numel(stats) == x->shape[0] * groups * 2))
-        return;
-    int64_t ngroups = x->shape[0] * groups, cpg = x->shape[1] / groups;
-    int64_t hw = x->shape[2] * x->shape[3], n = cpg * hw;
-    if (!ngroups || !n || CUDA_REQUIRE(be, ngroups <= 65535) || !cuda_enter(be))
-        return;
-    int vec = is_bf16(x) && hw % 8 == 0 && (uintptr_t)x->data % 16 == 0;
-    int64_t splits, chunk;
-    gn_plan(be, ngroups, n, vec, &splits, &chunk);
-    float *part = (float *)cuda_scratch(be, (size_t)(ngroups * splits * 2) * sizeof(float));
-    if (!part)
-        return;
-    dim3 grid((unsigned)splits, (unsigned)ngroups);
-    if (vec)
-        gn_stats_vec_kernel<<<grid, 256, 0, cuda_stream(be)>>>(part, (const bf16 *)x->data, n,
-                                                               chunk);
-    else
-        gn_stats_kernel<<<grid, 256, 0, cuda_stream(be)>>>(part, x->data, is_bf16(x), n, chunk);
-    if (!cuda_launched(be, "group_norm_stats(chunks)"))
-        return;
-    gn_stats_merge_kernel<<<(unsigned)((ngroups + 127) / 128), 128, 0, cuda_stream(be)>>>(
-        (float *)stats->data, part, ngroups, splits, n, chunk, count_before);
-    cuda_launched(be, "group_norm_stats(merge)");
-}
-
-/* One group's mean and 1/sqrt(var + eps) from its (mean, M2) over count. */
-__device__ __forceinline__ void gn_given_stats(const float *stats, int64_t grp, int64_t count,
-                                               float eps, float *fmean, float *inv)
-{
-    *fmean = stats[grp * 2];
-    *inv = rsqrtf((float)((double)stats[grp * 2 + 1] / (double)count) + eps);
 }
 
 /* (x - mean) * inv * w + b with every rounding spelled out, so that the
@@ -474,79 +378,181 @@ __device__ __forceinline__ float gn_silu(float v, int ybf)
     return __fdiv_rn(v, __fadd_rn(1.0f, __expf(-v)));
 }
 
-__global__ void gn_apply_given_kernel(void *y, int ybf, const void *x, int xbf,
-                                      const float *stats, int64_t count, const void *w, int wbf,
-                                      const void *b, int bbf, int64_t n, int64_t chunk,
-                                      int64_t hw, int64_t cpg, int groups, float eps, int silu)
+/* y = (x - mean) * inv * w + b, optional SiLU, with stats (B, groups, 2)
+ * holding each group's (mean, M2) over count elements.  The block first
+ * turns its row's stats into each channel's (mean, inv) in shared memory
+ * (registers for them made the vector kernel too big for three blocks a
+ * multiprocessor); each thread holds its 8 channels' weights and biases.
+ * y may alias x: a thread reads each of its elements before writing it. */
+template <bool VEC>
+__global__ void __launch_bounds__(GN_THREADS, 3)
+    gn_apply_kernel(void *y, int ybf, const void *x, int xbf, const float *stats, int64_t count,
+                    const void *w, int wbf, const void *bias, int bbf, int64_t pixels,
+                    int64_t chunk, int c, int groups, float eps, int silu)
 {
-    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
-    int64_t hi = lo + chunk < n ? lo + chunk : n;
-    float fmean, inv;
-    gn_given_stats(stats, grp, count, eps, &fmean, &inv);
-    int64_t c0 = (grp % groups) * cpg, base = grp * n;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        int64_t c = c0 + i / hw;
-        float v = gn_affine(ld_act(x, base + i, xbf), fmean, inv, ld_act(w, c, wbf),
-                            ld_act(b, c, bbf));
-        st_act(y, base + i, silu ? gn_silu(v, ybf) : v, ybf);
+    extern __shared__ float2 gn_chan[]; /* (mean, inv) of each channel */
+    const int64_t b = blockIdx.y, p0 = blockIdx.x * chunk;
+    const int64_t n = chunk < pixels - p0 ? chunk : pixels - p0;
+    const int cpg = c / groups;
+    for (int ch = threadIdx.x; ch < c; ch += GN_THREADS) {
+        const float *st = stats + (b * groups + ch / cpg) * 2;
+        gn_chan[ch] = make_float2(st[0], rsqrtf((float)((double)st[1] / (double)count) + eps));
+    }
+    __syncthreads();
+    const int ncol = (c + 7) / 8, rows = GN_THREADS / ncol;
+    const int row = threadIdx.x / ncol, c0 = threadIdx.x % ncol * 8;
+    if (row >= rows)
+        return;
+    const int nch = c - c0 < 8 ? c - c0 : 8;
+    const float2 *mi = gn_chan + c0;
+    float wc[8], bc[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int ch = j < nch ? c0 + j : c - 1; /* a channel past C is never stored */
+        wc[j] = ld_act(w, ch, wbf);
+        bc[j] = ld_act(bias, ch, bbf);
+    }
+    const int64_t kn = gn_row_pixels(n, row, rows), step = (int64_t)rows * c;
+    const int64_t off = (b * pixels + p0 + row) * c + c0;
+    constexpr int U = VEC ? GN_UNROLL : 1;
+    for (int64_t k = 0; k < kn; k += U) {
+        uint4 raw[U];
+        if (VEC) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (k + u < kn)
+                    raw[u] = *(const uint4 *)((const bf16 *)x + off + (k + u) * step);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (k + u >= kn)
+                break;
+            float f[8];
+            if (VEC)
+                gn_unpack(f, raw[u]);
+            else
+                gn_load(f, x, xbf, off + (k + u) * step, nch);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float v = gn_affine(f[j], mi[j].x, mi[j].y, wc[j], bc[j]);
+                f[j] = silu ? gn_silu(v, ybf) : v;
+            }
+            gn_store<VEC>(y, ybf, off + (k + u) * step, f, nch);
+        }
     }
 }
 
-/* The same for bf16 x and y with hw % 8 == 0, 16-byte vectors. */
-__global__ void gn_apply_given_vec_kernel(bf16 *y, const bf16 *x, const float *stats,
-                                          int64_t count, const void *w, int wbf, const void *b,
-                                          int bbf, int64_t n, int64_t chunk, int64_t hw,
-                                          int64_t cpg, int groups, float eps, int silu)
+/* One call's shape and its cut into chunks of pixels, one block each. */
+typedef struct gn_call {
+    int64_t bsz, pixels, splits, chunk;
+    int c, groups;
+} gn_call;
+
+/* Checks x (B, H, W, C) for `groups` and plans the chunks: about 32 blocks
+ * per multiprocessor in all (a short last wave), but at least 16K elements
+ * a block.  Returns 1 when there is work (0 also after a failed check). */
+static int gn_call_of(kiln_backend *be, const kiln_tensor *x, int groups, gn_call *k)
 {
-    int64_t grp = blockIdx.y, lo = blockIdx.x * chunk;
-    int64_t hi = lo + chunk < n ? lo + chunk : n;
-    float fmean, inv;
-    gn_given_stats(stats, grp, count, eps, &fmean, &inv);
-    int64_t c0 = (grp % groups) * cpg, base = grp * n;
-    const uint4 *xv = (const uint4 *)(x + base);
-    uint4 *yv = (uint4 *)(y + base);
-    for (int64_t i = lo / 8 + threadIdx.x; i < hi / 8; i += blockDim.x) {
-        int64_t c = c0 + i * 8 / hw;
-        float wc = ld_act(w, c, wbf), bc = ld_act(b, c, bbf);
-        uint4 v = xv[i], o4;
-        const bf16 *e = (const bf16 *)&v;
-        bf16 *o = (bf16 *)&o4;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float t = gn_affine(__bfloat162float(e[j]), fmean, inv, wc, bc);
-            o[j] = __float2bfloat16_rn(silu ? gn_silu(t, 1) : t);
-        }
-        yv[i] = o4;
-    }
+    if (CUDA_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[3] % groups == 0 && is_act(x)) ||
+        CUDA_REQUIRE(be, x->shape[3] <= GN_MAX_C && x->shape[0] <= 65535))
+        return 0;
+    k->bsz = x->shape[0];
+    k->pixels = x->shape[1] * x->shape[2];
+    k->c = (int)x->shape[3];
+    k->groups = groups;
+    if (!k->bsz || !k->pixels || !k->c)
+        return 0;
+    int64_t want = (32 * (int64_t)cuda_of(be)->num_sms + k->bsz - 1) / k->bsz;
+    int64_t chunk = (k->pixels + want - 1) / want, least = (16384 + k->c - 1) / k->c;
+    k->chunk = chunk > least ? chunk : least;
+    k->splits = (k->pixels + k->chunk - 1) / k->chunk; /* no empty chunk */
+    return 1;
+}
+
+/* Merges x's moments into stats (B, groups, 2) over count_before elements,
+ * through part (B * splits * groups * 2 floats).  1 when queued. */
+static int gn_stats_run(kiln_backend *be, float *stats, float *part, const kiln_tensor *x,
+                        const gn_call *k, int64_t count_before)
+{
+    dim3 grid((unsigned)k->splits, (unsigned)k->bsz);
+    const int ncol = (k->c + 7) / 8;
+    const size_t smem = 2 * (size_t)(GN_THREADS / ncol * ncol * 8) * sizeof(float);
+    if (is_bf16(x) && k->c % 8 == 0 && (uintptr_t)x->data % 16 == 0)
+        gn_chunk_kernel<true><<<grid, GN_THREADS, smem, cuda_stream(be)>>>(
+            part, x->data, 1, k->pixels, k->chunk, k->c, k->groups);
+    else
+        gn_chunk_kernel<false><<<grid, GN_THREADS, smem, cuda_stream(be)>>>(
+            part, x->data, is_bf16(x), k->pixels, k->chunk, k->c, k->groups);
+    if (!cuda_launched(be, "group_norm_stats(chunks)"))
+        return 0;
+    gn_merge_kernel<<<(unsigned)(k->bsz * k->groups), GN_THREADS, 0, cuda_stream(be)>>>(
+        stats, part, k->splits, k->pixels, k->chunk, k->groups, k->c / k->groups, count_before);
+    return cuda_launched(be, "group_norm_stats(merge)");
+}
+
+static void gn_apply_run(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
+                         const kiln_tensor *w, const kiln_tensor *b, const float *stats,
+                         int64_t count, const gn_call *k, float eps, int silu)
+{
+    dim3 grid((unsigned)k->splits, (unsigned)k->bsz);
+    const size_t smem = (size_t)k->c * sizeof(float2);
+    if (is_bf16(x) && is_bf16(y) && k->c % 8 == 0 &&
+        ((uintptr_t)x->data | (uintptr_t)y->data) % 16 == 0)
+        gn_apply_kernel<true><<<grid, GN_THREADS, smem, cuda_stream(be)>>>(
+            y->data, 1, x->data, 1, stats, count, w->data, is_bf16(w), b->data, is_bf16(b),
+            k->pixels, k->chunk, k->c, k->groups, eps, silu);
+    else
+        gn_apply_kernel<false><<<grid, GN_THREADS, smem, cuda_stream(be)>>>(
+            y->data, is_bf16(y), x->data, is_bf16(x), stats, count, w->data, is_bf16(w),
+            b->data, is_bf16(b), k->pixels, k->chunk, k->c, k->groups, eps, silu);
+    cuda_launched(be, "group_norm_apply");
+}
+
+static int gn_affine_ok(kiln_backend *be, const kiln_tensor *y, const kiln_tensor *x,
+                        const kiln_tensor *w, const kiln_tensor *b)
+{
+    return !CUDA_REQUIRE(be, x->ndim == 4 && kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
+                                 kiln_tensor_numel(w) == x->shape[3] &&
+                                 kiln_tensor_numel(b) == x->shape[3] && is_act(y) &&
+                                 is_act(w) && is_act(b));
+}
+
+void cuda_group_norm(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
+                     const kiln_tensor *b, int groups, float eps, int silu)
+{
+    gn_call k;
+    if (!gn_affine_ok(be, y, x, w, b) || !gn_call_of(be, x, groups, &k) || !cuda_enter(be))
+        return;
+    const int64_t nstats = k.bsz * groups * 2;
+    float *stats = (float *)cuda_scratch(
+        be, (size_t)(nstats + k.bsz * k.splits * groups * 2) * sizeof(float));
+    if (stats && gn_stats_run(be, stats, stats + nstats, x, &k, 0))
+        gn_apply_run(be, y, x, w, b, stats, k.c / groups * k.pixels, &k, eps, silu);
+}
+
+void cuda_group_norm_stats(kiln_backend *be, kiln_tensor *stats, const kiln_tensor *x, int groups,
+                           int64_t count_before)
+{
+    gn_call k;
+    if (CUDA_REQUIRE(be, x->ndim == 4 && stats->dtype == KILN_F32 && count_before >= 0 &&
+                             groups > 0 && kiln_tensor_numel(stats) == x->shape[0] * groups * 2) ||
+        !gn_call_of(be, x, groups, &k) || !cuda_enter(be))
+        return;
+    float *part =
+        (float *)cuda_scratch(be, (size_t)(k.bsz * k.splits * groups * 2) * sizeof(float));
+    if (part)
+        gn_stats_run(be, (float *)stats->data, part, x, &k, count_before);
 }
 
 void cuda_group_norm_apply(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
                            const kiln_tensor *w, const kiln_tensor *b, const kiln_tensor *stats,
                            int64_t count, int groups, float eps, int silu)
 {
-    if (CUDA_REQUIRE(be, x->ndim == 4 && groups > 0 && x->shape[1] % groups == 0 &&
-                             kiln_tensor_numel(y) == kiln_tensor_numel(x) &&
-                             kiln_tensor_numel(w) == x->shape[1] &&
-                             kiln_tensor_numel(b) == x->shape[1] && is_act(x) && is_act(y) &&
-                             is_act(w) && is_act(b) && stats->dtype == KILN_F32 &&
-                             kiln_tensor_numel(stats) == x->shape[0] * groups * 2 && count > 0))
+    gn_call k;
+    if (!gn_affine_ok(be, y, x, w, b) ||
+        CUDA_REQUIRE(be, stats->dtype == KILN_F32 && count > 0 && groups > 0 &&
+                             kiln_tensor_numel(stats) == x->shape[0] * groups * 2) ||
+        !gn_call_of(be, x, groups, &k) || !cuda_enter(be))
         return;
-    int64_t ngroups = x->shape[0] * groups, cpg = x->shape[1] / groups;
-    int64_t hw = x->shape[2] * x->shape[3], n = cpg * hw;
-    if (!ngroups || !n || CUDA_REQUIRE(be, ngroups <= 65535) || !cuda_enter(be))
-        return;
-    int vec = is_bf16(x) && is_bf16(y) && hw % 8 == 0 &&
-              ((uintptr_t)x->data | (uintptr_t)y->data) % 16 == 0;
-    int64_t splits, chunk;
-    gn_plan(be, ngroups, n, vec, &splits, &chunk);
-    dim3 grid((unsigned)splits, (unsigned)ngroups);
-    if (vec)
-        gn_apply_given_vec_kernel<<<grid, 256, 0, cuda_stream(be)>>>(
-            (bf16 *)y->data, (const bf16 *)x->data, (const float *)stats->data, count, w->data,
-            is_bf16(w), b->data, is_bf16(b), n, chunk, hw, cpg, groups, eps, silu);
-    else
-        gn_apply_given_kernel<<<grid, 256, 0, cuda_stream(be)>>>(
-            y->data, is_bf16(y), x->data, is_bf16(x), (const float *)stats->data, count, w->data,
-            is_bf16(w), b->data, is_bf16(b), n, chunk, hw, cpg, groups, eps, silu);
-    cuda_launched(be, "group_norm_apply");
+    gn_apply_run(be, y, x, w, b, (const float *)stats->data, count, &k, eps, silu);
 }

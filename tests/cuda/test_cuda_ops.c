@@ -349,10 +349,10 @@ static void test_layer_norm_mod(void)
     case_ln(2, 7, 36, 1, 1, 0); /* d % 8 != 0: the element path */
 }
 
-static void case_gn(int64_t b, int64_t c, int64_t h, int64_t w, int groups, int silu, int inplace)
+static void case_gn(int64_t b, int64_t h, int64_t w, int64_t c, int groups, int silu, int inplace)
 {
     dual x, wt, bs, y;
-    int64_t shape[4] = {b, c, h, w};
+    int64_t shape[4] = {b, h, w, c};
     dual_in(&x, KILN_BF16, 4, shape, 2.0f);
     dual_in(&wt, KILN_BF16, 1, (int64_t[]){c}, 1.5f);
     dual_in(&bs, KILN_BF16, 1, (int64_t[]){c}, 0.5f);
@@ -362,8 +362,8 @@ static void case_gn(int64_t b, int64_t c, int64_t h, int64_t w, int groups, int 
     kiln_be_group_norm(cpu, &out->c, &x.c, &wt.c, &bs.c, groups, 1e-6f, silu);
     kiln_be_group_norm(gpu, &out->g, &x.g, &wt.g, &bs.g, groups, 1e-6f, silu);
     char desc[96];
-    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld g%d%s%s", (long long)b, (long long)c,
-             (long long)h, (long long)w, groups, silu ? " silu" : "", inplace ? " in place" : "");
+    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld g%d%s%s", (long long)b, (long long)h,
+             (long long)w, (long long)c, groups, silu ? " silu" : "", inplace ? " in place" : "");
     finish("group_norm", desc, out, TOL_BF16);
     dual_free(&x);
     dual_free(&wt);
@@ -372,22 +372,29 @@ static void case_gn(int64_t b, int64_t c, int64_t h, int64_t w, int groups, int 
         dual_free(&y);
 }
 
+/* (B, H, W, C), channels last.  C % 8 == 0 takes 16-byte vectors, of one
+ * group (C / groups = 8, 16, 64) or of several (4, 2, 1; 3: groups
+ * straddle vectors); C % 8 != 0 the element path. */
 static void test_group_norm(void)
 {
-    case_gn(1, 64, 9, 7, 32, 1, 0);
-    case_gn(2, 96, 16, 16, 32, 0, 0);
-    case_gn(1, 32, 96, 80, 32, 1, 0); /* 7680 elements a group: split over blocks */
-    case_gn(1, 128, 20, 20, 32, 1, 1);
-    case_gn(2, 128, 64, 64, 32, 1, 0); /* 16-byte vectors, many chunks a group */
-    case_gn(1, 64, 6, 5, 32, 0, 0);    /* hw % 8 != 0: the element path */
+    case_gn(1, 9, 7, 64, 32, 1, 0);
+    case_gn(2, 16, 16, 96, 32, 0, 0);
+    case_gn(1, 96, 80, 32, 32, 1, 0); /* 7680 elements a group: split over blocks */
+    case_gn(1, 20, 20, 128, 32, 1, 1);
+    case_gn(2, 64, 64, 128, 32, 1, 0); /* many chunks a row */
+    case_gn(1, 12, 10, 256, 32, 1, 0); /* 8 channels a group: one vector */
+    case_gn(1, 24, 24, 512, 32, 1, 0); /* 16 channels a group, as the VAE's widest */
+    case_gn(1, 6, 5, 2048, 32, 0, 0);  /* the widest C: a block takes one pixel at a time */
+    case_gn(1, 6, 5, 36, 4, 0, 0);     /* C % 8 != 0: the element path */
+    case_gn(2, 11, 13, 20, 5, 1, 1);   /* the element path in place */
 }
 
-/* (B*C, H, W) view for copy_rows. */
+/* (B, H, W * C) view for copy_rows: a band is whole rows of pixels. */
 static kiln_tensor rows_view(const kiln_tensor *t, int64_t rows)
 {
     kiln_tensor v = *t;
-    kiln_tensor_set_shape(&v, t->dtype, 3, (int64_t[]){t->shape[0] * t->shape[1], rows,
-                                                      t->shape[3]});
+    kiln_tensor_set_shape(&v, t->dtype, 3, (int64_t[]){t->shape[0], rows,
+                                                      t->shape[2] * t->shape[3]});
     return v;
 }
 
@@ -397,13 +404,13 @@ static void gn_banded(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, ki
                       kiln_tensor *st, const kiln_tensor *wt, const kiln_tensor *bs, int groups,
                       int silu, const int64_t *rows, int nb)
 {
-    int64_t B = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3], cpg = C / groups;
+    int64_t B = x->shape[0], H = x->shape[1], W = x->shape[2], C = x->shape[3], cpg = C / groups;
     kiln_tensor x3 = rows_view(x, H), y3 = rows_view(y, H);
     for (int pass = 0; pass < 2; pass++) {
         int64_t r0 = 0;
         for (int i = 0; i < nb; r0 += rows[i++]) {
             kiln_tensor b4 = *band, b3;
-            kiln_tensor_set_shape(&b4, band->dtype, 4, (int64_t[]){B, C, rows[i], W});
+            kiln_tensor_set_shape(&b4, band->dtype, 4, (int64_t[]){B, rows[i], W, C});
             b3 = rows_view(&b4, rows[i]);
             kiln_be_copy_rows(be, &b3, 0, &x3, r0, rows[i]);
             if (!pass) {
@@ -419,7 +426,7 @@ static void gn_banded(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, ki
 /* Banded statistics and normalisation, each backend on its own: the
  * statistics (f32, compared tightly), the banded result against the CPU's,
  * and the GPU's banded result against its own whole-image group_norm. */
-static void case_gn_bands(int64_t b, int64_t c, int64_t w, int groups, int silu,
+static void case_gn_bands(int64_t b, int64_t w, int64_t c, int groups, int silu,
                           const int64_t *rows, int nb)
 {
     int64_t h = 0, most = 0;
@@ -427,19 +434,19 @@ static void case_gn_bands(int64_t b, int64_t c, int64_t w, int groups, int silu,
         h += rows[i];
         most = rows[i] > most ? rows[i] : most;
     }
-    int64_t shape[4] = {b, c, h, w};
+    int64_t shape[4] = {b, h, w, c};
     dual x, wt, bs, st, y, band;
     dual_in(&x, KILN_BF16, 4, shape, 2.0f);
     dual_in(&wt, KILN_BF16, 1, (int64_t[]){c}, 1.5f);
     dual_in(&bs, KILN_BF16, 1, (int64_t[]){c}, 0.5f);
     dual_out(&y, KILN_BF16, 4, shape);
     dual_out(&st, KILN_F32, 3, (int64_t[]){b, groups, 2});
-    dual_out(&band, KILN_BF16, 4, (int64_t[]){b, c, most, w});
+    dual_out(&band, KILN_BF16, 4, (int64_t[]){b, most, w, c});
     gn_banded(cpu, &y.c, &x.c, &band.c, &st.c, &wt.c, &bs.c, groups, silu, rows, nb);
     gn_banded(gpu, &y.g, &x.g, &band.g, &st.g, &wt.g, &bs.g, groups, silu, rows, nb);
     char desc[96];
-    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld g%d %d bands%s", (long long)b, (long long)c,
-             (long long)h, (long long)w, groups, nb, silu ? " silu" : "");
+    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld g%d %d bands%s", (long long)b, (long long)h,
+             (long long)w, (long long)c, groups, nb, silu ? " silu" : "");
     finish("group_norm_stats", desc, &st, 1e-4);
     /* The GPU's own whole-image group_norm, for the banded GPU result. */
     dual whole;
@@ -459,11 +466,11 @@ static void case_gn_bands(int64_t b, int64_t c, int64_t w, int groups, int silu,
     dual_free(&band), dual_free(&whole);
 }
 
-/* The vector kernel (16-byte aligned bf16, H*W % 8 == 0) and the element
+/* The vector kernel (16-byte aligned bf16, C % 8 == 0) and the element
  * kernel (the same data one element off alignment) give the same bits. */
-static void case_gn_apply_paths(int64_t c, int64_t h, int64_t w, int groups)
+static void case_gn_apply_paths(int64_t h, int64_t w, int64_t c, int groups)
 {
-    int64_t shape[4] = {1, c, h, w}, n = c * h * w;
+    int64_t shape[4] = {1, h, w, c}, n = h * w * c;
     dual x, wt, bs, st, y;
     dual_in(&x, KILN_BF16, 4, shape, 2.0f);
     dual_in(&wt, KILN_BF16, 1, (int64_t[]){c}, 1.5f);
@@ -488,8 +495,8 @@ static void case_gn_apply_paths(int64_t c, int64_t h, int64_t w, int groups)
     kiln_err ge = {0};
     int ok = !kiln_be_check(gpu, &ge) && !memcmp(a, b, sizeof(float) * (size_t)n);
     char desc[96];
-    snprintf(desc, sizeof desc, "1x%lldx%lldx%lld vector vs element", (long long)c, (long long)h,
-             (long long)w);
+    snprintf(desc, sizeof desc, "1x%lldx%lldx%lld vector vs element", (long long)h, (long long)w,
+             (long long)c);
     cases++;
     failed += !ok;
     printf("%-18s | %-34s | %9s | %s\n", "group_norm_apply", desc, ok ? "same bits" : "differ",
@@ -503,13 +510,15 @@ static void case_gn_apply_paths(int64_t c, int64_t h, int64_t w, int groups)
 
 static void test_group_norm_bands(void)
 {
-    /* W % 8 != 0: the element kernels; W = 64: the vector kernels. */
-    case_gn_bands(1, 64, 7, 32, 1, (int64_t[]){3, 1, 5}, 3);
-    case_gn_bands(2, 128, 64, 32, 1, (int64_t[]){16, 16, 16, 9}, 4);
+    /* C % 8 != 0: the element kernels; else the vector kernels. */
+    case_gn_bands(1, 7, 60, 12, 1, (int64_t[]){3, 1, 5}, 3);
+    case_gn_bands(1, 7, 64, 32, 1, (int64_t[]){3, 1, 5}, 3);
+    case_gn_bands(2, 64, 128, 32, 1, (int64_t[]){16, 16, 16, 9}, 4);
     case_gn_bands(1, 256, 256, 32, 0, (int64_t[]){40, 40, 3}, 3);
-    case_gn_bands(2, 32, 24, 8, 1, (int64_t[]){5}, 1);
-    case_gn_apply_paths(128, 16, 64, 32);
-    case_gn_apply_paths(256, 33, 40, 32);
+    case_gn_bands(2, 24, 32, 8, 1, (int64_t[]){5}, 1);
+    case_gn_apply_paths(16, 64, 128, 32);
+    case_gn_apply_paths(33, 40, 256, 32);
+    case_gn_apply_paths(9, 11, 512, 32);
 }
 
 /* --- attention ------------------------------------------------------------- */
@@ -929,11 +938,12 @@ static void test_copies(void)
         dual_free(&x);
         dual_free(&y);
     }
-    int64_t us[2][4] = {{1, 3, 7, 5}, {2, 16, 16, 16}};
-    for (int i = 0; i < 2; i++) {
+    /* (B, H, W, C): C = 3 copies elements, C = 16 and 8 16-byte vectors. */
+    int64_t us[3][4] = {{1, 7, 5, 3}, {2, 16, 16, 16}, {1, 5, 9, 8}};
+    for (int i = 0; i < 3; i++) {
         dual x, y;
         dual_in(&x, KILN_BF16, 4, us[i], 1.0f);
-        dual_out(&y, KILN_BF16, 4, (int64_t[]){us[i][0], us[i][1], 2 * us[i][2], 2 * us[i][3]});
+        dual_out(&y, KILN_BF16, 4, (int64_t[]){us[i][0], 2 * us[i][1], 2 * us[i][2], us[i][3]});
         kiln_be_upsample_nearest2x(cpu, &y.c, &x.c);
         kiln_be_upsample_nearest2x(gpu, &y.g, &x.g);
         char desc[64];
@@ -947,16 +957,17 @@ static void test_copies(void)
 
 /* --- convolution ------------------------------------------------------------ */
 
+/* x (b, h, w, cin), w (cout, k, k, cin) -> y (b, ho, wo, cout). */
 static void case_conv(int64_t b, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t k,
                       int stride, const int pad[4], int bias)
 {
     dual x, wt, bs, y;
     int64_t ho = (h + pad[0] + pad[2] - k) / stride + 1, wo = (w + pad[1] + pad[3] - k) / stride + 1;
-    dual_in(&x, KILN_BF16, 4, (int64_t[]){b, cin, h, w}, 1.0f);
-    dual_in(&wt, KILN_BF16, 4, (int64_t[]){cout, cin, k, k}, 1.0f / sqrtf((float)(cin * k * k)));
+    dual_in(&x, KILN_BF16, 4, (int64_t[]){b, h, w, cin}, 1.0f);
+    dual_in(&wt, KILN_BF16, 4, (int64_t[]){cout, k, k, cin}, 1.0f / sqrtf((float)(cin * k * k)));
     if (bias)
         dual_in(&bs, KILN_BF16, 1, (int64_t[]){cout}, 0.5f);
-    dual_out(&y, KILN_BF16, 4, (int64_t[]){b, cout, ho, wo});
+    dual_out(&y, KILN_BF16, 4, (int64_t[]){b, ho, wo, cout});
     kiln_be_conv2d(cpu, &y.c, &x.c, &wt.c, bias ? &bs.c : NULL, stride, pad);
     kiln_be_conv2d(gpu, &y.g, &x.g, &wt.g, bias ? &bs.g : NULL, stride, pad);
     char desc[96];
@@ -971,10 +982,13 @@ static void case_conv(int64_t b, int64_t cin, int64_t h, int64_t w, int64_t cout
     dual_free(&y);
 }
 
+/* Cin % 8 != 0 gathers element by element, else 8 channels at a time. */
 static void test_conv(void)
 {
     case_conv(1, 3, 17, 13, 8, 3, 1, (int[]){1, 1, 1, 1}, 1);
-    case_conv(2, 16, 20, 20, 24, 3, 2, (int[]){0, 1, 0, 1}, 1); /* VAE downsampler */
+    case_conv(2, 16, 20, 20, 24, 3, 2, (int[]){0, 0, 1, 1}, 1); /* VAE downsampler */
+    case_conv(2, 16, 21, 19, 24, 3, 2, (int[]){0, 1, 0, 1}, 1);
+    case_conv(1, 12, 9, 11, 3, 3, 1, (int[]){1, 1, 1, 1}, 1);   /* Cout = 3 */
     case_conv(1, 64, 32, 32, 64, 3, 1, (int[]){1, 1, 1, 1}, 1);
     case_conv(1, 40, 9, 9, 70, 1, 1, (int[]){0, 0, 0, 0}, 0);
     case_conv(1, 128, 24, 24, 128, 3, 1, (int[]){1, 1, 1, 1}, 1);

@@ -89,7 +89,8 @@ typedef struct tap_ctx {
     int seen;
 } tap_ctx;
 
-/* Compares a decoder stage with the debug file's dbg.vae_decoder.<stage>. */
+/* Compares a decoder stage, channels-last (B, H, W, C), with the debug
+ * file's dbg.vae_decoder.<stage>, (B, C, H, W) as diffusers has it. */
 static void tap_compare(void *ctx, const char *stage, const kiln_tensor *t)
 {
     tap_ctx *c = ctx;
@@ -99,7 +100,15 @@ static void tap_compare(void *ctx, const char *stage, const kiln_tensor *t)
     if (!ref)
         return;
     snprintf(what, sizeof what, "%s %s", c->cs, key);
-    compare(what, t, ref);
+    int64_t B = t->shape[0], H = t->shape[1], W = t->shape[2], C = t->shape[3];
+    kiln_tensor planes;
+    CHECK(!kiln_be_alloc(be, &planes, t->dtype, 4, (int64_t[]){B, C, H, W}));
+    kiln_tensor src = *t, dst = planes;
+    kiln_tensor_set_shape(&src, t->dtype, 3, (int64_t[]){B, H * W, C});
+    kiln_tensor_set_shape(&dst, t->dtype, 3, (int64_t[]){B, C, H * W});
+    kiln_be_transpose(be, &dst, &src);
+    compare(what, &planes, ref);
+    kiln_be_free(be, &planes);
     c->seen++;
 }
 

@@ -109,18 +109,20 @@ static void test_rope_modes(void)
 static void test_norms(void)
 {
     kiln_tensor x, y, w, b;
-    tensor(&x, 4, (int64_t[]){1, 4, 3, 3}, NULL), fill(&x, 7);
-    tensor(&y, 4, (int64_t[]){1, 4, 3, 3}, NULL);
+    /* Channels last (3 x 3 pixels, 4 channels): group g is channels 2g and
+     * 2g + 1 of every pixel. */
+    tensor(&x, 4, (int64_t[]){1, 3, 3, 4}, NULL), fill(&x, 7);
+    tensor(&y, 4, (int64_t[]){1, 3, 3, 4}, NULL);
     tensor(&w, 1, (int64_t[]){4}, (float[]){1, 1, 1, 1});
     tensor(&b, 1, (int64_t[]){4}, (float[]){0, 0, 0, 0});
     kiln_be_group_norm(be, &y, &x, &w, &b, 2, 1e-6f, 0);
     for (int g = 0; g < 2; g++) {
         double m = 0, v = 0;
         for (int i = 0; i < 18; i++)
-            m += ((float *)y.data)[g * 18 + i];
+            m += ((float *)y.data)[(i / 2) * 4 + 2 * g + i % 2];
         m /= 18;
         for (int i = 0; i < 18; i++)
-            v += pow(((float *)y.data)[g * 18 + i] - m, 2);
+            v += pow(((float *)y.data)[(i / 2) * 4 + 2 * g + i % 2] - m, 2);
         CHECK_NEAR(m, 0, 1e-5);
         CHECK_NEAR(v / 18, 1, 1e-4);
     }
@@ -154,33 +156,33 @@ static void test_group_norm_bands(void)
 {
     const int64_t B = 2, C = 6, H = 7, W = 5, G = 3, rows[3] = {3, 1, 3};
     kiln_tensor x, whole, w, b, st, band, out;
-    tensor(&x, 4, (int64_t[]){B, C, H, W}, NULL), fill(&x, 11);
+    tensor(&x, 4, (int64_t[]){B, H, W, C}, NULL), fill(&x, 11);
     for (int64_t i = 0; i < kiln_tensor_numel(&x); i++)
         ((float *)x.data)[i] = 3.0f + 2.0f * ((float *)x.data)[i]; /* mean far from 0 */
-    tensor(&whole, 4, (int64_t[]){B, C, H, W}, NULL);
-    tensor(&out, 4, (int64_t[]){B, C, H, W}, NULL);
+    tensor(&whole, 4, (int64_t[]){B, H, W, C}, NULL);
+    tensor(&out, 4, (int64_t[]){B, H, W, C}, NULL);
     tensor(&w, 1, (int64_t[]){C}, NULL), fill(&w, 12);
     tensor(&b, 1, (int64_t[]){C}, NULL), fill(&b, 13);
     tensor(&st, 3, (int64_t[]){B, G, 2}, (float[]){9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9});
-    tensor(&band, 4, (int64_t[]){B, C, 3, W}, NULL);
-    kiln_tensor x3 = x, o3 = out;
-    kiln_tensor_set_shape(&x3, KILN_F32, 3, (int64_t[]){B * C, H, W});
-    kiln_tensor_set_shape(&o3, KILN_F32, 3, (int64_t[]){B * C, H, W});
+    tensor(&band, 4, (int64_t[]){B, 3, W, C}, NULL);
+    kiln_tensor x3 = x, o3 = out; /* rows of W * C values */
+    kiln_tensor_set_shape(&x3, KILN_F32, 3, (int64_t[]){B, H, W * C});
+    kiln_tensor_set_shape(&o3, KILN_F32, 3, (int64_t[]){B, H, W * C});
     for (int silu = 0; silu < 2; silu++) {
         kiln_be_group_norm(be, &whole, &x, &w, &b, (int)G, 1e-6f, silu);
         int64_t r0 = 0;
         for (int i = 0; i < 3; r0 += rows[i++]) {
             kiln_tensor b4 = band, b3 = band;
-            kiln_tensor_set_shape(&b4, KILN_F32, 4, (int64_t[]){B, C, rows[i], W});
-            kiln_tensor_set_shape(&b3, KILN_F32, 3, (int64_t[]){B * C, rows[i], W});
+            kiln_tensor_set_shape(&b4, KILN_F32, 4, (int64_t[]){B, rows[i], W, C});
+            kiln_tensor_set_shape(&b3, KILN_F32, 3, (int64_t[]){B, rows[i], W * C});
             kiln_be_copy_rows(be, &b3, 0, &x3, r0, rows[i]);
             kiln_be_group_norm_stats(be, &st, &b4, (int)G, (C / G) * r0 * W);
         }
         r0 = 0;
         for (int i = 0; i < 3; r0 += rows[i++]) {
             kiln_tensor b4 = band, b3 = band;
-            kiln_tensor_set_shape(&b4, KILN_F32, 4, (int64_t[]){B, C, rows[i], W});
-            kiln_tensor_set_shape(&b3, KILN_F32, 3, (int64_t[]){B * C, rows[i], W});
+            kiln_tensor_set_shape(&b4, KILN_F32, 4, (int64_t[]){B, rows[i], W, C});
+            kiln_tensor_set_shape(&b3, KILN_F32, 3, (int64_t[]){B, rows[i], W * C});
             kiln_be_copy_rows(be, &b3, 0, &x3, r0, rows[i]);
             kiln_be_group_norm_apply(be, &b4, &b4, &w, &b, &st, (C / G) * H * W, (int)G, 1e-6f,
                                      silu);
@@ -206,39 +208,36 @@ static void test_group_norm_bands(void)
 
 static void test_conv_matches_linear(void)
 {
-    /* A 1x1 convolution is a linear layer over channels. */
-    kiln_tensor x, w, bias, y, xt, yl;
-    tensor(&x, 4, (int64_t[]){1, 3, 2, 5}, NULL), fill(&x, 11);
-    tensor(&w, 4, (int64_t[]){4, 3, 1, 1}, NULL), fill(&w, 12);
+    /* A 1x1 convolution is a linear layer over channels (channels last:
+     * the pixels are the rows). */
+    kiln_tensor x, w, bias, y, yl;
+    tensor(&x, 4, (int64_t[]){1, 2, 5, 3}, NULL), fill(&x, 11);
+    tensor(&w, 4, (int64_t[]){4, 1, 1, 3}, NULL), fill(&w, 12);
     tensor(&bias, 1, (int64_t[]){4}, NULL), fill(&bias, 13);
-    tensor(&y, 4, (int64_t[]){1, 4, 2, 5}, NULL);
+    tensor(&y, 4, (int64_t[]){1, 2, 5, 4}, NULL);
     kiln_be_conv2d(be, &y, &x, &w, &bias, 1, (int[]){0, 0, 0, 0});
-    tensor(&xt, 3, (int64_t[]){1, 10, 3}, NULL);
-    kiln_tensor x3 = x;
-    kiln_tensor_set_shape(&x3, KILN_F32, 3, (int64_t[]){1, 3, 10});
-    kiln_be_transpose(be, &xt, &x3);
-    kiln_tensor w2 = w;
+    kiln_tensor x3 = x, w2 = w;
+    kiln_tensor_set_shape(&x3, KILN_F32, 3, (int64_t[]){1, 10, 3});
     kiln_tensor_set_shape(&w2, KILN_F32, 2, (int64_t[]){4, 3});
     tensor(&yl, 3, (int64_t[]){1, 10, 4}, NULL);
-    kiln_be_linear(be, &yl, &xt, &w2, &bias);
-    for (int p = 0; p < 10; p++)
-        for (int c = 0; c < 4; c++)
-            CHECK_NEAR(((float *)y.data)[c * 10 + p], ((float *)yl.data)[p * 4 + c], 1e-6);
+    kiln_be_linear(be, &yl, &x3, &w2, &bias);
+    for (int i = 0; i < 40; i++)
+        CHECK_NEAR(((float *)y.data)[i], ((float *)yl.data)[i], 1e-6);
     /* 3x3 stride-2 with the VAE's asymmetric (0,1,0,1) padding: output size. */
     kiln_tensor w3, y3;
     tensor(&w3, 4, (int64_t[]){2, 3, 3, 3}, NULL), fill(&w3, 14);
-    tensor(&y3, 4, (int64_t[]){1, 2, 1, 2}, NULL);
+    tensor(&y3, 4, (int64_t[]){1, 1, 2, 2}, NULL);
     kiln_be_conv2d(be, &y3, &x, &w3, NULL, 2, (int[]){0, 0, 1, 1});
-    float ref = 0; /* output (0, 0, 0, 1) reads x[:, 0..1, 2..4] (row 2 is padding) */
-    for (int ci = 0; ci < 3; ci++)
-        for (int ky = 0; ky < 2; ky++)
-            for (int kx = 0; kx < 3; kx++)
-                ref += ((float *)w3.data)[(ci * 3 + ky) * 3 + kx] *
-                       ((float *)x.data)[(ci * 2 + ky) * 5 + 2 + kx];
-    CHECK_NEAR(((float *)y3.data)[1], ref, 1e-5);
+    float ref = 0; /* output pixel (0, 1), channel 0, reads x rows 0..1, columns 2..4 */
+    for (int ky = 0; ky < 2; ky++)
+        for (int kx = 0; kx < 3; kx++)
+            for (int ci = 0; ci < 3; ci++)
+                ref += ((float *)w3.data)[(ky * 3 + kx) * 3 + ci] *
+                       ((float *)x.data)[(ky * 5 + 2 + kx) * 3 + ci];
+    CHECK_NEAR(((float *)y3.data)[2], ref, 1e-5);
     CHECK(kiln_be_check(be, NULL) == KILN_OK);
     kiln_be_free(be, &x), kiln_be_free(be, &w), kiln_be_free(be, &bias), kiln_be_free(be, &y);
-    kiln_be_free(be, &xt), kiln_be_free(be, &yl), kiln_be_free(be, &w3), kiln_be_free(be, &y3);
+    kiln_be_free(be, &yl), kiln_be_free(be, &w3), kiln_be_free(be, &y3);
 }
 
 static void test_elementwise_and_movement(void)
@@ -275,11 +274,14 @@ static void test_elementwise_and_movement(void)
     kiln_be_copy_cols(be, &cd, 1, &cs, 2, 1);
     CHECK(((float *)cd.data)[1] == 2 && ((float *)cd.data)[3] == 5);
     kiln_tensor up, upx;
-    tensor(&upx, 4, (int64_t[]){1, 1, 1, 2}, (float[]){7, 8});
-    tensor(&up, 4, (int64_t[]){1, 1, 2, 4}, NULL);
+    /* Channels last: pixels (7, 8) and (9, 10) of one row, each repeated
+     * 2 x 2 with its channels together. */
+    tensor(&upx, 4, (int64_t[]){1, 1, 2, 2}, (float[]){7, 8, 9, 10});
+    tensor(&up, 4, (int64_t[]){1, 2, 4, 2}, NULL);
     kiln_be_upsample_nearest2x(be, &up, &upx);
     float *uv = up.data;
-    CHECK(uv[0] == 7 && uv[1] == 7 && uv[2] == 8 && uv[7] == 8 && uv[4] == 7);
+    CHECK(uv[0] == 7 && uv[1] == 8 && uv[2] == 7 && uv[3] == 8 && uv[4] == 9 && uv[7] == 10 &&
+          uv[8] == 7 && uv[15] == 10);
     CHECK(kiln_be_check(be, NULL) == KILN_OK);
     kiln_be_free(be, &a), kiln_be_free(be, &g), kiln_be_free(be, &x), kiln_be_free(be, &s);
     kiln_be_free(be, &d), kiln_be_free(be, &src), kiln_be_free(be, &dst);

@@ -123,11 +123,12 @@ static double time_conv(kiln_backend *be, const conv_case *c, const opts *o)
 {
     kiln_tensor t[4] = {{0}}; /* x, w, bias, y */
     int pad = (int)(c->k / 2), pads[4] = {pad, pad, pad, pad};
-    int ready = !random_tensor(be, &t[0], 4, (int64_t[]){1, c->cin, c->hw, c->hw}) &&
-                !random_tensor(be, &t[1], 4, (int64_t[]){c->cout, c->cin, c->k, c->k}) &&
+    /* Channels last, as the VAE runs: x (1, HW, HW, Cin), w (Cout, k, k, Cin). */
+    int ready = !random_tensor(be, &t[0], 4, (int64_t[]){1, c->hw, c->hw, c->cin}) &&
+                !random_tensor(be, &t[1], 4, (int64_t[]){c->cout, c->k, c->k, c->cin}) &&
                 !random_tensor(be, &t[2], 1, (int64_t[]){c->cout}) &&
                 !kiln_be_alloc(be, &t[3], be->act_dtype, 4,
-                               (int64_t[]){1, c->cout, c->hw, c->hw});
+                               (int64_t[]){1, c->hw, c->hw, c->cout});
     return time_calls(be, "conv2d", ready, run_conv, t, 4, pads, o);
 }
 
