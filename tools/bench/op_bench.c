@@ -1,8 +1,9 @@
 /* kiln-opbench: times single backend ops at the shapes the klein pipeline
  * runs at 1024x1024 (DiT joint attention over 4096 image + 512 text tokens,
  * the VAE mid-block attention, the Qwen3 encoder's causal attention, the
- * VAE decoder's convolutions, one large GEMM for calibration), so that each
- * kernel change is measured on its own before the pipeline is.  Attention
+ * VAE decoder's convolutions and GroupNorms, one large GEMM for
+ * calibration), so that each kernel change is measured on its own before
+ * the pipeline is.  Attention
  * and convolutions run on two instances: the default (cuDNN where it
  * serves the shape) and one with KILN_CUDNN=0 (kiln's own kernels).
  *
@@ -132,6 +133,27 @@ static double time_conv(kiln_backend *be, const conv_case *c, const opts *o)
     return time_calls(be, "conv2d", ready, run_conv, t, 4, pads, o);
 }
 
+typedef struct gn_case {
+    int64_t hw, c;
+} gn_case;
+
+static void run_group_norm(kiln_backend *be, kiln_tensor *t, const void *arg)
+{
+    (void)arg;
+    kiln_be_group_norm(be, &t[3], &t[0], &t[1], &t[2], 32, 1e-6f, 1);
+}
+
+/* GroupNorm + SiLU as the VAE runs it: x (1, HW, HW, C), 32 groups. */
+static double time_group_norm(kiln_backend *be, const gn_case *c, const opts *o)
+{
+    kiln_tensor t[4] = {{0}}; /* x, w, b, y */
+    int ready = !random_tensor(be, &t[0], 4, (int64_t[]){1, c->hw, c->hw, c->c}) &&
+                !random_tensor(be, &t[1], 1, (int64_t[]){c->c}) &&
+                !random_tensor(be, &t[2], 1, (int64_t[]){c->c}) &&
+                !kiln_be_alloc(be, &t[3], be->act_dtype, 4, (int64_t[]){1, c->hw, c->hw, c->c});
+    return time_calls(be, "group_norm", ready, run_group_norm, t, 4, NULL, o);
+}
+
 static void run_linear(kiln_backend *be, kiln_tensor *t, const void *arg)
 {
     (void)arg;
@@ -228,6 +250,21 @@ int main(int argc, char **argv)
                  (long long)c->hw, (long long)c->cout);
         printf("%-34s %-22s %10.3f %10.3f %12.1f\n", "3x3, stride 1", shape, a, b,
                a > 0 ? flop / (a * 1e-3) / 1e12 : 0);
+        failed |= a < 0 || b < 0;
+    }
+    /* Its GroupNorms: two reads and one write of x, so the bandwidth column
+     * is 3 x the bytes of x over the time. */
+    static const gn_case gns[] = {{128, 512}, {256, 512}, {512, 256}, {1024, 256}, {1024, 128}};
+    printf("\n%-34s %-22s %10s %10s %12s\n", "group_norm + SiLU (VAE, 32 groups)", "HW^2 x C",
+           "default ms", "kiln ms", "GB/s def");
+    for (size_t i = 0; i < sizeof gns / sizeof gns[0]; i++) {
+        const gn_case *c = &gns[i];
+        double a = time_group_norm(be, c, &o), b = time_group_norm(native, c, &o);
+        double bytes = 3.0 * (double)(c->hw * c->hw * c->c) * (double)kiln_dtype_size(be->act_dtype);
+        char shape[48];
+        snprintf(shape, sizeof shape, "%lld^2 x %lld", (long long)c->hw, (long long)c->c);
+        printf("%-34s %-22s %10.3f %10.3f %12.1f\n", "channels last", shape, a, b,
+               a > 0 ? bytes / (a * 1e-3) / 1e9 : 0);
         failed |= a < 0 || b < 0;
     }
     printf("\n");
