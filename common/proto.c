@@ -167,6 +167,23 @@ kiln_status kiln_ref_map_put(kiln_ref_map *m, const char *name, const kiln_tenso
     return KILN_OK;
 }
 
+void kiln_image_ref_name(int row, char *out)
+{
+    snprintf(out, KILN_PROTO_TENSOR_NAME_MAX, "image.%d", row);
+}
+
+int kiln_image_ref_row(const char *name)
+{
+    static const char prefix[] = "image.";
+    if (strncmp(name, prefix, sizeof prefix - 1))
+        return -1;
+    const char *d = name + sizeof prefix - 1;
+    size_t n = strspn(d, "0123456789");
+    if (n == 0 || n > 3 || d[n] || (n > 1 && d[0] == '0'))
+        return -1;
+    return atoi(d);
+}
+
 /* Dims up to 2^40 keep every product below 2^63 until the overflow check. */
 #define MAX_DIM (1LL << 40)
 
@@ -339,6 +356,8 @@ static kiln_status check_job(const kiln_msg_job *j, kiln_err *err)
             return kiln_err_set(err, KILN_ERR_INVALID, "unknown format");
         if (d->compression < 0 || d->compression > 100)
             return kiln_err_set(err, KILN_ERR_INVALID, "compression must be 0..100");
+        if (d->image_kinds & ~KILN_TRANSPORT_BIT(KILN_REF_SHM))
+            return kiln_err_set(err, KILN_ERR_INVALID, "imgk: image files go inline or in shm");
         break;
     }
     default:

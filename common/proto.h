@@ -39,14 +39,17 @@
 #include "tensor.h"
 #include "traits.h"
 
-#define KILN_PROTO_VERSION 6 /* 6: traits say how input images are used */
+#define KILN_PROTO_VERSION 7 /* 7: decode jobs may take their image files by reference */
 
 #define KILN_PROTO_MAX_FRAME (512u << 20) /* bytes in one message */
 #define KILN_PROTO_ID_MAX 128             /* replica ids, host and model names, with the NUL */
 #define KILN_PROTO_MODEL_ID_MAX 64        /* kiln_proto_model_id's buffer, with the NUL */
 #define KILN_PROTO_SLAB_MAX 64            /* shm / slab names, with the NUL */
 #define KILN_PROTO_IPC_HANDLE 64          /* sizeof(cudaIpcMemHandle_t) */
-#define KILN_PROTO_MAX_TENSORS 8          /* named tensors in one `in` / `out` map */
+/* Named tensors in one `in` / `out` map: a decode done's image references
+ * (one per row, docs/ARCHITECTURE.md "Images by reference") fit for the
+ * 10 images a service request may ask for (KILN_LIMITS_SERVICE). */
+#define KILN_PROTO_MAX_TENSORS 16
 #define KILN_PROTO_TENSOR_NAME_MAX 16     /* with the NUL */
 #define KILN_PROTO_MAX_REFS 64            /* references in one release / free */
 #define KILN_PROTO_MAX_PROMPTS 64         /* prompts of one encode job */
@@ -176,6 +179,13 @@ const kiln_tensor_ref *kiln_ref_map_get(const kiln_ref_map *m, const char *name)
 kiln_status kiln_ref_map_put(kiln_ref_map *m, const char *name, const kiln_tensor_ref *ref,
                              kiln_err *err);
 
+/* A decode done hands the encoded file of row `row` by reference as out
+ * item "image.<row>" (decimal, no leading zeros): kiln_image_ref_name
+ * writes that name into out[KILN_PROTO_TENSOR_NAME_MAX];
+ * kiln_image_ref_row gives the row of such a name, -1 for any other. */
+void kiln_image_ref_name(int row, char *out);
+int kiln_image_ref_row(const char *name);
+
 /* Validates a reference as the decoder does (kind, dtype, shape, len
  * consistency, names).  Producers call it before sending. */
 kiln_status kiln_tensor_ref_check(const kiln_tensor_ref *r, kiln_err *err);
@@ -230,8 +240,14 @@ typedef struct kiln_msg_done {
     int ok;
     kiln_status code;    /* when !ok: never KILN_OK */
     const char *message; /* when !ok: safe to show a client */
-    kiln_ref_map out;    /* encode: embeds, neg, ref_tokens, ref_ids; denoise: latents */
-    int n_images;        /* decode: encoded image files, in row order */
+    /* encode: embeds, neg, ref_tokens, ref_ids; denoise: latents; decode:
+     * "image.<row>" for each row whose file travels by reference (U8, 1-D,
+     * in the sender's shm pool; only where the job's image_kinds allowed
+     * it) */
+    kiln_ref_map out;
+    /* decode: the encoded image files that travel inline, in row order,
+     * the rows in `out` left out (all of them when there are none) */
+    int n_images;
     kiln_bytes images[KILN_PROTO_MAX_ROWS];
     int n_ms;
     kiln_timing ms[KILN_PROTO_MAX_TIMINGS];
@@ -296,6 +312,11 @@ typedef struct kiln_job_decode {
     int width, height;
     kiln_image_format format;
     int compression; /* 0..100, already resolved (kiln_request_resolve) */
+    /* How the image files may travel besides inline (KILN_TRANSPORT_BIT
+     * mask, only KILN_REF_SHM means anything): the gateway sets shm where
+     * it can open the decoder's /dev/shm; 0, also when absent on the wire
+     * (an older gateway): inline only. */
+    unsigned image_kinds;
 } kiln_job_decode;
 
 /* Where a consumer fetches the inputs of one owner by value (a producer

@@ -525,12 +525,17 @@ static kiln_status job_denoise(dec *d, const msgpack_object *o, kiln_job_denoise
 static kiln_status job_decode(dec *d, const msgpack_object *o, kiln_job_decode *j)
 {
     char fmt[16];
+    int imgk = 0;
     if (get_int(d, o, "width", &j->width) || get_int(d, o, "height", &j->height) ||
         get_int(d, o, "compression", &j->compression) ||
-        get_name(d, o, "format", fmt, sizeof fmt))
+        get_name(d, o, "format", fmt, sizeof fmt) ||
+        (get(o, "imgk") && get_int(d, o, "imgk", &imgk)))
         return KILN_ERR_INVALID;
     if (kiln_image_format_parse(fmt, &j->format))
         return bad(d, "format", "unknown");
+    if (imgk < 0)
+        return bad(d, "imgk", "out of range");
+    j->image_kinds = (unsigned)imgk;
     return KILN_OK;
 }
 

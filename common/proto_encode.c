@@ -195,7 +195,7 @@ static void done(msgpack_packer *pk, const kiln_msg *m)
 static void job(msgpack_packer *pk, const kiln_msg *m)
 {
     const kiln_msg_job *j = &m->job;
-    static const int fields[KILN_STAGE_COUNT] = {6, 9, 4};
+    static const int fields[KILN_STAGE_COUNT] = {6, 9, 5};
     head(pk, m, (size_t)(5 + fields[j->stage]));
     kv_u64(pk, "job", j->job);
     kv_str(pk, "stage", kiln_stage_name(j->stage));
@@ -252,6 +252,7 @@ static void job(msgpack_packer *pk, const kiln_msg *m)
         kv_int(pk, "height", d->height);
         kv_str(pk, "format", kiln_image_format_name(d->format));
         kv_int(pk, "compression", d->compression);
+        kv_int(pk, "imgk", d->image_kinds);
         break;
     }
     default:

@@ -263,7 +263,51 @@ static void test_jobs(void)
     CHECK(kiln_ref_map_put(&m->job.in, "latents", &emb, &err) == KILN_OK);
     d = roundtrip(m);
     CHECK(d && d->job.decode.width == 96 && d->job.decode.format == KILN_IMAGE_WEBP &&
-          d->job.decode.compression == 80 && d->job.in.n == 1);
+          d->job.decode.compression == 80 && d->job.in.n == 1 && d->job.decode.image_kinds == 0);
+    kiln_msg_free(d);
+    /* Image files by reference: shm only (inline is always allowed). */
+    m->job.decode.image_kinds = KILN_TRANSPORT_BIT(KILN_REF_SHM);
+    d = roundtrip(m);
+    CHECK(d && d->job.decode.image_kinds == KILN_TRANSPORT_BIT(KILN_REF_SHM));
+    kiln_msg_free(d);
+    kiln_buf frame = {0};
+    m->job.decode.image_kinds = KILN_TRANSPORT_BIT(KILN_REF_CUDA_IPC);
+    CHECK(kiln_msg_encode(m, &frame, &err) == KILN_ERR_INVALID && strstr(err.msg, "imgk"));
+    kiln_buf_free(&frame);
+    free(m);
+}
+
+/* The names of a decode done's image references. */
+static void test_image_ref_names(void)
+{
+    char name[KILN_PROTO_TENSOR_NAME_MAX];
+    kiln_image_ref_name(0, name);
+    CHECK(!strcmp(name, "image.0") && kiln_image_ref_row(name) == 0);
+    kiln_image_ref_name(KILN_PROTO_MAX_ROWS - 1, name);
+    CHECK(!strcmp(name, "image.255") && kiln_image_ref_row(name) == 255);
+    static const char *const bad[] = {"image.", "image.01", "image.-1", "image.1x", "image1",
+                                      "latents", "image.1234", "Image.1", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECKF(kiln_image_ref_row(bad[i]) == -1, "'%s' taken for an image", bad[i]);
+    /* A done of a job of 16 rows can name every one (the most a map holds). */
+    kiln_msg *m = calloc(1, sizeof *m);
+    m->type = KILN_MSG_DONE;
+    m->epoch = EPOCH;
+    m->done = (kiln_msg_done){.job = 5, .ok = 1};
+    for (int row = 0; row < KILN_PROTO_MAX_TENSORS; row++) {
+        kiln_tensor_ref r = {.kind = KILN_REF_SHM, .dtype = KILN_U8, .ndim = 1,
+                             .shape = {1000 + row}, .len = 1000 + (uint64_t)row,
+                             .epoch = 7, .gen = 1 + (uint64_t)row, .off = 64 * (1 + (uint64_t)row)};
+        snprintf(r.owner, sizeof r.owner, "decode-host-1");
+        snprintf(r.slab, sizeof r.slab, "/kiln-decode-1");
+        kiln_image_ref_name(row, name);
+        CHECK(kiln_ref_map_put(&m->done.out, name, &r, NULL) == KILN_OK);
+    }
+    kiln_msg *d = roundtrip(m);
+    CHECK(d && d->done.out.n == KILN_PROTO_MAX_TENSORS &&
+          kiln_image_ref_row(d->done.out.items[KILN_PROTO_MAX_TENSORS - 1].name) ==
+              KILN_PROTO_MAX_TENSORS - 1 &&
+          d->done.out.items[3].ref.len == 1003);
     kiln_msg_free(d);
     free(m);
 }
@@ -490,6 +534,23 @@ static void test_malformed(void)
     begin(); msgpack_pack_map(&pk, 2); pstr("t"); pstr("fenced"); pepoch();
     CHECK(decodes(sbuf.data, sbuf.size));
     msgpack_sbuffer_destroy(&sbuf);
+    /* An older gateway's decode job has no imgk: every image inline; a
+     * newer one's must be a non-negative integer. */
+    for (int v = 0; v < 3; v++) {
+        begin(); msgpack_pack_map(&pk, v ? 9 : 8); pstr("t"); pstr("job"); pepoch();
+        pstr("job"); msgpack_pack_uint64(&pk, 3); pstr("stage"); pstr("decode");
+        pstr("width"); msgpack_pack_int(&pk, 64); pstr("height"); msgpack_pack_int(&pk, 64);
+        pstr("format"); pstr("png"); pstr("compression"); msgpack_pack_int(&pk, 100);
+        if (v == 1)
+            pstr("imgk"), msgpack_pack_int(&pk, -2);
+        else if (v == 2)
+            pstr("imgk"), pstr("shm");
+        kiln_err e = {0};
+        kiln_msg *job = kiln_msg_decode(sbuf.data, sbuf.size, &e);
+        CHECKF(v ? !job : job && job->job.decode.image_kinds == 0, "imgk case %d: %s", v, e.msg);
+        kiln_msg_free(job);
+        msgpack_sbuffer_destroy(&sbuf);
+    }
     /* Unknown keys are ignored; trailing bytes are not. */
     begin(); msgpack_pack_map(&pk, 4); pstr("t"); pstr("ready"); pepoch(); pstr("credits");
     msgpack_pack_int(&pk, 2); pstr("future"); msgpack_pack_array(&pk, 0);
@@ -626,6 +687,7 @@ int main(void)
     RUN(test_hello_ready_hb_cancel);
     RUN(test_jobs);
     RUN(test_done_release);
+    RUN(test_image_ref_names);
     RUN(test_encode_refuses);
     RUN(test_malformed);
     RUN(test_corruption);
