@@ -310,10 +310,6 @@ static void begin_stop(kiln_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
-/* Whether this producer has room in /dev/shm for its outputs: the slab
- * its pool last failed to make for want of room, for as long as /dev/shm
- * still has less than that free (then the gateway sends it no work); 0
- * otherwise.  Sets w->shm_short and logs the changes.  Bus thread. */
 void worker_sample_memory(kiln_worker *w)
 {
     size_t used = 0, total = 0;
@@ -340,8 +336,16 @@ static uint64_t process_rss(void)
     return (uint64_t)kb << 10;
 }
 
+/* Whether this producer has room in /dev/shm for its outputs: the slab
+ * its pool last failed to make for want of room, for as long as /dev/shm
+ * still has less than that free (then the gateway sends it no work); 0
+ * otherwise.  Sets w->shm_short and logs the changes.  Bus thread. */
 static uint64_t worker_shm_short(kiln_worker *w)
 {
+    /* A decoder's shm holds only image files, which go inline when it has
+     * no room: it still takes work. */
+    if (w->ops->stage == KILN_STAGE_DECODE)
+        return 0;
     kiln_transport_stats st = {0};
     if (w->shm)
         kiln_transport_stats_get(w->shm, &st);

@@ -16,6 +16,11 @@
  * address nothing maps, then a sync: the driver's sticky
  * cudaErrorIllegalAddress, found and handled by the backend's own error
  * plumbing exactly as a bug's would be).
+ * decode:stale_image_refs_at=<n> counts dones instead of steps: the n-th
+ * done that hands image files by reference frees their ranges just before
+ * it goes out, so the gateway finds them gone (as when a decoder dies and
+ * its slabs are removed between its done and the gateway's read) and must
+ * neither answer with them nor fail for good.
  * `once=path`: only the process that creates `path` (O_EXCL) injects, so
  * one replica of several, and not its restarts, is faulty. */
 #include <errno.h>
@@ -41,10 +46,12 @@ int worker_fault_setup(kiln_worker *w)
     kiln_stage st;
     int stall = !strcmp(kind, "stall_after_steps"), lost = !strcmp(kind, "device_lost_after_steps");
     int illegal = !strcmp(kind, "illegal_address_after_steps");
-    if (got < 3 || kiln_stage_parse(stage, &st) || (!stall && !lost && !illegal) || !n) {
+    int stale = !strcmp(kind, "stale_image_refs_at");
+    if (got < 3 || kiln_stage_parse(stage, &st) || (!stall && !lost && !illegal && !stale) || !n ||
+        (stale && st != KILN_STAGE_DECODE)) {
         fprintf(stderr, "%s: KILN_FAULT_INJECT='%s': expected <stage>:stall_after_steps=<n>, "
-                "<stage>:device_lost_after_steps=<n> or <stage>:illegal_address_after_steps=<n>, "
-                "then optionally ,once=<path>\n",
+                "<stage>:device_lost_after_steps=<n>, <stage>:illegal_address_after_steps=<n> "
+                "or decode:stale_image_refs_at=<n>, then optionally ,once=<path>\n",
                 w->ops->binary, spec);
         return -1;
     }
@@ -72,14 +79,36 @@ int worker_fault_setup(kiln_worker *w)
         w->fault.stall_at = n;
     else if (lost)
         w->fault.lost_at = n;
-    else
+    else if (illegal)
         w->fault.illegal_at = n;
-    KILN_LOG_WARN("%s: KILN_FAULT_INJECT: %s after step %llu (a test aid)", w->ops->binary,
-                  stall  ? "the backend thread stalls"
-                  : lost ? "the device is lost"
-                         : "an op reads and writes an illegal device address",
+    else
+        w->fault.stale_images_at = n;
+    KILN_LOG_WARN("%s: KILN_FAULT_INJECT: %s %llu (a test aid)", w->ops->binary,
+                  stall    ? "the backend thread stalls after step"
+                  : lost   ? "the device is lost after step"
+                  : stale  ? "image references freed before they go out, in done"
+                           : "an op reads and writes an illegal device address after step",
                   n);
     return 0;
+}
+
+void worker_fault_images(kiln_worker *w, kiln_worker_job *j)
+{
+    if (!w->fault.stale_images_at)
+        return;
+    int refs = 0;
+    const kiln_ref_map *out = &j->done->done.out;
+    for (int i = 0; i < out->n; i++)
+        refs += kiln_image_ref_row(out->items[i].name) >= 0;
+    if (!refs || atomic_fetch_add(&w->fault.image_dones, 1) + 1 != w->fault.stale_images_at)
+        return;
+    for (int i = 0; i < j->n_out; i++) {
+        kiln_err err = {0};
+        if (j->out[i].tx == w->shm && kiln_transport_free(w->shm, &j->out[i].ref, &err))
+            KILN_LOG_WARN("%s: KILN_FAULT_INJECT: %s", w->ops->binary, err.msg);
+    }
+    KILN_LOG_WARN("%s: KILN_FAULT_INJECT: job %llu: its %d image reference(s) freed before its "
+                  "done goes out", w->ops->binary, (unsigned long long)j->msg->job.job, refs);
 }
 
 /* A real device fault: silu in place over 1 Mi activations at device

@@ -28,9 +28,12 @@ enum { WORKER_RUNNING = 0, WORKER_FENCED, WORKER_FAULTED };
 
 /* KILN_FAULT_INJECT for this stage (worker_fault.c): after how many steps
  * (kiln_worker_step) the backend thread stalls for good, its backend is
- * lost, or (CUDA) an op faults on an illegal address; 0: never. */
+ * lost, or (CUDA) an op faults on an illegal address; which done handing
+ * images by reference (counted in image_dones) frees them before it goes
+ * out (the decoder); 0: never. */
 typedef struct worker_fault {
-    uint64_t stall_at, lost_at, illegal_at;
+    uint64_t stall_at, lost_at, illegal_at, stale_images_at;
+    atomic_uint_fast64_t image_dones;
 } worker_fault;
 
 /* The stages of one process (worker_group.c): one replica of each at
@@ -193,6 +196,10 @@ void worker_job_free(kiln_worker_job *j);
 /* Reads KILN_FAULT_INJECT (a test aid, docs/OPERATIONS.md) into w->fault:
  * -1 with a message on stderr when it is malformed. */
 int worker_fault_setup(kiln_worker *w);
+/* KILN_FAULT_INJECT decode:stale_image_refs_at: called with every ok
+ * done about to be sent; frees the image ranges of the one it names
+ * (any thread). */
+void worker_fault_images(kiln_worker *w, kiln_worker_job *j);
 /* Progress that is not a step: a job answered (any thread). */
 void worker_progress(kiln_worker *w);
 

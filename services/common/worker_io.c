@@ -346,15 +346,42 @@ void worker_job_free(kiln_worker_job *j)
     free(j);
 }
 
-/* Fills done.images from the rows the stage produced; all rows below the
- * highest must be present. */
-static kiln_status collect_images(kiln_worker_job *j, kiln_err *err)
+/* Image file `row` as output "image.<row>" in a range of the shm pool,
+ * which the gateway reads and frees (docs/ARCHITECTURE.md, "Images by
+ * reference"): the range stays ours until its `free`, as any output's.
+ * Fails (and the file goes inline) when the pool has no room now or the
+ * done has no name left for it. */
+static kiln_status image_ref(kiln_worker *w, kiln_worker_job *j, int row, const kiln_buf *file,
+                             kiln_err *err)
+{
+    if (j->n_out == KILN_PROTO_MAX_TENSORS)
+        return kiln_err_set(err, KILN_ERR_BUSY, "no output name left");
+    char name[KILN_PROTO_TENSOR_NAME_MAX];
+    kiln_image_ref_name(row, name);
+    kiln_tensor_ref ref;
+    void *dst;
+    kiln_status st = kiln_transport_alloc(w->shm, KILN_U8, 1, (int64_t[]){(int64_t)file->len},
+                                          &ref, &dst, err);
+    if (st)
+        return st;
+    memcpy(dst, file->data, file->len);
+    return add_output(j, name, w->shm, &ref, err);
+}
+
+/* Fills done.images from the rows the stage produced (all rows below the
+ * highest must be present); those the gateway takes by reference
+ * (job.decode.image_kinds) go into the shm pool instead, each row falling
+ * back to inline on its own when that fails. */
+static kiln_status collect_images(kiln_worker *w, kiln_worker_job *j, kiln_err *err)
 {
     kiln_msg_done *d = &j->done->done;
     d->n_images = 0;
     kiln_buf *images = atomic_load(&j->images);
     if (!images)
         return KILN_OK;
+    const kiln_msg_job *job = &j->msg->job;
+    int by_ref = job->stage == KILN_STAGE_DECODE &&
+                 (job->decode.image_kinds & KILN_TRANSPORT_BIT(KILN_REF_SHM));
     int top = -1;
     for (int i = 0; i < KILN_PROTO_MAX_ROWS; i++)
         if (images[i].len)
@@ -362,6 +389,12 @@ static kiln_status collect_images(kiln_worker_job *j, kiln_err *err)
     for (int i = 0; i <= top; i++) {
         if (!images[i].len)
             return kiln_err_set(err, KILN_ERR_INTERNAL, "image %d missing", i);
+        kiln_err why = {0};
+        if (by_ref && !image_ref(w, j, i, &images[i], &why))
+            continue;
+        if (by_ref)
+            KILN_LOG_DEBUG("%s: job %llu: image %d goes inline: %s", w->ops->binary,
+                           (unsigned long long)job->job, i, why.msg);
         d->images[d->n_images++] = (kiln_bytes){images[i].data, images[i].len};
     }
     return KILN_OK;
@@ -390,7 +423,7 @@ void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const 
         err = &local;
     }
     if (!st)
-        st = collect_images(j, &local), err = &local;
+        st = collect_images(w, j, &local), err = &local;
     kiln_msg_done *d = &j->done->done;
     if (worker_halted(w)) {
         /* Fenced or faulted: the gateway runs this job elsewhere. */
@@ -421,6 +454,8 @@ void kiln_worker_done(kiln_worker *w, kiln_worker_job *j, kiln_status st, const 
                           w->ops->binary, (unsigned long long)d->job, kiln_now_ms() - t_cancel,
                           kiln_now_ms() - j->t_start);
     }
+    if (d->ok)
+        worker_fault_images(w, j);
     if (worker_send(w, j->done)) {
         /* Too big or unencodable: the gateway still gets an answer. */
         kiln_msg *fallback = j->done;

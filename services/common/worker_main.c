@@ -366,7 +366,7 @@ static kiln_status load_bus_keys(kiln_worker *w, kiln_err *err)
 static kiln_status check_shm(kiln_worker *w, kiln_err *err)
 {
     if (w->ops->stage == KILN_STAGE_DECODE)
-        return KILN_OK; /* it maps its inputs, it creates nothing there */
+        return KILN_OK; /* its image files go inline when /dev/shm has no room */
     uint64_t avail, total;
     if (kiln_domain_fs_space("/dev/shm", &avail, &total, err))
         return kiln_err_set(err, KILN_ERR_UNSUPPORTED, "%s: there is no usable /dev/shm; a stage "
@@ -473,8 +473,12 @@ kiln_status worker_load(kiln_worker *w, kiln_err *err)
     int stale = kiln_transport_shm_clean_stale(err);
     if (stale < 0)
         KILN_LOG_WARN("%s: %s", w->ops->binary, err->msg);
-    w->shm = kiln_transport_shm_create(w->replica, w->epoch, kiln_stage_name(w->ops->stage), 0, 0,
-                                       err);
+    /* A decoder's pool holds only the image files the gateway takes by
+     * reference, a few MiB each and freed as soon as it has read them:
+     * smaller slabs than the tensors' 64 MiB keep its /dev/shm small. */
+    size_t slab = w->ops->stage == KILN_STAGE_DECODE ? (size_t)16 << 20 : 0;
+    w->shm = kiln_transport_shm_create(w->replica, w->epoch, kiln_stage_name(w->ops->stage), slab,
+                                       0, err);
     w->inl = w->shm ? kiln_transport_inline_create(err) : NULL;
     if (!w->inl)
         return err->code;
