@@ -223,6 +223,39 @@ static kiln_status load_bus_keys(const kiln_gw_options *o, const char *bus, kiln
     return KILN_OK;
 }
 
+/* Images by reference (docs/ARCHITECTURE.md): the gateway's transport
+ * domain and a shm transport to read the decoders' image files with,
+ * unless KILN_IMAGE_REFS=0 wants every image inline.  Where they cannot be
+ * made the images come inline: the service goes on.  KILN_ERR_INVALID for
+ * another value of KILN_IMAGE_REFS, or a bad KILN_DOMAIN_HOST. */
+static kiln_status setup_image_refs(kiln_gateway *gw, kiln_err *err)
+{
+    const char *env = getenv("KILN_IMAGE_REFS");
+    if (env && strcmp(env, "0") && strcmp(env, "1"))
+        return kiln_err_set(err, KILN_ERR_INVALID, "KILN_IMAGE_REFS must be 0 (every image "
+                            "inline) or 1 (the default), not '%.32s'", env);
+    if (env && !strcmp(env, "0")) {
+        KILN_LOG_INFO("gateway: KILN_IMAGE_REFS=0: the decoders send every image inline");
+        return KILN_OK;
+    }
+    kiln_err why = {0};
+    if (kiln_domain_probe(&gw->domain, &why)) {
+        if (why.code == KILN_ERR_INVALID)
+            return kiln_err_set(err, why.code, "%s", why.msg);
+        KILN_LOG_WARN("gateway: the decoders send every image inline: %s", why.msg);
+        return KILN_OK;
+    }
+    /* A reader only: it never allocates, so it makes no slab, and its
+     * owner name and epoch appear nowhere. */
+    gw->images = kiln_transport_shm_create("gateway", gw->request_base | 1, "gateway", 0, 0, &why);
+    if (!gw->images)
+        KILN_LOG_WARN("gateway: the decoders send every image inline: %s", why.msg);
+    else
+        KILN_LOG_INFO("gateway: decoders on host %s with /dev/shm %s hand their images by "
+                      "reference", gw->domain.host, gw->domain.shm[0] ? gw->domain.shm : "none");
+    return KILN_OK;
+}
+
 static kiln_http_server *start_http(kiln_gateway *gw, const char *host, int port,
                                     const kiln_http_handlers *h, kiln_err *err)
 {
@@ -271,12 +304,15 @@ static int start(kiln_gateway *gw, kiln_err *err)
         kiln_err_set(err, KILN_ERR_INVALID, "--trace-file %s: %s", o->trace_file, strerror(errno));
         return -1;
     }
+    if (setup_image_refs(gw, err))
+        return -1;
     kiln_sched_opts so = {.model_id = gw->model_id, .queue_max = o->queue_max,
                           .client_share = o->client_queue_share,
                           .cancel_timeout_ms = o->cancel_timeout_s * 1000.0,
                           .heartbeat_timeout_ms = o->heartbeat_timeout_ms,
                           .progress_timeout_ms = o->progress_timeout_s * 1000.0,
-                          .job_timeout_ms = o->request_timeout_s * 1000.0};
+                          .job_timeout_ms = o->request_timeout_s * 1000.0,
+                          .images = gw->images, .domain = gw->images ? &gw->domain : NULL};
     kiln_sched_ops ops = {.send = kiln_gw_send, .finish = kiln_gw_finish,
                           .partial = kiln_gw_partial};
     if (!(gw->sched = kiln_sched_create(&so, &ops, gw, gw->metrics, err)))
@@ -366,6 +402,7 @@ int kiln_gateway_run(const kiln_gw_options *o)
     }
     uv_run(loop, UV_RUN_DEFAULT);
     kiln_sched_destroy(gw->sched);
+    kiln_transport_destroy(gw->images);
     kiln_metrics_destroy(gw->metrics);
     kiln_traces_destroy(gw->traces);
     if (gw->trace_out)

@@ -101,6 +101,11 @@ typedef struct kiln_gateway {
     kiln_http_server *admin; /* NULL without --admin-port */
     kiln_api_keys *api_keys; /* NULL: the API is open */
     kiln_gw_bus *bus;
+    /* Images by reference (scheduler_images.c): the gateway's transport
+     * domain and the shm transport it reads the decoders' files with;
+     * NULL with KILN_IMAGE_REFS=0 or where it could not be made. */
+    kiln_domain domain;
+    kiln_transport *images;
     kiln_sched *sched;
     kiln_metrics *metrics;
     kiln_traces *traces; /* the last requests' stage traces (GET /v1/traces/<id>) */

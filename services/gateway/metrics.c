@@ -61,6 +61,7 @@ struct kiln_metrics {
     uint64_t images;
     uint64_t events[KILN_EVENT_COUNT];
     uint64_t rejected[KILN_REJECT_COUNT];
+    uint64_t image_handoffs[KILN_IMAGE_VIA_COUNT];
 };
 
 static const char *queue_names[KILN_QUEUE_COUNT] = {"gateway", "replica"};
@@ -72,6 +73,7 @@ static const char *event_names[KILN_EVENT_COUNT] = {"replica_lost", "redispatch"
                                                     "cancel_timeout", "replica_left"};
 static const char *reject_names[KILN_REJECT_COUNT] = {"fenced", "unregistered", "not_handed",
                                                       "foreign_ref"};
+static const char *via_names[KILN_IMAGE_VIA_COUNT] = {"shm", "inline", "failed"};
 
 kiln_metrics *kiln_metrics_create(kiln_err *err)
 {
@@ -171,6 +173,11 @@ void kiln_metrics_event(kiln_metrics *m, kiln_event ev)
 void kiln_metrics_rejected(kiln_metrics *m, kiln_reject why, int n)
 {
     m->rejected[why] += (uint64_t)n;
+}
+
+void kiln_metrics_image_handoffs(kiln_metrics *m, kiln_image_via via, int n)
+{
+    m->image_handoffs[via] += (uint64_t)n;
 }
 
 typedef struct writer {
@@ -341,6 +348,12 @@ kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges
     for (int r = 0; r < KILN_REJECT_COUNT; r++)
         put(&w, "kiln_bus_rejected_total{reason=\"%s\"} %llu\n", reject_names[r],
             (unsigned long long)m->rejected[r]);
+    put(&w, "# HELP kiln_image_handoffs_total Decoded image files by how they reached the "
+            "gateway: by reference in the decoder's shared memory, inline in its message, or "
+            "by a reference it could not use.\n# TYPE kiln_image_handoffs_total counter\n");
+    for (int v = 0; v < KILN_IMAGE_VIA_COUNT; v++)
+        put(&w, "kiln_image_handoffs_total{via=\"%s\"} %llu\n", via_names[v],
+            (unsigned long long)m->image_handoffs[v]);
     static const struct {
         const char *name, *type, *help;
     } per_replica[] = {

@@ -21,6 +21,8 @@
  * name); kiln_prompt_cache_{hits,misses,evictions}_total (the encoders'
  * prompt caches); kiln_events_total{event} (replica_lost: an incarnation
  * fenced, redispatch, timeout, cancel, handoff_failure, cancel_timeout);
+ * kiln_image_handoffs_total{via} (the decoders' image files, by how they
+ * reached the gateway: kiln_image_via);
  * kiln_bus_rejected_total{reason} (kiln_reject); the gauges
  * kiln_queue_depth{stage}, kiln_inflight{stage}, kiln_replicas{stage},
  * kiln_replicas_busy{stage}, kiln_cancelling{stage}, kiln_jobs,
@@ -91,6 +93,16 @@ typedef enum kiln_reject {
     KILN_REJECT_COUNT
 } kiln_reject;
 
+/* How a decoded image file reached the gateway. */
+typedef enum kiln_image_via {
+    KILN_IMAGE_VIA_SHM = 0, /* by reference, read from the decoder's shm pool */
+    KILN_IMAGE_VIA_INLINE,  /* inline in the decoder's done */
+    /* by a reference the gateway could not use (gone, changed under it, or
+     * never valid): the request ran again or failed */
+    KILN_IMAGE_VIA_FAILED,
+    KILN_IMAGE_VIA_COUNT
+} kiln_image_via;
+
 /* A configured limit, exported as kiln_limit{name="..."}. */
 typedef struct kiln_metrics_limit {
     const char *name;
@@ -155,6 +167,7 @@ void kiln_metrics_batch(kiln_metrics *m, kiln_stage stage, int rows);
 void kiln_metrics_images(kiln_metrics *m, int n);
 void kiln_metrics_event(kiln_metrics *m, kiln_event ev);
 void kiln_metrics_rejected(kiln_metrics *m, kiln_reject why, int n);
+void kiln_metrics_image_handoffs(kiln_metrics *m, kiln_image_via via, int n);
 
 /* Appends the exposition text.  KILN_ERR_NOMEM. */
 kiln_status kiln_metrics_render(const kiln_metrics *m, const kiln_metrics_gauges *g, kiln_buf *out,

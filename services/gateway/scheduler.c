@@ -21,6 +21,8 @@ kiln_sched *kiln_sched_create(const kiln_sched_opts *opts, const kiln_sched_ops 
         return NULL;
     }
     s->opts = *opts;
+    if (opts->domain)
+        s->domain = *opts->domain, s->opts.domain = &s->domain;
     snprintf(s->model_id, sizeof s->model_id, "%s", opts->model_id);
     s->opts.model_id = s->model_id;
     s->ops = *ops;
@@ -178,6 +180,7 @@ void sched_destroy_job(kiln_sched *s, sched_job *j)
     s->n_jobs--;
     kiln_api_request_free(&j->req);
     free(j->seeds);
+    free(j->image_bytes);
     free(j);
 }
 
@@ -324,6 +327,7 @@ static void build_job(kiln_sched *s, const sched_job *j, const sched_replica *r,
         mj->decode.height = q->height;
         mj->decode.format = q->format;
         mj->decode.compression = q->compression;
+        mj->decode.image_kinds = sched_image_kinds(s, r);
         mj->in = j->held->done.out;
         break;
     }

@@ -23,7 +23,10 @@
  * of its stage only while that replica has credits (pull: a replica's
  * `ready` adds credits, each `done` returns one, each job sent takes one).
  * Outputs of a stage are forwarded as the next stage's inputs by reference
- * (the gateway never reads tensor bytes).  While a job waits between
+ * (the gateway never reads tensor bytes).  The decoders' image files come
+ * inline in their done, or by reference through their shm pool where the
+ * gateway can open it (scheduler_images.c): the gateway copies them out,
+ * checks that the range still held them, and frees it at once.  While a job waits between
  * stages the gateway holds the references and frees them itself if the
  * job ends there; once dispatched they are the consumer's to release, and
  * a `release` is forwarded as `free` to the owning incarnation only when
@@ -55,6 +58,7 @@
 
 #include "api_request.h"
 #include "common/proto.h"
+#include "common/transport.h"
 #include "metrics.h"
 #include "traces.h"
 
@@ -77,6 +81,14 @@ typedef struct kiln_sched_opts {
      * not do as told.  0: never. */
     double cancel_timeout_ms;
     double job_timeout_ms;       /* 300000 */
+    /* Images by reference: a shm transport the gateway reads the
+     * decoders' image files with (it never allocates from it; borrowed,
+     * it must outlive the scheduler) and the gateway's own transport
+     * domain (copied).  A decoder whose shm can be opened from `domain` is
+     * asked for its files by reference (docs/ARCHITECTURE.md, "Images by
+     * reference").  NULL (either): every image comes inline. */
+    kiln_transport *images;
+    const kiln_domain *domain;
 } kiln_sched_opts;
 
 typedef struct kiln_sched_result {

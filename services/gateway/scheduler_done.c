@@ -296,20 +296,18 @@ void sched_complete(kiln_sched *s, sched_job *j, kiln_msg *m)
     sched_destroy_job(s, j);
 }
 
-/* A consumer could not open its inputs (KILN_ERR_NOT_FOUND): their
- * producer died and its slabs were removed before they were opened.  As
- * for the jobs of a lost replica: once more from the start, else 503. */
-static void restart_lost_inputs(kiln_sched *s, sched_job *j, double now)
+void sched_restart_lost(kiln_sched *s, sched_job *j, const char *what, kiln_stage holder,
+                        double now)
 {
-    const char *producer = kiln_stage_name((kiln_stage)(j->stage - 1));
+    const char *producer = kiln_stage_name(holder);
     sched_detach(s, j);
-    if (j->redispatched) {
+    if (j->redispatched || j->parent) { /* a preview is not run again: sched_fail ends it */
         sched_fail(s, j, 503, "stage_unavailable",
                    "the %s replica holding this request's data stopped", producer);
         return;
     }
-    KILN_LOG_WARN("gateway: request %s (job %llu): its inputs from a %s replica are gone; "
-                  "starting over", j->req.request_id, (unsigned long long)j->id, producer);
+    KILN_LOG_WARN("gateway: request %s (job %llu): its %s from a %s replica are gone; "
+                  "starting over", j->req.request_id, (unsigned long long)j->id, what, producer);
     j->redispatched = 1;
     kiln_metrics_event(s->metrics, KILN_EVENT_REDISPATCH);
     sched_enqueue(s, j, KILN_STAGE_ENCODE, 1, now);
@@ -362,6 +360,15 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
         kiln_msg_free(m);
         return;
     }
+    if (j->stage == KILN_STAGE_DECODE && d->ok) {
+        double t0 = kiln_now_ms();
+        if (sched_images_take(s, r, j, m, now))
+            return;
+        /* Reading the files it handed by reference is part of the
+         * hand-off (kiln_stage_seconds{part="decode_handoff"}). */
+        if (j->image_bytes)
+            now += kiln_now_ms() - t0;
+    }
     if (j->parent) {
         sched_preview_done(s, j, m, now);
         return;
@@ -386,7 +393,9 @@ void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now)
         kiln_metrics_event(s->metrics, KILN_EVENT_HANDOFF_FAILURE);
         sched_free_map(s, &d->out);
         kiln_msg_free(m);
-        restart_lost_inputs(s, j, now);
+        /* Their producer died and its slabs were removed before they
+         * were opened. */
+        sched_restart_lost(s, j, "inputs", (kiln_stage)(stage - 1), now);
         return;
     }
     if (!d->ok) {

@@ -123,12 +123,16 @@ typedef struct sched_job {
     sched_link previews;
     int last_preview;
     kiln_msg *final;
+    /* The image files its decode done handed by reference, copied out
+     * (scheduler_images.c): that done's images point into it. */
+    uint8_t *image_bytes;
 } sched_job;
 
 #define SCHED_TOMBSTONES 256
 
 struct kiln_sched {
     kiln_sched_opts opts;
+    kiln_domain domain; /* opts.domain's copy */
     char model_id[KILN_PROTO_ID_MAX];
     /* The served model's traits, from the first replica's hello; every
      * later replica must announce the same (kiln_sched_traits). */
@@ -237,6 +241,23 @@ int sched_placeable(kiln_sched *s, const sched_job *j);
 unsigned sched_out_kinds(kiln_sched *s, const sched_replica *producer, kiln_stage stage);
 /* Fills mj->src for the inputs `r` must fetch by value. */
 void sched_fill_src(kiln_sched *s, const sched_job *j, const sched_replica *r, kiln_msg_job *mj);
+/* How decoder r may hand its image files besides inline (a decode job's
+ * image_kinds): shm when the gateway can open r's /dev/shm, else 0. */
+unsigned sched_image_kinds(const kiln_sched *s, const sched_replica *r);
+
+/* scheduler_images.c */
+/* The ok decode done m of job j (a request's or a preview's) from r, with
+ * its image files made whole: those it names by reference (out
+ * "image.<row>") are copied into j->image_bytes, verified and their
+ * ranges freed, and m->done.images then holds every row in order, with
+ * nothing left in out.  0 when so.  Otherwise the job is dealt with and m
+ * freed: a reference the gateway cannot read any more (its decoder's
+ * memory is gone) runs the request again once (sched_restart_lost), one
+ * that was never valid (a wrong name, kind, length, or offset) fails it;
+ * a preview is dropped.  Each image is counted in
+ * kiln_image_handoffs_total.  The loop waits for at most a slab mapping
+ * and a copy of the files. */
+int sched_images_take(kiln_sched *s, sched_replica *r, sched_job *j, kiln_msg *m, double now);
 
 /* scheduler_preview.c */
 /* A denoiser's `partial` (m is taken): a preview job for the request it
@@ -261,6 +282,12 @@ void sched_preview_fenced(kiln_sched *s, const char *owner, uint64_t epoch);
 void sched_complete(kiln_sched *s, sched_job *j, kiln_msg *m);
 void sched_on_done(kiln_sched *s, sched_replica *r, kiln_msg *m, double now);
 void sched_on_release(kiln_sched *s, sched_replica *r, const kiln_msg_refs *refs);
+/* Job j lost data it needs (`what`: "inputs", "images"), which a replica
+ * of stage `holder` held: a consumer's inputs are gone, or the gateway
+ * could not read its decoded images.  As for the jobs of a lost replica:
+ * once more from the encode stage, else 503; a preview is dropped. */
+void sched_restart_lost(kiln_sched *s, sched_job *j, const char *what, kiln_stage holder,
+                        double now);
 /* Sends `free` to the owners of the shm / cuda_ipc references in refs[n]
  * (one message per owner incarnation; none to an owner whose incarnation
  * is not the one that made them: its memory went with it). */

@@ -3,7 +3,8 @@
  * where it is; a shm reference may instead go to any replica, which then
  * fetches its bytes from the owner's data socket; a cuda_ipc reference
  * only ever goes where it opens, so a producer is told not to make one
- * when no replica of the next stage could open it. */
+ * when no replica of the next stage could open it.  The gateway itself
+ * opens the decoders' image files where it can. */
 #include <stdio.h>
 #include <string.h>
 
@@ -63,6 +64,17 @@ unsigned sched_out_kinds(kiln_sched *s, const sched_replica *producer, kiln_stag
             return host | KILN_TRANSPORT_BIT(KILN_REF_CUDA_IPC);
     }
     return host;
+}
+
+unsigned sched_image_kinds(const kiln_sched *s, const sched_replica *r)
+{
+    /* The gateway reads (open, copy, verify) where a stage would: it is
+     * the consumer of the decoder's images. */
+    unsigned shm = KILN_TRANSPORT_BIT(KILN_REF_SHM);
+    return s->opts.images && s->opts.domain && (r->transports & shm) &&
+                   kiln_domain_can_open(KILN_REF_SHM, &r->domain, s->opts.domain, shm)
+               ? shm
+               : 0;
 }
 
 void sched_fill_src(kiln_sched *s, const sched_job *j, const sched_replica *r, kiln_msg_job *mj)

@@ -131,6 +131,8 @@ static void end_incarnation(kiln_sched *s, sched_replica *r, const char *why, in
     if (!left)
         send_fenced(s, r->id, r->epoch);
     announce_gone(s, r);
+    if (s->opts.images) /* the gateway's own mappings of its image slabs */
+        kiln_transport_forget(s->opts.images, r->epoch);
     if (sched_live(s, r->stage))
         return;
     for (kiln_fairq_node *n; (n = kiln_fairq_peek(&s->queue[r->stage]));)

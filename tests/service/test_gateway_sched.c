@@ -9,12 +9,14 @@
  * forged and repeated releases refused, restarts when inputs are gone (a
  * consumer's not_found), timeouts (504), error dones, dones nobody
  * waits for, cancels a replica answers late or never (busy gauges,
- * fencing), replicas leaving gracefully (`leaving`, then `bye`), and
+ * fencing), replicas leaving gracefully (`leaving`, then `bye`),
  * previews of streamed requests (partial_images: a denoiser's `partial`
  * decoded as a job of its own on a spare decoder credit, answered in
  * index order before the finish, which waits for a preview still
  * decoding; queued ones dropped when the final latents come; stale,
- * unwanted and cancelled ones freed).
+ * unwanted and cancelled ones freed), and decoded images by reference
+ * (read, verified and freed at once; a stale or invalid reference never
+ * answered with).
  * Every message the scheduler sends goes through kiln_msg_encode /
  * kiln_msg_decode, so it must be a valid protocol message. */
 #include <stdio.h>
@@ -49,6 +51,7 @@ typedef struct world {
     char last_message[KILN_ERR_MSG_MAX];
     uint64_t last_seeds[16];
     kiln_trace last_trace; /* the last finished request's spans */
+    const char *want_images[16]; /* what finish must get (NULL: "img") */
     int partials[16], n_partials; /* preview indices answered, in order */
     int finished_after;           /* n_partials when the finish came */
     double now;
@@ -96,7 +99,10 @@ static void fake_finish(void *ud, void *client, const kiln_sched_result *res)
         w->last_trace = *res->trace;
     for (int i = 0; i < res->n_images && i < 16; i++) {
         w->last_seeds[i] = res->seeds[i];
-        CHECK(res->images[i].len == 3 && memcmp(res->images[i].data, "img", 3) == 0);
+        const char *want = w->want_images[i] ? w->want_images[i] : "img";
+        CHECKF(res->images[i].len == strlen(want) &&
+                   memcmp(res->images[i].data, want, strlen(want)) == 0,
+               "image %d is not '%s'", i, want);
     }
 }
 
@@ -294,8 +300,12 @@ static void done_error(world *w, const char *from, uint64_t job, kiln_status cod
     deliver(w, from, &m);
 }
 
-/* The next world's opts.cancel_timeout_ms (0: never fence). */
+/* The next world's opts.cancel_timeout_ms (0: never fence), and its
+ * reader of image files by reference and transport domain (NULL: images
+ * come inline). */
 static double world_cancel_ms;
+static kiln_transport *world_images;
+static const kiln_domain *world_domain;
 
 static void world_init(world *w, int queue_max)
 {
@@ -305,7 +315,8 @@ static void world_init(world *w, int queue_max)
     w->metrics = kiln_metrics_create(&err);
     kiln_sched_opts o = {.model_id = "klein-tiny", .queue_max = queue_max,
                          .heartbeat_timeout_ms = 2000, .progress_timeout_ms = 3000,
-                         .job_timeout_ms = 60000, .cancel_timeout_ms = world_cancel_ms};
+                         .job_timeout_ms = 60000, .cancel_timeout_ms = world_cancel_ms,
+                         .images = world_images, .domain = world_domain};
     kiln_sched_ops ops = {.send = fake_send, .finish = fake_finish, .partial = fake_partial};
     w->s = kiln_sched_create(&o, &ops, w, w->metrics, &err);
     CHECK(w->s != NULL);
@@ -1664,6 +1675,188 @@ static uint64_t preview_sent(world *w, uint64_t request, const kiln_tensor_ref *
     return m ? m->job.job : 0;
 }
 
+/* A decode done from `from` for job `id` whose rows are files[], those
+ * with by_ref[row] set handed as the references refs[row] (the others
+ * inline, in order). */
+static void done_files(world *w, const char *from, uint64_t id, int n, const char *const *files,
+                       const int *by_ref, const kiln_tensor_ref *refs)
+{
+    kiln_msg *m = calloc(1, sizeof *m);
+    m->type = KILN_MSG_DONE;
+    m->done = (kiln_msg_done){.job = id, .ok = 1};
+    for (int row = 0; row < n; row++) {
+        char name[KILN_PROTO_TENSOR_NAME_MAX];
+        kiln_image_ref_name(row, name);
+        if (by_ref[row])
+            CHECK(kiln_ref_map_put(&m->done.out, name, &refs[row], NULL) == KILN_OK);
+        else
+            m->done.images[m->done.n_images++] =
+                (kiln_bytes){(const uint8_t *)files[row], strlen(files[row])};
+    }
+    deliver(w, from, m);
+    free(m);
+}
+
+/* File `text` in a new range of the decoder's pool tx. */
+static kiln_tensor_ref file_ref(kiln_transport *tx, const char *text)
+{
+    kiln_tensor_ref r;
+    void *p;
+    CHECK(kiln_transport_alloc(tx, KILN_U8, 1, (int64_t[]){(int64_t)strlen(text)}, &r, &p, NULL) ==
+          KILN_OK);
+    memcpy(p, text, strlen(text));
+    return r;
+}
+
+static double via(world *w, const char *how)
+{
+    return metric_sample(w, "kiln_image_handoffs_total{via=\"%s\"}", how);
+}
+
+/* Images by reference (scheduler_images.c): a decoder the gateway can
+ * reach through /dev/shm is asked for its files in its shm pool; the
+ * gateway answers with exactly their bytes, rows in order (by reference
+ * or inline, each on its own), and frees every range at once.  A range
+ * freed before the gateway read it (the decoder died, or reused it) runs
+ * the request again once, then 503, never answered with those bytes; a
+ * reference that was never valid (a wrong name, length or offset, one
+ * the gateway did not ask for) fails the request; a decoder elsewhere, or
+ * a gateway without a reader, gets inline files. */
+static void test_image_refs(void)
+{
+    kiln_err err = {0};
+    kiln_transport *rx = kiln_transport_shm_create("gateway", 1, "gateway", 0, 0, &err);
+    CHECK(rx != NULL);
+    world w;
+    world_images = rx, world_domain = &one_box;
+    world_init(&w, 8);
+    world_images = NULL, world_domain = NULL;
+    cluster(&w);
+    kiln_transport *tx = kiln_transport_shm_create("decode-a", epoch_of(&w, "decode-a"), "decode",
+                                                   1 << 20, 0, &err);
+    CHECK(tx != NULL);
+    if (!rx || !tx)
+        goto out;
+    uint64_t id;
+    kiln_tensor_ref lat;
+    CHECK(submit(&w, "{\"prompt\":\"x\",\"size\":\"64x64\",\"n\":3}", &id) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
+    done_with(&w, "encode-a", id, "embeds", &emb);
+    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
+    lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
+    done_with(&w, "denoise-a", id, "latents", &lat);
+    expect_free(&w, "encode-a", &emb);
+    kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
+    CHECK(m && m->job.decode.image_kinds == KILN_TRANSPORT_BIT(KILN_REF_SHM));
+    /* Rows 0 and 2 by reference, row 1 inline. */
+    static const char *const files[] = {"first png", "second", "third file"};
+    kiln_tensor_ref refs[3] = {file_ref(tx, files[0]), {0}, file_ref(tx, files[2])};
+    for (int i = 0; i < 3; i++)
+        w.want_images[i] = files[i];
+    done_files(&w, "decode-a", id, 3, files, (const int[]){1, 0, 1}, refs);
+    CHECK(w.n_finished == 1 && w.last_status == 200 && w.last_images == 3);
+    expect_free(&w, "denoise-a", &lat);
+    kiln_msg *f = expect_sent(&w, KILN_MSG_FREE, "decode-a");
+    CHECK(f && f->refs.n == 2 && f->epoch == epoch_of(&w, "decode-a"));
+    for (int i = 0; f && i < f->refs.n; i++)
+        CHECK(kiln_transport_free(tx, &f->refs.refs[i], NULL) == KILN_OK);
+    kiln_transport_stats st;
+    kiln_transport_stats_get(tx, &st);
+    CHECK(st.live == 0);
+    kiln_transport_stats_get(rx, &st);
+    CHECK(st.open == 0 && st.mapped == 1 && st.slabs == 0);
+    CHECK(via(&w, "shm") == 2 && via(&w, "inline") == 1 && via(&w, "failed") == 0);
+    expect_quiet(&w);
+
+    /* Gone before the gateway read it: once more from the encode stage,
+     * then 503; no answer ever carries the bytes now in that range. */
+    memset(w.want_images, 0, sizeof w.want_images);
+    CHECK(submit(&w, "{\"prompt\":\"y\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    for (int round = 0; round < 2; round++) {
+        to_decode(&w, id, &lat);
+        kiln_tensor_ref stale = file_ref(tx, "img");
+        CHECK(kiln_transport_free(tx, &stale, NULL) == KILN_OK);
+        kiln_tensor_ref other = file_ref(tx, "someone else's"); /* the same range, reused */
+        CHECK(other.off == stale.off && other.gen != stale.gen);
+        done_files(&w, "decode-a", id, 1, (const char *const[]){"img"}, (const int[]){1}, &stale);
+        expect_free(&w, "denoise-a", &lat);
+        expect_free(&w, "decode-a", &stale);
+        CHECK(kiln_transport_free(tx, &stale, NULL) == KILN_ERR_INVALID);
+        CHECK(kiln_transport_free(tx, &other, NULL) == KILN_OK);
+        CHECK(w.n_finished == 1 + round);
+    }
+    CHECK(w.last_status == 503 && via(&w, "failed") == 2 && event_count(&w, "redispatch") == 1);
+    expect_quiet(&w);
+
+    /* Never valid: the request fails (500), the range goes back. */
+    kiln_tensor_ref good = file_ref(tx, "img"), bad[4] = {good, good, good, good};
+    bad[0].len = bad[0].shape[0] = 2;             /* not the allocation's length: gone */
+    bad[1].off = (1 << 20) + 64;                  /* outside its slab */
+    bad[2].dtype = KILN_F32, bad[2].len *= 4;     /* not bytes */
+    snprintf(bad[3].owner, sizeof bad[3].owner, "denoise-a"); /* another's */
+    static const int want[] = {503, 500, 500, 0};
+    for (int k = 0; k < 4; k++) {
+        CHECK(submit(&w, "{\"prompt\":\"z\",\"size\":\"64x64\"}", &id) == KILN_OK);
+        to_decode(&w, id, &lat);
+        int before = w.n_finished;
+        done_files(&w, "decode-a", id, 1, (const char *const[]){"img"}, (const int[]){1}, &bad[k]);
+        if (k == 0) { /* restarted once, then the same again */
+            expect_free(&w, "denoise-a", &lat);
+            expect_free(&w, "decode-a", &bad[k]);
+            to_decode(&w, id, &lat);
+            done_files(&w, "decode-a", id, 1, (const char *const[]){"img"}, (const int[]){1},
+                       &bad[k]);
+        }
+        if (k == 3) { /* decode-a is fenced, the job runs again */
+            CHECK(w.n_finished == before && rejected(&w, "foreign_ref") == 1);
+            break;
+        }
+        CHECKF(w.n_finished == before + 1 && w.last_status == want[k], "case %d: status %d", k,
+               w.last_status);
+        expect_free(&w, "denoise-a", &lat);
+        kiln_msg *fr = expect_sent(&w, KILN_MSG_FREE, "decode-a");
+        CHECK(fr && fr->refs.n == 1 && fr->refs.refs[0].gen == good.gen);
+        expect_quiet(&w);
+    }
+    kiln_transport_stats_get(rx, &st);
+    CHECK(st.open == 0);
+    world_free(&w);
+
+    /* A decoder whose /dev/shm the gateway cannot open (another machine,
+     * another pod), or a gateway without a reader: inline, and references
+     * it did not ask for fail the request. */
+    kiln_domain elsewhere = dom("boot-2", "27:1", 1, -1);
+    world_images = rx, world_domain = &elsewhere;
+    world_init(&w, 8);
+    world_images = NULL, world_domain = NULL;
+    cluster(&w);
+    CHECK(submit(&w, "{\"prompt\":\"x\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
+    done_with(&w, "encode-a", id, "embeds", &emb);
+    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
+    lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
+    done_with(&w, "denoise-a", id, "latents", &lat);
+    expect_free(&w, "encode-a", &emb);
+    m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
+    CHECK(m && m->job.decode.image_kinds == 0);
+    done_images(&w, "decode-a", id, 1);
+    CHECK(w.last_status == 200 && via(&w, "inline") == 1);
+    world_free(&w);
+    world_init(&w, 8);
+    cluster(&w);
+    CHECK(submit(&w, "{\"prompt\":\"x\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    to_decode(&w, id, &lat);
+    kiln_tensor_ref unasked = file_ref(tx, "img");
+    done_files(&w, "decode-a", id, 1, (const char *const[]){"img"}, (const int[]){1}, &unasked);
+    CHECK(w.n_finished == 1 && w.last_status == 500 && via(&w, "failed") == 1);
+    world_free(&w);
+out:
+    kiln_transport_destroy(tx);
+    kiln_transport_destroy(rx);
+}
+
 static void test_previews(void)
 {
     world w;
@@ -1814,5 +2007,6 @@ int main(void)
     RUN(test_domains);
     RUN(test_shm_full);
     RUN(test_trace_device_times);
+    RUN(test_image_refs);
     return test_finish();
 }
