@@ -83,12 +83,15 @@ int worker_fault_setup(kiln_worker *w)
         w->fault.illegal_at = n;
     else
         w->fault.stale_images_at = n;
-    KILN_LOG_WARN("%s: KILN_FAULT_INJECT: %s %llu (a test aid)", w->ops->binary,
-                  stall    ? "the backend thread stalls after step"
-                  : lost   ? "the device is lost after step"
-                  : stale  ? "image references freed before they go out, in done"
-                           : "an op reads and writes an illegal device address after step",
-                  n);
+    if (stale)
+        KILN_LOG_WARN("%s: KILN_FAULT_INJECT: done %llu with image references frees them before "
+                      "it goes out (a test aid)", w->ops->binary, n);
+    else
+        KILN_LOG_WARN("%s: KILN_FAULT_INJECT: %s after step %llu (a test aid)", w->ops->binary,
+                      stall  ? "the backend thread stalls"
+                      : lost ? "the device is lost"
+                             : "an op reads and writes an illegal device address",
+                      n);
     return 0;
 }
 
