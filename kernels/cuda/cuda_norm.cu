@@ -211,6 +211,31 @@ __device__ __forceinline__ void gn_load(float f[8], const void *x, int xbf, int6
         f[j] = j < nch ? ld_act(x, off + j, xbf) : 0.0f;
 }
 
+/* The vector path's loads of pixels k .. k + U - 1 (those below kn) of a
+ * thread's column, all issued before the first is used. */
+template <bool VEC, int U>
+__device__ __forceinline__ void gn_prefetch(uint4 raw[U], const void *x, int64_t off,
+                                            int64_t step, int64_t k, int64_t kn)
+{
+    if (VEC) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (k + u < kn)
+                raw[u] = *(const uint4 *)((const bf16 *)x + off + (k + u) * step);
+    }
+}
+
+/* A pixel's column as floats: its prefetched vector, or loaded now. */
+template <bool VEC>
+__device__ __forceinline__ void gn_fetch(float f[8], const uint4 &raw, const void *x, int xbf,
+                                         int64_t at, int nch)
+{
+    if (VEC)
+        gn_unpack(f, raw);
+    else
+        gn_load(f, x, xbf, at, nch);
+}
+
 template <bool VEC>
 __device__ __forceinline__ void gn_store(void *y, int ybf, int64_t off, const float f[8], int nch)
 {
@@ -256,21 +281,13 @@ __global__ void __launch_bounds__(GN_THREADS)
         constexpr int U = VEC ? GN_UNROLL : 1;
         for (int64_t k = 0; k < kn; k += U) {
             uint4 raw[U];
-            if (VEC) {
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (k + u < kn)
-                        raw[u] = *(const uint4 *)((const bf16 *)x + off + (k + u) * step);
-            }
+            gn_prefetch<VEC, U>(raw, x, off, step, k, kn);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (k + u >= kn)
                     break;
                 float f[8];
-                if (VEC)
-                    gn_unpack(f, raw[u]);
-                else
-                    gn_load(f, x, xbf, off + (k + u) * step, nch);
+                gn_fetch<VEC>(f, raw[u], x, xbf, off + (k + u) * step, nch);
                 const float rk = __frcp_rn((float)(k + u + 1));
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
@@ -417,21 +434,13 @@ __global__ void __launch_bounds__(GN_THREADS, 3)
     constexpr int U = VEC ? GN_UNROLL : 1;
     for (int64_t k = 0; k < kn; k += U) {
         uint4 raw[U];
-        if (VEC) {
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (k + u < kn)
-                    raw[u] = *(const uint4 *)((const bf16 *)x + off + (k + u) * step);
-        }
+        gn_prefetch<VEC, U>(raw, x, off, step, k, kn);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (k + u >= kn)
                 break;
             float f[8];
-            if (VEC)
-                gn_unpack(f, raw[u]);
-            else
-                gn_load(f, x, xbf, off + (k + u) * step, nch);
+            gn_fetch<VEC>(f, raw[u], x, xbf, off + (k + u) * step, nch);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const float v = gn_affine(f[j], mi[j].x, mi[j].y, wc[j], bc[j]);
