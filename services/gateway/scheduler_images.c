@@ -22,11 +22,11 @@ static uint64_t max_file(const kiln_request *q)
 }
 
 /* KILN_ERR_INVALID (why in err) unless every reference of d is an image
- * file the gateway asked r for: checked before anything is mapped. */
-static kiln_status check_refs(const kiln_sched *s, const sched_replica *r, const kiln_request *q,
-                              const kiln_msg_done *d, kiln_err *err)
+ * file j's dispatch asked for: checked before anything is mapped. */
+static kiln_status check_refs(const sched_job *j, const kiln_request *q, const kiln_msg_done *d,
+                              kiln_err *err)
 {
-    if (!(sched_image_kinds(s, r) & KILN_TRANSPORT_BIT(KILN_REF_SHM)))
+    if (!(j->image_kinds & KILN_TRANSPORT_BIT(KILN_REF_SHM)))
         return kiln_err_set(err, KILN_ERR_INVALID, "references the gateway did not ask for");
     if (d->n_images + d->out.n != q->n)
         return kiln_err_set(err, KILN_ERR_INVALID, "%d images inline and %d by reference for %d",
@@ -80,7 +80,7 @@ int sched_images_take(kiln_sched *s, sched_replica *r, sched_job *j, kiln_msg *m
     kiln_err err = {0};
     size_t off[KILN_PROTO_MAX_TENSORS], total = 0;
     uint8_t *bytes = NULL;
-    kiln_status st = check_refs(s, r, q, d, &err);
+    kiln_status st = check_refs(j, q, d, &err);
     for (int i = 0; !st && i < d->out.n; i++)
         off[i] = total, total += (size_t)d->out.items[i].ref.len;
     if (!st && !(bytes = malloc(total)))
@@ -103,6 +103,12 @@ int sched_images_take(kiln_sched *s, sched_replica *r, sched_job *j, kiln_msg *m
         } else {
             KILN_LOG_WARN("gateway: request %s (job %llu): the images of %s cannot be read: %s",
                           j->req.request_id, (unsigned long long)j->id, r->id, err.msg);
+            /* A slab that is there but cannot be mapped will not map next
+             * time either: without this every request would fail twice. */
+            if (st == KILN_ERR_IO && !r->images_inline) {
+                r->images_inline = 1;
+                KILN_LOG_WARN("gateway: %s's images come inline from now on", r->id);
+            }
             sched_restart_lost(s, j, "images", KILN_STAGE_DECODE, now);
         }
         return 1;

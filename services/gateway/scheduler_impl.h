@@ -70,6 +70,9 @@ typedef struct sched_replica {
      * its data socket for by-value hand-offs ("" when none). */
     kiln_domain domain;
     unsigned transports;
+    /* 1 once the gateway failed to map one of its slabs (another user's
+     * files, say): its images are asked for inline from then on. */
+    int images_inline;
     char data[KILN_PROTO_ENDPOINT_MAX], data_key[KILN_PROTO_KEY_TEXT];
     /* Its hello's process token ("" when not said): the incarnations that
      * share one end together (scheduler_replica.c, sched_replica_fence). */
@@ -126,6 +129,9 @@ typedef struct sched_job {
     /* The image files its decode done handed by reference, copied out
      * (scheduler_images.c): that done's images point into it. */
     uint8_t *image_bytes;
+    /* What its last dispatch asked a decoder for (decode.image_kinds): the
+     * references its done may carry, whatever was decided since. */
+    unsigned image_kinds;
 } sched_job;
 
 #define SCHED_TOMBSTONES 256

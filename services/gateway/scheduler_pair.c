@@ -71,7 +71,7 @@ unsigned sched_image_kinds(const kiln_sched *s, const sched_replica *r)
     /* The gateway reads (open, copy, verify) where a stage would: it is
      * the consumer of the decoder's images. */
     unsigned shm = KILN_TRANSPORT_BIT(KILN_REF_SHM);
-    return s->opts.images && s->opts.domain && (r->transports & shm) &&
+    return s->opts.images && s->opts.domain && !r->images_inline && (r->transports & shm) &&
                    kiln_domain_can_open(KILN_REF_SHM, &r->domain, s->opts.domain, shm)
                ? shm
                : 0;

@@ -19,9 +19,12 @@
  * answered with).
  * Every message the scheduler sends goes through kiln_msg_encode /
  * kiln_msg_decode, so it must be a valid protocol message. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "services/gateway/scheduler.h"
 #include "tests/test.h"
@@ -1857,6 +1860,73 @@ out:
     kiln_transport_destroy(rx);
 }
 
+/* A decoder whose slab the gateway finds but cannot map (another user's
+ * 0600 files; here an empty file, which mmap refuses): the request runs
+ * again once and that decoder is asked for inline files from then on,
+ * rather than every request failing twice. */
+static void test_image_refs_unmappable(void)
+{
+    kiln_err err = {0};
+    kiln_transport *rx = kiln_transport_shm_create("gateway", 1, "gateway", 0, 0, &err);
+    world w;
+    world_images = rx, world_domain = &one_box;
+    world_init(&w, 8);
+    world_images = NULL, world_domain = NULL;
+    cluster(&w);
+    kiln_transport *tx = kiln_transport_shm_create("decode-a", epoch_of(&w, "decode-a"), "decode",
+                                                   1 << 20, 0, &err);
+    char empty[64];
+    snprintf(empty, sizeof empty, "/kiln-test-unmappable-%ld", (long)getpid());
+    int fd = shm_open(empty, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    CHECK(rx && tx && fd >= 0);
+    if (fd >= 0)
+        close(fd);
+    if (!rx || !tx || fd < 0)
+        goto out;
+    uint64_t id, id2;
+    kiln_tensor_ref lat, lat2;
+    CHECK(submit(&w, "{\"prompt\":\"x\",\"size\":\"64x64\"}", &id) == KILN_OK);
+    to_decode(&w, id, &lat);
+    kiln_tensor_ref bad = file_ref(tx, "img");
+    snprintf(bad.slab, sizeof bad.slab, "%s", empty);
+    done_files(&w, "decode-a", id, 1, (const char *const[]){"img"}, (const int[]){1}, &bad);
+    CHECK(w.n_finished == 0 && via(&w, "failed") == 1);
+    expect_free(&w, "denoise-a", &lat);
+    expect_free(&w, "decode-a", &bad);
+    /* Once more from the encode stage: this dispatch asks for inline. */
+    expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
+    done_with(&w, "encode-a", id, "embeds", &emb);
+    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
+    lat2 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
+    done_with(&w, "denoise-a", id, "latents", &lat2);
+    expect_free(&w, "encode-a", &emb);
+    kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
+    CHECK(m && m->job.job == id && m->job.decode.image_kinds == 0);
+    w.want_images[0] = "img";
+    done_files(&w, "decode-a", id, 1, (const char *const[]){"img"}, (const int[]){0}, NULL);
+    CHECK(w.n_finished == 1 && w.last_status == 200 && via(&w, "inline") == 1);
+    expect_free(&w, "denoise-a", &lat2);
+    expect_quiet(&w);
+    /* A later request: inline from the start. */
+    CHECK(submit(&w, "{\"prompt\":\"y\",\"size\":\"64x64\"}", &id2) == KILN_OK);
+    expect_sent(&w, KILN_MSG_JOB, "encode-a");
+    emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
+    done_with(&w, "encode-a", id2, "embeds", &emb);
+    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
+    lat2 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
+    done_with(&w, "denoise-a", id2, "latents", &lat2);
+    expect_free(&w, "encode-a", &emb);
+    m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
+    CHECK(m && m->job.job == id2 && m->job.decode.image_kinds == 0);
+    world_free(&w);
+out:
+    if (fd >= 0)
+        shm_unlink(empty);
+    kiln_transport_destroy(tx);
+    kiln_transport_destroy(rx);
+}
+
 static void test_previews(void)
 {
     world w;
@@ -2008,5 +2078,6 @@ int main(void)
     RUN(test_shm_full);
     RUN(test_trace_device_times);
     RUN(test_image_refs);
+    RUN(test_image_refs_unmappable);
     return test_finish();
 }
