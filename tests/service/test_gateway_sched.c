@@ -392,7 +392,7 @@ static kiln_msg *to_denoise(world *w, const char *json, uint64_t *id, kiln_tenso
 
 /* Job `id`, just sent to encode-a, through the encode and denoise stages
  * of the cluster: *lat is what the decoder gets, dispatched to decode-a. */
-static void to_decode(world *w, uint64_t id, kiln_tensor_ref *lat)
+static kiln_msg *to_decode(world *w, uint64_t id, kiln_tensor_ref *lat)
 {
     expect_sent(w, KILN_MSG_JOB, "encode-a");
     kiln_tensor_ref emb = shm_ref(w, "encode-a", "/kiln-encode-1-0", 64);
@@ -403,6 +403,7 @@ static void to_decode(world *w, uint64_t id, kiln_tensor_ref *lat)
     expect_free(w, "encode-a", &emb);
     kiln_msg *m = expect_sent(w, KILN_MSG_JOB, "decode-a");
     CHECK(m && m->job.job == id);
+    return m;
 }
 
 static void test_flow(void)
@@ -1716,6 +1717,23 @@ static double via(world *w, const char *how)
     return metric_sample(w, "kiln_image_handoffs_total{via=\"%s\"}", how);
 }
 
+/* A world whose gateway reads image references (*rx, in one_box's
+ * domain); returns decode-a's pool of image files. */
+static kiln_transport *image_world(world *w, kiln_transport **rx)
+{
+    kiln_err err = {0};
+    *rx = kiln_transport_shm_create("gateway", 1, "gateway", 0, 0, &err);
+    CHECK(*rx != NULL);
+    world_images = *rx, world_domain = &one_box;
+    world_init(w, 8);
+    world_images = NULL, world_domain = NULL;
+    cluster(w);
+    kiln_transport *tx = kiln_transport_shm_create("decode-a", epoch_of(w, "decode-a"), "decode",
+                                                   1 << 20, 0, &err);
+    CHECK(tx != NULL);
+    return tx;
+}
+
 /* Images by reference (scheduler_images.c): a decoder the gateway can
  * reach through /dev/shm is asked for its files in its shm pool; the
  * gateway answers with exactly their bytes, rows in order (by reference
@@ -1727,17 +1745,9 @@ static double via(world *w, const char *how)
  * a gateway without a reader, gets inline files. */
 static void test_image_refs(void)
 {
-    kiln_err err = {0};
-    kiln_transport *rx = kiln_transport_shm_create("gateway", 1, "gateway", 0, 0, &err);
-    CHECK(rx != NULL);
+    kiln_transport *rx;
     world w;
-    world_images = rx, world_domain = &one_box;
-    world_init(&w, 8);
-    world_images = NULL, world_domain = NULL;
-    cluster(&w);
-    kiln_transport *tx = kiln_transport_shm_create("decode-a", epoch_of(&w, "decode-a"), "decode",
-                                                   1 << 20, 0, &err);
-    CHECK(tx != NULL);
+    kiln_transport *tx = image_world(&w, &rx);
     if (!rx || !tx)
         goto out;
     uint64_t id;
@@ -1835,14 +1845,7 @@ static void test_image_refs(void)
     world_images = NULL, world_domain = NULL;
     cluster(&w);
     CHECK(submit(&w, "{\"prompt\":\"x\",\"size\":\"64x64\"}", &id) == KILN_OK);
-    expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
-    done_with(&w, "encode-a", id, "embeds", &emb);
-    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
-    lat = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
-    done_with(&w, "denoise-a", id, "latents", &lat);
-    expect_free(&w, "encode-a", &emb);
-    m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
+    m = to_decode(&w, id, &lat);
     CHECK(m && m->job.decode.image_kinds == 0);
     done_images(&w, "decode-a", id, 1);
     CHECK(w.last_status == 200 && via(&w, "inline") == 1);
@@ -1866,15 +1869,9 @@ out:
  * rather than every request failing twice. */
 static void test_image_refs_unmappable(void)
 {
-    kiln_err err = {0};
-    kiln_transport *rx = kiln_transport_shm_create("gateway", 1, "gateway", 0, 0, &err);
+    kiln_transport *rx;
     world w;
-    world_images = rx, world_domain = &one_box;
-    world_init(&w, 8);
-    world_images = NULL, world_domain = NULL;
-    cluster(&w);
-    kiln_transport *tx = kiln_transport_shm_create("decode-a", epoch_of(&w, "decode-a"), "decode",
-                                                   1 << 20, 0, &err);
+    kiln_transport *tx = image_world(&w, &rx);
     char empty[64];
     snprintf(empty, sizeof empty, "/kiln-test-unmappable-%ld", (long)getpid());
     int fd = shm_open(empty, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -1894,15 +1891,8 @@ static void test_image_refs_unmappable(void)
     expect_free(&w, "denoise-a", &lat);
     expect_free(&w, "decode-a", &bad);
     /* Once more from the encode stage: this dispatch asks for inline. */
-    expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    kiln_tensor_ref emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
-    done_with(&w, "encode-a", id, "embeds", &emb);
-    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
-    lat2 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
-    done_with(&w, "denoise-a", id, "latents", &lat2);
-    expect_free(&w, "encode-a", &emb);
-    kiln_msg *m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
-    CHECK(m && m->job.job == id && m->job.decode.image_kinds == 0);
+    kiln_msg *m = to_decode(&w, id, &lat2);
+    CHECK(m && m->job.decode.image_kinds == 0);
     w.want_images[0] = "img";
     done_files(&w, "decode-a", id, 1, (const char *const[]){"img"}, (const int[]){0}, NULL);
     CHECK(w.n_finished == 1 && w.last_status == 200 && via(&w, "inline") == 1);
@@ -1910,15 +1900,8 @@ static void test_image_refs_unmappable(void)
     expect_quiet(&w);
     /* A later request: inline from the start. */
     CHECK(submit(&w, "{\"prompt\":\"y\",\"size\":\"64x64\"}", &id2) == KILN_OK);
-    expect_sent(&w, KILN_MSG_JOB, "encode-a");
-    emb = shm_ref(&w, "encode-a", "/kiln-encode-1-0", 64);
-    done_with(&w, "encode-a", id2, "embeds", &emb);
-    expect_sent(&w, KILN_MSG_JOB, "denoise-a");
-    lat2 = shm_ref(&w, "denoise-a", "/kiln-denoise-1-0", 64);
-    done_with(&w, "denoise-a", id2, "latents", &lat2);
-    expect_free(&w, "encode-a", &emb);
-    m = expect_sent(&w, KILN_MSG_JOB, "decode-a");
-    CHECK(m && m->job.job == id2 && m->job.decode.image_kinds == 0);
+    m = to_decode(&w, id2, &lat2);
+    CHECK(m && m->job.decode.image_kinds == 0);
     world_free(&w);
 out:
     if (fd >= 0)
