@@ -81,9 +81,10 @@ typedef struct kiln_vae_info {
 
 /* Debug taps: when given, `fn` is called after each named stage with the
  * activation (a view into scratch memory, valid only during the call; on a
- * device backend download it to read it), channels-last (B, H, W, C).  Decoder stage names are diffusers'
- * module names: "post_quant_conv", "conv_in", "mid_block", "up_blocks.<i>";
- * encoder: "conv_in", "down_blocks.<i>", "mid_block". */
+ * device backend download it to read it), channels-last (B, H, W, C).
+ * Decoder stage names are diffusers' module names: "post_quant_conv",
+ * "conv_in", "mid_block", "up_blocks.<i>"; encoder: "conv_in",
+ * "down_blocks.<i>", "mid_block". */
 typedef struct kiln_vae_tap {
     void (*fn)(void *ctx, const char *stage, const kiln_tensor *t);
     void *ctx;

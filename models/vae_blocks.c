@@ -242,10 +242,9 @@ void vae_conv_from(vae_run *r, const vae_conv *c, const kiln_tensor *x)
 {
     int p = conv_pad(c), s = (r->cur + 1) % 3;
     r->B = x->shape[0];
-    r->C = x->shape[1];
     r->H = x->shape[2];
     r->W = x->shape[3];
-    kiln_tensor t = slot_view(r, s, r->C, r->H, r->W);
+    kiln_tensor t = slot_view(r, s, x->shape[1], r->H, r->W);
     vae_nchw_to_nhwc(r->be, &t, x);
     r->C = c->w.shape[0];
     kiln_tensor y = act(r);

@@ -344,7 +344,8 @@ static void send_job(kiln_sched *s, sched_job *j, sched_replica *r, double now)
         handed = !(st = sched_handoff_add(s, r, j, &err));
     if (!st) {
         build_job(s, j, r, m);
-        j->image_kinds = m->job.decode.image_kinds;
+        if (j->stage == KILN_STAGE_DECODE)
+            j->image_kinds = m->job.decode.image_kinds;
         st = s->ops.send(s->ud, r->id, m, &err);
     }
     free(m);
