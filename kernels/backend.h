@@ -201,11 +201,13 @@ typedef struct kiln_backend_ops {
     void (*to_rgb8)(kiln_backend *be, kiln_tensor *rgb, const kiln_tensor *x);
 
     /* --- fused transformer ops (one pass where the ops above take several)
-     * qkv_split: P (B, S, 3D) the fused q|k|v projection -> q, k, v
-     * (B, S, D) each, with D = H * d; q and k get the per-head RMSNorm of
-     * norm_q / norm_k (d elements; NULL skips it) and then RoPE (cos, sin
-     * (S, d) F32 as for rope; NULL skips it); v is copied.  The same values
-     * and roundings as copy_cols + rms_norm + rope.
+     * qkv_split: P (B, S, Dq + 2 Dkv) the fused q|k|v projection -> q
+     * (B, S, Dq), k and v (B, S, Dkv), with Dq = Hq * d and Dkv = Hkv * d
+     * (the DiTs: Dq = Dkv; Qwen3's grouped-query attention: Dq = 4 Dkv;
+     * the widths come from q's and k's element counts); q and k get the
+     * per-head RMSNorm of norm_q / norm_k (d elements; NULL skips it) and
+     * then RoPE (cos, sin (S, d) F32 as for rope; NULL skips it); v is
+     * copied.  The same values and roundings as copy_cols + rms_norm + rope.
      * swiglu_cols: swiglu into columns [dst_col0, dst_col0 + F) of y (R, C),
      * x (R, 2F): the other columns of y are left alone. */
     void (*qkv_split)(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,

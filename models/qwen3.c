@@ -11,7 +11,7 @@
 
 typedef struct qwen3_layer {
     kiln_tensor input_norm;   /* [H] */
-    kiln_tensor q, k, v;      /* [nq*d, H], [nkv*d, H], [nkv*d, H] */
+    kiln_tensor qkv;          /* [(nq + 2 nkv) d, H]: q rows, k rows, v rows, for qkv_split */
     kiln_tensor q_norm;       /* [d] */
     kiln_tensor k_norm;       /* [d] */
     kiln_tensor o;            /* [H, nq*d] */
@@ -84,12 +84,6 @@ static kiln_status load_layer(kiln_qwen3 *m, const char *pre, int l, qwen3_layer
 
     if (kiln_weight_load(be, st, &ly->input_norm, 1, (int64_t[]){H}, err,
                          "%slayers.%d.input_layernorm.weight", pre, l) ||
-        kiln_weight_load(be, st, &ly->q, 2, (int64_t[]){nq, H}, err,
-                         "%slayers.%d.%s.q_proj.weight", pre, l, p) ||
-        kiln_weight_load(be, st, &ly->k, 2, (int64_t[]){nkv, H}, err,
-                         "%slayers.%d.%s.k_proj.weight", pre, l, p) ||
-        kiln_weight_load(be, st, &ly->v, 2, (int64_t[]){nkv, H}, err,
-                         "%slayers.%d.%s.v_proj.weight", pre, l, p) ||
         kiln_weight_load(be, st, &ly->q_norm, 1, (int64_t[]){d}, err,
                          "%slayers.%d.%s.q_norm.weight", pre, l, p) ||
         kiln_weight_load(be, st, &ly->k_norm, 1, (int64_t[]){d}, err,
@@ -102,17 +96,25 @@ static kiln_status load_layer(kiln_qwen3 *m, const char *pre, int l, qwen3_layer
                          "%slayers.%d.mlp.down_proj.weight", pre, l))
         return err->code;
 
-    char gate[256], up[256];
+    /* One GEMM for q, k and v: the k and v projections alone are 1024
+     * columns wide, too few tiles to fill the GPU at 512 positions. */
+    char q[256], k[256], v[256], gate[256], up[256];
+    snprintf(q, sizeof q, "%slayers.%d.%s.q_proj.weight", pre, l, p);
+    snprintf(k, sizeof k, "%slayers.%d.%s.k_proj.weight", pre, l, p);
+    snprintf(v, sizeof v, "%slayers.%d.%s.v_proj.weight", pre, l, p);
     snprintf(gate, sizeof gate, "%slayers.%d.mlp.gate_proj.weight", pre, l);
     snprintf(up, sizeof up, "%slayers.%d.mlp.up_proj.weight", pre, l);
-    const char *const names[2] = {gate, up};
-    const int64_t shapes[2][2] = {{I, H}, {I, H}};
-    return load_fused(be, st, &ly->gate_up, names, shapes, 2, err);
+    const char *const qkv_names[3] = {q, k, v}, *const mlp_names[2] = {gate, up};
+    const int64_t qkv_shapes[3][2] = {{nq, H}, {nkv, H}, {nkv, H}};
+    const int64_t mlp_shapes[2][2] = {{I, H}, {I, H}};
+    if (load_fused(be, st, &ly->qkv, qkv_names, qkv_shapes, 3, err))
+        return err->code;
+    return load_fused(be, st, &ly->gate_up, mlp_names, mlp_shapes, 2, err);
 }
 
 static void free_layer(kiln_backend *be, qwen3_layer *ly)
 {
-    kiln_tensor *all[] = {&ly->input_norm, &ly->q, &ly->k, &ly->v, &ly->q_norm,
+    kiln_tensor *all[] = {&ly->input_norm, &ly->qkv, &ly->q_norm,
                           &ly->k_norm, &ly->o, &ly->post_norm, &ly->gate_up, &ly->down};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         kiln_be_free(be, all[i]);
@@ -331,6 +333,7 @@ static kiln_status embed(kiln_qwen3 *m, kiln_tensor *h, const int32_t *ids, int6
 
 typedef struct qwen3_acts {
     kiln_tensor h, x, t;     /* (B, T, H): residual, normed input, projection */
+    kiln_tensor qkv;         /* (B, T, (nq + 2 nkv) d): the fused projection */
     kiln_tensor q, a;        /* (B, T, nq, d) */
     kiln_tensor k, v;        /* (B, T, nkv, d) */
     kiln_tensor gu, act;     /* (B, T, 2I), (B, T, I) */
@@ -346,6 +349,7 @@ static kiln_status alloc_acts(kiln_qwen3 *m, qwen3_acts *s, int64_t B, int64_t T
     kiln_arena_tensor(ar, &s->h, dt, 3, (int64_t[]){B, T, H});
     kiln_arena_tensor(ar, &s->x, dt, 3, (int64_t[]){B, T, H});
     kiln_arena_tensor(ar, &s->t, dt, 3, (int64_t[]){B, T, H});
+    kiln_arena_tensor(ar, &s->qkv, dt, 3, (int64_t[]){B, T, (nq + 2 * nkv) * d});
     kiln_arena_tensor(ar, &s->q, dt, 4, (int64_t[]){B, T, nq, d});
     kiln_arena_tensor(ar, &s->a, dt, 4, (int64_t[]){B, T, nq, d});
     kiln_arena_tensor(ar, &s->k, dt, 4, (int64_t[]){B, T, nkv, d});
@@ -374,22 +378,15 @@ static void layer_forward(kiln_qwen3 *m, const qwen3_layer *ly, qwen3_acts *s,
         .causal = 1,
         .key_len = lens,
     };
-    /* (B, T, heads * d) views of the per-head tensors for the projections */
+    /* (B, T, heads * d) view of the attention output for the o projection */
     int64_t B = s->h.shape[0], T = s->h.shape[1];
-    int64_t nq = c->num_attention_heads * c->head_dim, nkv = c->num_key_value_heads * c->head_dim;
-    kiln_tensor q = view(&s->q, 3, (int64_t[]){B, T, nq});
-    kiln_tensor k = view(&s->k, 3, (int64_t[]){B, T, nkv});
-    kiln_tensor v = view(&s->v, 3, (int64_t[]){B, T, nkv});
-    kiln_tensor a = view(&s->a, 3, (int64_t[]){B, T, nq});
+    kiln_tensor a = view(&s->a, 3, (int64_t[]){B, T, c->num_attention_heads * c->head_dim});
 
     kiln_be_rms_norm(be, &s->x, &s->h, &ly->input_norm, eps);
-    kiln_be_linear(be, &q, &s->x, &ly->q, NULL);
-    kiln_be_linear(be, &k, &s->x, &ly->k, NULL);
-    kiln_be_linear(be, &v, &s->x, &ly->v, NULL);
-    kiln_be_rms_norm(be, &s->q, &s->q, &ly->q_norm, eps); /* per head: G = head_dim */
-    kiln_be_rms_norm(be, &s->k, &s->k, &ly->k_norm, eps);
-    kiln_be_rope(be, &s->q, cos, sin, KILN_ROPE_HALF);
-    kiln_be_rope(be, &s->k, cos, sin, KILN_ROPE_HALF);
+    kiln_be_linear(be, &s->qkv, &s->x, &ly->qkv, NULL);
+    /* q_norm and k_norm per head (G = head_dim), then RoPE, in one pass */
+    kiln_be_qkv_split(be, &s->q, &s->k, &s->v, &s->qkv, &ly->q_norm, &ly->k_norm, eps, cos, sin,
+                      KILN_ROPE_HALF);
     kiln_be_attention(be, &s->a, &s->q, &s->k, &s->v, &attn);
     kiln_be_linear(be, &s->t, &a, &ly->o, NULL);
     kiln_be_add(be, &s->h, &s->h, &s->t);

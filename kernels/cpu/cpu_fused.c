@@ -35,32 +35,34 @@ void cpu_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor
                    const kiln_tensor *P, const kiln_tensor *norm_q, const kiln_tensor *norm_k,
                    float eps, const kiln_tensor *cos, const kiln_tensor *sin, kiln_rope_mode mode)
 {
-    if (CPU_REQUIRE(be, P->ndim == 3 && P->shape[2] % 3 == 0))
+    if (CPU_REQUIRE(be, P->ndim == 3) || P->shape[0] * P->shape[1] == 0)
         return;
-    int64_t bsz = P->shape[0], s = P->shape[1], D = P->shape[2] / 3;
-    int64_t d = norm_q ? kiln_tensor_numel(norm_q) : cos ? cos->shape[1] : D;
-    if (CPU_REQUIRE(be, d > 0 && D % d == 0 && d % 2 == 0 && kiln_tensor_numel(q) == bsz * s * D &&
-                            kiln_tensor_numel(k) == bsz * s * D &&
-                            kiln_tensor_numel(v) == bsz * s * D &&
+    int64_t bsz = P->shape[0], s = P->shape[1], rows = bsz * s;
+    int64_t Dq = kiln_tensor_numel(q) / rows, Dkv = kiln_tensor_numel(k) / rows;
+    int64_t W = Dq + 2 * Dkv;
+    int64_t d = norm_q ? kiln_tensor_numel(norm_q) : cos ? cos->shape[1] : Dkv;
+    if (CPU_REQUIRE(be, P->shape[2] == W && d > 0 && Dkv > 0 && Dq >= Dkv && Dq % d == 0 &&
+                            Dkv % d == 0 && d % 2 == 0 && kiln_tensor_numel(q) == rows * Dq &&
+                            kiln_tensor_numel(k) == rows * Dkv &&
+                            kiln_tensor_numel(v) == rows * Dkv &&
                             (!norm_q || kiln_tensor_numel(norm_q) == d) &&
                             (!norm_k || kiln_tensor_numel(norm_k) == d) && !cos == !sin &&
                             (!cos || (cos->ndim == 2 && cos->shape[0] == s &&
                                       cos->shape[1] == d &&
                                       kiln_tensor_numel(sin) == s * d))))
         return;
-    int64_t heads = D / d;
-    for (int64_t r = 0; r < bsz * s; r++) {
-        const float *src = cpu_f32(P) + r * 3 * D;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *src = cpu_f32(P) + r * W;
         int64_t t = r % s;
         const float *c = cos ? cpu_f32(cos) + t * d : NULL, *sn = sin ? cpu_f32(sin) + t * d : NULL;
-        for (int64_t h = 0; h < heads; h++) {
-            head_norm_rope(cpu_f32(q) + r * D + h * d, src + h * d, d,
+        for (int64_t h = 0; h < Dq / d; h++)
+            head_norm_rope(cpu_f32(q) + r * Dq + h * d, src + h * d, d,
                            norm_q ? cpu_f32(norm_q) : NULL, eps, c, sn, mode);
-            head_norm_rope(cpu_f32(k) + r * D + h * d, src + D + h * d, d,
+        for (int64_t h = 0; h < Dkv / d; h++)
+            head_norm_rope(cpu_f32(k) + r * Dkv + h * d, src + Dq + h * d, d,
                            norm_k ? cpu_f32(norm_k) : NULL, eps, c, sn, mode);
-        }
-        for (int64_t i = 0; i < D; i++)
-            cpu_f32(v)[r * D + i] = src[2 * D + i];
+        for (int64_t i = 0; i < Dkv; i++)
+            cpu_f32(v)[r * Dkv + i] = src[Dq + Dkv + i];
     }
 }
 

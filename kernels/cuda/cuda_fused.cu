@@ -15,21 +15,21 @@
 __global__ void qkv_split_kernel(void *q, void *k, void *v, int obf, const void *P, int pbf,
                                  const void *wq, int wqbf, const void *wk, int wkbf,
                                  const float *__restrict__ cs, const float *__restrict__ sn,
-                                 int64_t rows, int64_t s, int64_t D, int64_t d, float eps,
-                                 int interleaved)
+                                 int64_t rows, int64_t s, int64_t Dq, int64_t Dkv, int64_t d,
+                                 float eps, int interleaved)
 {
     int lane = threadIdx.x & 31;
-    int64_t heads = D / d, tasks = rows * heads, half = d / 2;
+    int64_t heads = Dq / d, kv_heads = Dkv / d, tasks = rows * heads, half = d / 2;
     int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t task = warp; task < tasks; task += nwarps) {
         int64_t r = task / heads, h = task % heads, t = r % s;
-        int64_t src = r * 3 * D + h * d, dst = r * D + h * d;
-        for (int part = 0; part < 2; part++) {
+        const int64_t row = r * (Dq + 2 * Dkv);
+        for (int part = 0; part < (h < kv_heads ? 2 : 1); part++) {
             void *y = part ? k : q;
             const void *w = part ? wk : wq;
             int wbf = part ? wkbf : wqbf;
-            int64_t in = src + part * D;
+            int64_t in = row + part * Dq + h * d, dst = r * (part ? Dkv : Dq) + h * d;
             if (w) {
                 float ss = 0;
                 for (int64_t i = lane; i < d; i += 32) {
@@ -56,8 +56,9 @@ __global__ void qkv_split_kernel(void *q, void *k, void *v, int obf, const void 
                 st_act(y, dst + i1, rope_rot(b, c[i1], a, sv[i1]), obf);
             }
         }
-        for (int64_t i = lane; i < d; i += 32)
-            st_act(v, dst + i, ld_act(P, src + 2 * D + i, pbf), obf);
+        if (h < kv_heads)
+            for (int64_t i = lane; i < d; i += 32)
+                st_act(v, r * Dkv + h * d + i, ld_act(P, row + Dq + Dkv + h * d + i, pbf), obf);
     }
 }
 
@@ -71,22 +72,22 @@ template <int J>
 __global__ void qkv_split_reg_kernel(void *q, void *k, void *v, int obf, const void *P, int pbf,
                                      const void *wq, int wqbf, const void *wk, int wkbf,
                                      const float *__restrict__ cs, const float *__restrict__ sn,
-                                     int64_t rows, int64_t s, int64_t D, float eps,
+                                     int64_t rows, int64_t s, int64_t Dq, int64_t Dkv, float eps,
                                      int interleaved)
 {
     const int64_t d = 32 * J;
     int lane = threadIdx.x & 31;
-    int64_t heads = D / d, tasks = rows * heads;
+    int64_t heads = Dq / d, kv_heads = Dkv / d, tasks = rows * heads;
     int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t task = warp; task < tasks; task += nwarps) {
         int64_t r = task / heads, h = task % heads, t = r % s;
-        int64_t src = r * 3 * D + h * d, dst = r * D + h * d;
-        for (int part = 0; part < 2; part++) {
+        const int64_t row = r * (Dq + 2 * Dkv);
+        for (int part = 0; part < (h < kv_heads ? 2 : 1); part++) {
             void *y = part ? k : q;
             const void *w = part ? wk : wq;
             int wbf = part ? wkbf : wqbf;
-            int64_t in = src + part * D;
+            int64_t in = row + part * Dq + h * d, dst = r * (part ? Dkv : Dq) + h * d;
             float x[J];
 #pragma unroll
             for (int j = 0; j < J; j++)
@@ -128,25 +129,32 @@ __global__ void qkv_split_reg_kernel(void *q, void *k, void *v, int obf, const v
             for (int j = 0; j < J; j++)
                 st_act(y, dst + lane + 32 * j, x[j], obf);
         }
+        if (h < kv_heads) {
+            int64_t in = row + Dq + Dkv + h * d, dst = r * Dkv + h * d;
 #pragma unroll
-        for (int j = 0; j < J; j++)
-            st_act(v, dst + lane + 32 * j, ld_act(P, src + 2 * D + lane + 32 * j, pbf), obf);
+            for (int j = 0; j < J; j++)
+                st_act(v, dst + lane + 32 * j, ld_act(P, in + lane + 32 * j, pbf), obf);
+        }
     }
 }
+
+/* The split's widths: rows of P, q's and k's (v's) columns. */
+typedef struct qkv_dims {
+    int64_t rows, s, Dq, Dkv;
+} qkv_dims;
 
 template <int J>
 static void launch_qkv_reg(kiln_backend *be, unsigned blocks, kiln_tensor *q, kiln_tensor *k,
                            kiln_tensor *v, const kiln_tensor *P, const kiln_tensor *norm_q,
                            const kiln_tensor *norm_k, float eps, const kiln_tensor *cos,
-                           const kiln_tensor *sin, kiln_rope_mode mode)
+                           const kiln_tensor *sin, kiln_rope_mode mode, qkv_dims n)
 {
-    int64_t bsz = P->shape[0], s = P->shape[1], D = P->shape[2] / 3;
     qkv_split_reg_kernel<J><<<blocks, 256, 0, cuda_stream(be)>>>(
         q->data, k->data, v->data, is_bf16(q), P->data, is_bf16(P),
         norm_q ? norm_q->data : NULL, norm_q ? is_bf16(norm_q) : 0,
         norm_k ? norm_k->data : NULL, norm_k ? is_bf16(norm_k) : 0,
-        cos ? (const float *)cos->data : NULL, sin ? (const float *)sin->data : NULL, bsz * s, s,
-        D, eps, mode == KILN_ROPE_INTERLEAVED);
+        cos ? (const float *)cos->data : NULL, sin ? (const float *)sin->data : NULL, n.rows, n.s,
+        n.Dq, n.Dkv, eps, mode == KILN_ROPE_INTERLEAVED);
 }
 
 void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
@@ -154,23 +162,26 @@ void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tenso
                     float eps, const kiln_tensor *cos, const kiln_tensor *sin,
                     kiln_rope_mode mode)
 {
-    if (CUDA_REQUIRE(be, P->ndim == 3 && P->shape[2] % 3 == 0 && is_act(P) && is_act(q) &&
-                             q->dtype == k->dtype && q->dtype == v->dtype))
+    if (CUDA_REQUIRE(be, P->ndim == 3 && is_act(P) && is_act(q) && q->dtype == k->dtype &&
+                             q->dtype == v->dtype) ||
+        P->shape[0] * P->shape[1] == 0)
         return;
-    int64_t bsz = P->shape[0], s = P->shape[1], D = P->shape[2] / 3;
-    int64_t d = norm_q ? kiln_tensor_numel(norm_q) : cos ? cos->shape[1] : D;
-    if (CUDA_REQUIRE(be, d > 0 && D % d == 0 && d % 2 == 0 &&
-                             kiln_tensor_numel(q) == bsz * s * D &&
-                             kiln_tensor_numel(k) == bsz * s * D &&
-                             kiln_tensor_numel(v) == bsz * s * D &&
+    qkv_dims n = {P->shape[0] * P->shape[1], P->shape[1], 0, 0};
+    n.Dq = kiln_tensor_numel(q) / n.rows, n.Dkv = kiln_tensor_numel(k) / n.rows;
+    int64_t d = norm_q ? kiln_tensor_numel(norm_q) : cos ? cos->shape[1] : n.Dkv;
+    if (CUDA_REQUIRE(be, P->shape[2] == n.Dq + 2 * n.Dkv && d > 0 && n.Dkv > 0 &&
+                             n.Dq >= n.Dkv && n.Dq % d == 0 && n.Dkv % d == 0 && d % 2 == 0 &&
+                             kiln_tensor_numel(q) == n.rows * n.Dq &&
+                             kiln_tensor_numel(k) == n.rows * n.Dkv &&
+                             kiln_tensor_numel(v) == n.rows * n.Dkv &&
                              (!norm_q || (kiln_tensor_numel(norm_q) == d && is_act(norm_q))) &&
                              (!norm_k || (kiln_tensor_numel(norm_k) == d && is_act(norm_k))) &&
                              !cos == !sin &&
-                             (!cos || (cos->ndim == 2 && cos->shape[0] == s &&
-                                       cos->shape[1] == d && kiln_tensor_numel(sin) == s * d &&
+                             (!cos || (cos->ndim == 2 && cos->shape[0] == n.s &&
+                                       cos->shape[1] == d && kiln_tensor_numel(sin) == n.s * d &&
                                        cos->dtype == KILN_F32 && sin->dtype == KILN_F32))))
         return;
-    int64_t tasks = bsz * s * (D / d);
+    int64_t tasks = n.rows * (n.Dq / d);
     if (!tasks || !cuda_enter(be))
         return;
     int64_t want = (tasks + 7) / 8, cap = (int64_t)cuda_of(be)->num_sms * 64;
@@ -180,13 +191,13 @@ void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tenso
               (!cos || mode == KILN_ROPE_INTERLEAVED || J % 2 == 0);
     if (reg) {
         if (J == 1)
-            launch_qkv_reg<1>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode);
+            launch_qkv_reg<1>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode, n);
         else if (J == 2)
-            launch_qkv_reg<2>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode);
+            launch_qkv_reg<2>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode, n);
         else if (J == 4)
-            launch_qkv_reg<4>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode);
+            launch_qkv_reg<4>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode, n);
         else
-            launch_qkv_reg<8>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode);
+            launch_qkv_reg<8>(be, blocks, q, k, v, P, norm_q, norm_k, eps, cos, sin, mode, n);
         cuda_launched(be, "qkv_split");
         return;
     }
@@ -194,8 +205,8 @@ void cuda_qkv_split(kiln_backend *be, kiln_tensor *q, kiln_tensor *k, kiln_tenso
         q->data, k->data, v->data, is_bf16(q), P->data, is_bf16(P),
         norm_q ? norm_q->data : NULL, norm_q ? is_bf16(norm_q) : 0,
         norm_k ? norm_k->data : NULL, norm_k ? is_bf16(norm_k) : 0,
-        cos ? (const float *)cos->data : NULL, sin ? (const float *)sin->data : NULL, bsz * s, s,
-        D, d, eps, mode == KILN_ROPE_INTERLEAVED);
+        cos ? (const float *)cos->data : NULL, sin ? (const float *)sin->data : NULL, n.rows, n.s,
+        n.Dq, n.Dkv, d, eps, mode == KILN_ROPE_INTERLEAVED);
     cuda_launched(be, "qkv_split");
 }
 

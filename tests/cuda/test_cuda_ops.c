@@ -613,53 +613,56 @@ static void test_attention(void)
 /* --- fused transformer ops ---------------------------------------------------- */
 
 /* qkv_split against the CPU reference; the CUDA result must also equal the
- * unfused CUDA ops (copy_cols + rms_norm + rope) bit for bit. */
-static void case_qkv_split(int64_t b, int64_t s, int64_t h, int64_t d, int norm, int rope,
-                           kiln_rope_mode mode)
+ * unfused CUDA ops (copy_cols + rms_norm + rope) bit for bit.  hkv < h is
+ * grouped-query attention (Qwen3's q|k|v, k and v narrower than q). */
+static void case_qkv_split(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t d, int norm,
+                           int rope, kiln_rope_mode mode)
 {
-    int64_t D = h * d, shape[3] = {b, s, D};
+    int64_t Dq = h * d, Dkv = hkv * d;
+    int64_t qshape[3] = {b, s, Dq}, kvshape[3] = {b, s, Dkv};
     dual P, wq, wk, cs, sn, q, k, v;
-    dual_in(&P, KILN_BF16, 3, (int64_t[]){b, s, 3 * D}, 2.0f);
+    dual_in(&P, KILN_BF16, 3, (int64_t[]){b, s, Dq + 2 * Dkv}, 2.0f);
     if (norm) {
         dual_in(&wq, KILN_BF16, 1, &d, 1.5f);
         dual_in(&wk, KILN_BF16, 1, &d, 1.5f);
     }
     if (rope)
         rope_tables(&cs, &sn, s, d, mode);
-    dual_out(&q, KILN_BF16, 3, shape);
-    dual_out(&k, KILN_BF16, 3, shape);
-    dual_out(&v, KILN_BF16, 3, shape);
+    dual_out(&q, KILN_BF16, 3, qshape);
+    dual_out(&k, KILN_BF16, 3, kvshape);
+    dual_out(&v, KILN_BF16, 3, kvshape);
     kiln_be_qkv_split(cpu, &q.c, &k.c, &v.c, &P.c, norm ? &wq.c : NULL, norm ? &wk.c : NULL,
                       1e-6f, rope ? &cs.c : NULL, rope ? &sn.c : NULL, mode);
     kiln_be_qkv_split(gpu, &q.g, &k.g, &v.g, &P.g, norm ? &wq.g : NULL, norm ? &wk.g : NULL,
                       1e-6f, rope ? &cs.g : NULL, rope ? &sn.g : NULL, mode);
 
     /* The unfused CUDA sequence the DiT ran before. */
-    int64_t n = b * s * D, mismatches = 0;
-    kiln_tensor u = {0};
-    float *fused = xmalloc_f(n), *plain = xmalloc_f(n);
-    kiln_be_alloc(gpu, &u, KILN_BF16, 3, shape);
+    int64_t mismatches = 0;
+    float *fused = xmalloc_f(b * s * Dq), *plain = xmalloc_f(b * s * Dq);
     for (int part = 0; part < 2; part++) {
-        kiln_be_copy_cols(gpu, &u, 0, &P.g, part * D, D);
+        int64_t D = part ? Dkv : Dq, n = b * s * D;
+        kiln_tensor u = {0};
+        kiln_be_alloc(gpu, &u, KILN_BF16, 3, (int64_t[]){b, s, D});
+        kiln_be_copy_cols(gpu, &u, 0, &P.g, part * Dq, D);
         if (norm)
             kiln_be_rms_norm(gpu, &u, &u, part ? &wk.g : &wq.g, 1e-6f);
         if (rope) {
             kiln_tensor hv = u;
-            kiln_tensor_set_shape(&hv, KILN_BF16, 4, (int64_t[]){b, s, h, d});
+            kiln_tensor_set_shape(&hv, KILN_BF16, 4, (int64_t[]){b, s, D / d, d});
             kiln_be_rope(gpu, &hv, &cs.g, &sn.g, mode);
         }
         kiln_be_download(gpu, &u, plain);
         kiln_be_download(gpu, part ? &k.g : &q.g, fused);
         for (int64_t i = 0; i < n; i++)
             mismatches += memcmp(&fused[i], &plain[i], sizeof(float)) != 0;
+        kiln_be_free(gpu, &u);
     }
-    kiln_be_free(gpu, &u);
     free(fused);
     free(plain);
 
     char desc[96];
-    snprintf(desc, sizeof desc, "%lldx%lld H%lld d%lld%s%s", (long long)b, (long long)s,
-             (long long)h, (long long)d, norm ? " norm" : "",
+    snprintf(desc, sizeof desc, "%lldx%lld H%lld/%lld d%lld%s%s", (long long)b, (long long)s,
+             (long long)h, (long long)hkv, (long long)d, norm ? " norm" : "",
              rope ? (mode == KILN_ROPE_INTERLEAVED ? " rope-il" : " rope-half") : "");
     CHECKF(mismatches == 0, "qkv_split %s: %lld elements differ from the unfused CUDA ops", desc,
            (long long)mismatches);
@@ -684,15 +687,20 @@ static void test_qkv_split(void)
 {
     /* Heads of 32 J (J = 1, 2, 4, 8) run the register kernel, others (and
      * half rotations with odd J) the generic one. */
-    case_qkv_split(2, 17, 3, 64, 1, 1, KILN_ROPE_INTERLEAVED);
-    case_qkv_split(1, 40, 4, 128, 1, 1, KILN_ROPE_INTERLEAVED); /* DiT head size */
-    case_qkv_split(1, 9, 2, 64, 1, 1, KILN_ROPE_HALF);
-    case_qkv_split(1, 6, 2, 256, 1, 1, KILN_ROPE_INTERLEAVED);
-    case_qkv_split(2, 5, 2, 32, 0, 1, KILN_ROPE_INTERLEAVED);
-    case_qkv_split(1, 7, 2, 128, 1, 0, KILN_ROPE_INTERLEAVED);
-    case_qkv_split(1, 9, 2, 32, 1, 1, KILN_ROPE_HALF);          /* generic */
-    case_qkv_split(2, 5, 3, 16, 0, 1, KILN_ROPE_INTERLEAVED);   /* generic */
-    case_qkv_split(1, 7, 2, 24, 1, 0, KILN_ROPE_INTERLEAVED);   /* generic */
+    case_qkv_split(2, 17, 3, 3, 64, 1, 1, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(1, 40, 4, 4, 128, 1, 1, KILN_ROPE_INTERLEAVED); /* DiT head size */
+    case_qkv_split(1, 9, 2, 2, 64, 1, 1, KILN_ROPE_HALF);
+    case_qkv_split(1, 6, 2, 2, 256, 1, 1, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(2, 5, 2, 2, 32, 0, 1, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(1, 7, 2, 2, 128, 1, 0, KILN_ROPE_INTERLEAVED);
+    case_qkv_split(1, 9, 2, 2, 32, 1, 1, KILN_ROPE_HALF);          /* generic */
+    case_qkv_split(2, 5, 3, 3, 16, 0, 1, KILN_ROPE_INTERLEAVED);   /* generic */
+    case_qkv_split(1, 7, 2, 2, 24, 1, 0, KILN_ROPE_INTERLEAVED);   /* generic */
+    /* grouped-query attention: Qwen3-4B's 32 q and 8 kv heads of 128, half
+     * rotations, and an odd head size on the generic kernel */
+    case_qkv_split(1, 19, 32, 8, 128, 1, 1, KILN_ROPE_HALF);
+    case_qkv_split(2, 7, 6, 2, 96, 1, 1, KILN_ROPE_HALF);
+    case_qkv_split(1, 5, 4, 1, 64, 0, 1, KILN_ROPE_INTERLEAVED);
 }
 
 /* SwiGLU into a column slice; the columns around it must stay untouched. */

@@ -1,8 +1,8 @@
 /* kiln-opbench: times single backend ops at the shapes the klein pipeline
  * runs at 1024x1024 (DiT joint attention over 4096 image + 512 text tokens,
  * the VAE mid-block attention, the Qwen3 encoder's causal attention, the
- * VAE decoder's convolutions and GroupNorms, one large GEMM for
- * calibration), so that each kernel change is measured on its own before
+ * VAE decoder's convolutions and GroupNorms, the text encoders' GEMMs,
+ * one large GEMM for calibration), so that each kernel change is measured on its own before
  * the pipeline is.  Attention
  * and convolutions run on two instances: the default (cuDNN where it
  * serves the shape) and one with KILN_CUDNN=0 (kiln's own kernels).
@@ -156,18 +156,53 @@ static double time_group_norm(kiln_backend *be, const gn_case *c, const opts *o)
 
 static void run_linear(kiln_backend *be, kiln_tensor *t, const void *arg)
 {
-    (void)arg;
-    kiln_be_linear(be, &t[3], &t[0], &t[1], &t[2]);
+    kiln_be_linear(be, &t[3], &t[0], &t[1], arg ? &t[2] : NULL);
 }
 
-static double time_linear(kiln_backend *be, int64_t m, int64_t kdim, int64_t n, const opts *o)
+/* y (m, n) = x (m, kdim) w^T, plus a bias when `bias` is set. */
+static double time_linear(kiln_backend *be, int64_t m, int64_t kdim, int64_t n, int bias,
+                          const opts *o)
 {
     kiln_tensor t[4] = {{0}}; /* x, w, bias, y */
     int ready = !random_tensor(be, &t[0], 2, (int64_t[]){m, kdim}) &&
                 !random_tensor(be, &t[1], 2, (int64_t[]){n, kdim}) &&
                 !random_tensor(be, &t[2], 1, (int64_t[]){n}) &&
                 !kiln_be_alloc(be, &t[3], be->act_dtype, 2, (int64_t[]){m, n});
-    return time_calls(be, "linear", ready, run_linear, t, 4, NULL, o);
+    return time_calls(be, "linear", ready, run_linear, t, 4, bias ? t : NULL, o);
+}
+
+typedef struct linear_case {
+    const char *what;
+    int64_t m, k, n;
+} linear_case;
+
+/* The text encoders' projections over 512 positions (qwen3-encoder.md:
+ * Qwen3-4B H 2560, 32/8 heads of 128, I 9728; Qwen3-8B H 4096, I 12288),
+ * the q, k and v projections apart and as one GEMM, without bias. */
+static int print_encoder_linears(kiln_backend *be, const opts *o)
+{
+    static const linear_case cases[] = {
+        {"Qwen3-4B q", 512, 2560, 4096},       {"Qwen3-4B k or v", 512, 2560, 1024},
+        {"Qwen3-4B q|k|v", 512, 2560, 6144},   {"Qwen3-4B o", 512, 4096, 2560},
+        {"Qwen3-4B gate|up", 512, 2560, 19456}, {"Qwen3-4B down", 512, 9728, 2560},
+        {"Qwen3-8B q", 512, 4096, 4096},       {"Qwen3-8B k or v", 512, 4096, 1024},
+        {"Qwen3-8B q|k|v", 512, 4096, 6144},   {"Qwen3-8B o", 512, 4096, 4096},
+        {"Qwen3-8B gate|up", 512, 4096, 24576}, {"Qwen3-8B down", 512, 12288, 4096},
+    };
+    int failed = 0;
+    printf("\n%-34s %-22s %10s %10s %12s\n", "linear (text encoder, 512 tokens)", "M x K -> N",
+           "default ms", "", "TFLOP/s def");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const linear_case *c = &cases[i];
+        double ms = time_linear(be, c->m, c->k, c->n, 0, o);
+        char shape[48];
+        snprintf(shape, sizeof shape, "%lldx%lld -> %lld", (long long)c->m, (long long)c->k,
+                 (long long)c->n);
+        printf("%-34s %-22s %10.3f %10s %12.1f\n", c->what, shape, ms, "",
+               ms > 0 ? 2.0 * (double)(c->m * c->k) * (double)c->n / (ms * 1e-3) / 1e12 : 0);
+        failed |= ms < 0;
+    }
+    return failed;
 }
 
 static int parse(int argc, char **argv, opts *o)
@@ -267,8 +302,9 @@ int main(int argc, char **argv)
                a > 0 ? bytes / (a * 1e-3) / 1e9 : 0);
         failed |= a < 0 || b < 0;
     }
+    failed |= print_encoder_linears(be, &o);
     printf("\n");
-    double ms = time_linear(be, 4608, 3072, 9216, &o);
+    double ms = time_linear(be, 4608, 3072, 9216, 1, &o);
     printf("%-34s %-22s %10.3f %10s %12.1f\n", "linear (calibration)", "4608x3072 -> 9216", ms,
            "", ms > 0 ? 2.0 * 4608 * 3072 * 9216 / (ms * 1e-3) / 1e12 : 0);
     failed |= ms < 0;
