@@ -287,10 +287,10 @@ size_t kiln_vae_scratch_bytes(const kiln_vae *v, unsigned part, int64_t B, int64
 
 kiln_status kiln_vae_set_banding(kiln_vae *v, int64_t above_pixels, int64_t rows, kiln_err *err)
 {
-    if (above_pixels < 0 || rows < 1 || rows > (1 << 16))
+    if (above_pixels < 0 || rows < 1 || rows > KILN_VAE_BAND_ROWS_MAX)
         return kiln_err_set(err, KILN_ERR_INVALID, "vae: banding above %lld pixels in bands of "
-                            "%lld rows is out of range (rows 1..65536)", (long long)above_pixels,
-                            (long long)rows);
+                            "%lld rows is out of range (rows 1..%d)", (long long)above_pixels,
+                            (long long)rows, KILN_VAE_BAND_ROWS_MAX);
     v->band_above = above_pixels;
     v->band_rows = rows;
     return KILN_OK;

@@ -122,9 +122,13 @@ kiln_status kiln_vae_decode(kiln_vae *vae, const kiln_tensor *z, kiln_tensor *im
  * load: above KILN_VAE_BAND_ABOVE_DEFAULT
  * pixels, bands of KILN_VAE_BAND_ROWS_DEFAULT rows.  Taps are not called for
  * banded passes.  KILN_ERR_INVALID for a negative size or rows outside
- * 1..65536. */
+ * 1..KILN_VAE_BAND_ROWS_MAX. */
 #define KILN_VAE_BAND_ABOVE_DEFAULT ((int64_t)1 << 20) /* 1024 x 1024 */
 #define KILN_VAE_BAND_ROWS_DEFAULT 128
+/* The most rows a band may have: the one bound of --vae-band-rows, which
+ * kiln-encoder, kiln-decoder and kiln serve check against this so that a
+ * value they accept is one this function accepts. */
+#define KILN_VAE_BAND_ROWS_MAX 65536
 #define KILN_VAE_BAND_NEVER INT64_MAX
 kiln_status kiln_vae_set_banding(kiln_vae *vae, int64_t above_pixels, int64_t rows,
                                  kiln_err *err);

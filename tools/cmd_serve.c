@@ -18,6 +18,8 @@
 #include "common/log.h"
 #include "common/proto.h"
 #include "engine/denoise_stage.h"
+#include "models/vae.h"
+#include "services/common/pool.h"
 #include "supervisor.h"
 #include "common/args.h"
 
@@ -195,10 +197,12 @@ static int parse(int argc, char **argv, serve_opts *o)
             break;
         }
         case O_BAND_ROWS:
-            o->band_rows = optarg, bad = kiln_parse_int(optarg, 1, 65536, &unused);
+            o->band_rows = optarg;
+            bad = kiln_parse_int(optarg, 1, KILN_VAE_BAND_ROWS_MAX, &unused);
             break;
         case O_IMAGE_THREADS:
-            o->image_threads = optarg, bad = kiln_parse_int(optarg, 1, 64, &unused);
+            o->image_threads = optarg;
+            bad = kiln_parse_int(optarg, 1, KILN_POOL_MAX_THREADS, &unused);
             break;
         case O_IGNORE_UNKNOWN: o->ignore_unknown = 1; break;
         case O_COLOCATE: o->colocate = 1; break;

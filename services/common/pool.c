@@ -41,8 +41,8 @@ static void *pool_main(void *arg)
 
 kiln_pool *kiln_pool_create(int threads, kiln_err *err)
 {
-    if (threads < 1 || threads > 64) {
-        kiln_err_set(err, KILN_ERR_INVALID, "pool: 1 to 64 threads");
+    if (threads < 1 || threads > KILN_POOL_MAX_THREADS) {
+        kiln_err_set(err, KILN_ERR_INVALID, "pool: 1 to %d threads", KILN_POOL_MAX_THREADS);
         return NULL;
     }
     kiln_pool *p = calloc(1, sizeof *p + (size_t)threads * sizeof(pthread_t));

@@ -15,7 +15,13 @@
 
 typedef struct kiln_pool kiln_pool;
 
-/* Starts `threads` (1..64) threads.  NULL with err set. */
+/* The most threads a pool may have: the one bound of kiln-decoder's
+ * --image-threads (a pool of that many), which kiln serve checks too
+ * before passing the value on, so that both accept exactly what
+ * kiln_pool_create does. */
+#define KILN_POOL_MAX_THREADS 64
+
+/* Starts `threads` (1..KILN_POOL_MAX_THREADS) threads.  NULL with err set. */
 kiln_pool *kiln_pool_create(int threads, kiln_err *err);
 /* Queues fn(arg).  KILN_ERR_NOMEM, or KILN_ERR_UNAVAILABLE while the pool
  * is being destroyed; the task does not run then and the caller keeps arg. */

@@ -15,6 +15,7 @@
 #include "engine/family.h"
 #include "engine/prompt_cache.h"
 #include "models/vae.h"
+#include "pool.h"
 #include "worker_impl.h"
 #include "common/args.h"
 
@@ -206,7 +207,9 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
         case O_BAND_ABOVE:
             only = vae, bad = kiln_parse_double(optarg, 0, 1 << 20, &o->vae_band_above_mp);
             break;
-        case O_BAND_ROWS: only = vae, bad = kiln_parse_int(optarg, 1, 65536, &o->vae_band_rows); break;
+        case O_BAND_ROWS:
+            only = vae, bad = kiln_parse_int(optarg, 1, KILN_VAE_BAND_ROWS_MAX, &o->vae_band_rows);
+            break;
         case O_REPLICA_ID: o->replica_id = optarg, bad = !replica_id_ok(optarg); break;
         case O_BUS_KEY: o->bus_key = optarg; break;
         case O_BUS_SERVER_KEY: o->bus_server_key = optarg; break;
@@ -222,7 +225,7 @@ static int parse_args(int argc, char **argv, const char *binary, const kiln_stag
             break;
         case O_IMAGE_THREADS:
             only = STAGE_BIT(KILN_STAGE_DECODE);
-            bad = kiln_parse_int(optarg, 1, 64, &o->image_threads);
+            bad = kiln_parse_int(optarg, 1, KILN_POOL_MAX_THREADS, &o->image_threads);
             break;
         case O_DATA_HOST:
             o->data_host = optarg;
