@@ -186,10 +186,14 @@ typedef struct kiln_backend_ops {
      * Channels last, as group_norm: the VAE runs in NHWC end to end.
      * conv2d: x (B, H, W, Cin), w (Cout, kh, kw, Cin), bias (Cout) or NULL,
      * zero padding pad[4] = {top, left, bottom, right}, y (B, Ho, Wo, Cout)
-     * with Ho = (H + top + bottom - kh) / stride + 1.
+     * with Ho = (H + top + bottom - kh) / stride + 1; residual (the shape
+     * of y, not y itself) or NULL is added last: y = (conv + bias) +
+     * residual, rounded where the separate adds round (a ResnetBlock2D's
+     * shortcut joins its second convolution's output in the same pass).
      * upsample_nearest2x: x (B, H, W, C) -> y (B, 2H, 2W, C). */
     void (*conv2d)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
-                   const kiln_tensor *bias, int stride, const int pad[4]);
+                   const kiln_tensor *bias, const kiln_tensor *residual, int stride,
+                   const int pad[4]);
     void (*upsample_nearest2x)(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 
     /* --- image output ----------------------------------------------------
@@ -413,8 +417,9 @@ KILN_BE_WRAP(copy_cols, (kiln_backend *be, kiln_tensor *dst, int64_t dst_col0,
              (be, dst, dst_col0, src, src_col0, n))
 KILN_BE_WRAP(transpose, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x), (be, y, x))
 KILN_BE_WRAP(conv2d, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x,
-                      const kiln_tensor *w, const kiln_tensor *bias, int stride, const int pad[4]),
-             (be, y, x, w, bias, stride, pad))
+                      const kiln_tensor *w, const kiln_tensor *bias, const kiln_tensor *residual,
+                      int stride, const int pad[4]),
+             (be, y, x, w, bias, residual, stride, pad))
 KILN_BE_WRAP(upsample_nearest2x, (kiln_backend *be, kiln_tensor *y, const kiln_tensor *x),
              (be, y, x))
 KILN_BE_WRAP(to_rgb8, (kiln_backend *be, kiln_tensor *rgb, const kiln_tensor *x), (be, rgb, x))

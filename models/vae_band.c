@@ -5,8 +5,9 @@
 /* Band buffers: a stage's input rows (with halo), a resnet's conv1 output,
  * a stage's output rows, a resnet's own input rows for its shortcut (when
  * its input is computed on the fly), a second output band for a resnet
- * that writes over its input.  An upsampled input borrows T_OUT and T_MID
- * while it is computed. */
+ * that writes over its input (or, in one with a shortcut conv, that conv's
+ * output).  An upsampled input borrows T_OUT and T_MID while it is
+ * computed. */
 enum { T_IN, T_MID, T_OUT, T_XS, T_OUT2, T_COUNT };
 /* Statistics tensors: one per end of the region, one for a plane outside
  * it (the decoder's mid-block output), one for a resnet's inner norm, one
@@ -150,14 +151,20 @@ static int conv_k(const vae_conv *c) { return (int)(c->w.shape[1] / 2); }
 static int64_t in_lo(int64_t o0, int k) { return max64(o0 - k, 0); }
 static int64_t in_hi(int64_t o1, int k, int64_t H) { return min64(o1 + k, H); }
 
-static void conv_out(band *bd, kiln_tensor *y, const kiln_tensor *x, const vae_conv *c,
-                     int64_t o0, int64_t o1, int64_t H)
+static void conv_res(band *bd, kiln_tensor *y, const kiln_tensor *x, const vae_conv *c,
+                     int64_t o0, int64_t o1, int64_t H, const kiln_tensor *residual)
 {
     if (bd->dry)
         return;
     int k = conv_k(c);
     int top = o0 - k < 0 ? k : 0, bottom = o1 + k > H ? k : 0;
-    kiln_be_conv2d(bd->be, y, x, &c->w, &c->b, 1, (int[]){top, k, bottom, k});
+    kiln_be_conv2d(bd->be, y, x, &c->w, &c->b, residual, 1, (int[]){top, k, bottom, k});
+}
+
+static void conv_out(band *bd, kiln_tensor *y, const kiln_tensor *x, const vae_conv *c,
+                     int64_t o0, int64_t o1, int64_t H)
+{
+    conv_res(bd, y, x, c, o0, o1, H, NULL);
 }
 
 /* A stage's input: a stored plane, or an upsampler (Upsample2D: nearest
@@ -293,18 +300,19 @@ static void res_stage(band *bd, const source *x, plane *y, const vae_resnet *res
         kiln_tensor t1 = tmp(bd, T_MID, B, cout, b1 - b0, W);
         conv_out(bd, &t1, &t0, &res->conv1, b0, b1, H);
         norm(bd, &t1, &res->norm2, s1, inner);
-        kiln_tensor out = tmp(bd, inplace && k % 2 ? T_OUT2 : T_OUT, B, cout, n, W);
-        conv_out(bd, &out, &t1, &res->conv2, r0, r1, H);
+        /* The residual joins conv2's output as it is written: the band's
+         * own input rows (read into T_IN, whose window conv1 has used), or
+         * the shortcut conv's output in T_OUT2, free since a block with a
+         * shortcut changes the channel count and so never runs in place. */
         if (!x->up)
             rows_in(bd, &xs, &x->p->t, r0);
+        kiln_tensor residual = xs;
         if (res->shortcut.w.data) {
-            kiln_tensor sc = tmp(bd, T_MID, B, cout, n, W);
-            conv_out(bd, &sc, &xs, &res->shortcut, r0, r1, H);
-            if (!bd->dry)
-                kiln_be_add(bd->be, &out, &out, &sc);
-        } else if (!bd->dry) {
-            kiln_be_add(bd->be, &out, &out, &xs);
+            residual = tmp(bd, T_OUT2, B, cout, n, W);
+            conv_out(bd, &residual, &xs, &res->shortcut, r0, r1, H);
         }
+        kiln_tensor out = tmp(bd, inplace && k % 2 ? T_OUT2 : T_OUT, B, cout, n, W);
+        conv_res(bd, &out, &t1, &res->conv2, r0, r1, H, &residual);
         if (!inplace) {
             rows_out(bd, &y->t, r0, &out, 0, n);
             continue;
@@ -335,7 +343,7 @@ static void down_stage(band *bd, const plane *x, plane *y, const vae_conv *c)
         rows_in(bd, &t0, &x->t, i0);
         kiln_tensor out = tmp(bd, T_OUT, B, cout, o1 - o0, Wo);
         if (!bd->dry)
-            kiln_be_conv2d(bd->be, &out, &t0, &c->w, &c->b, 2, (int[]){0, 0, bottom, 1});
+            kiln_be_conv2d(bd->be, &out, &t0, &c->w, &c->b, NULL, 2, (int[]){0, 0, bottom, 1});
         rows_out(bd, &y->t, o0, &out, 0, o1 - o0);
     }
     measure(bd, y);

@@ -248,7 +248,7 @@ void vae_conv_from(vae_run *r, const vae_conv *c, const kiln_tensor *x)
     vae_nchw_to_nhwc(r->be, &t, x);
     r->C = c->w.shape[0];
     kiln_tensor y = act(r);
-    kiln_be_conv2d(r->be, &y, &t, &c->w, &c->b, 1, (int[]){p, p, p, p});
+    kiln_be_conv2d(r->be, &y, &t, &c->w, &c->b, NULL, 1, (int[]){p, p, p, p});
 }
 
 void vae_conv_to(vae_run *r, const vae_conv *c, kiln_tensor *y)
@@ -256,7 +256,7 @@ void vae_conv_to(vae_run *r, const vae_conv *c, kiln_tensor *y)
     int p = conv_pad(c), s = (r->cur + 1) % 3;
     kiln_tensor x = act(r);
     kiln_tensor t = slot_view(r, s, c->w.shape[0], r->H, r->W);
-    kiln_be_conv2d(r->be, &t, &x, &c->w, &c->b, 1, (int[]){p, p, p, p});
+    kiln_be_conv2d(r->be, &t, &x, &c->w, &c->b, NULL, 1, (int[]){p, p, p, p});
     vae_nhwc_to_nchw(r->be, y, &t);
 }
 
@@ -265,7 +265,7 @@ void vae_conv_apply(vae_run *r, const vae_conv *c)
     int p = conv_pad(c), s = (r->cur + 1) % 3;
     kiln_tensor x = act(r);
     kiln_tensor y = slot_view(r, s, c->w.shape[0], r->H, r->W);
-    kiln_be_conv2d(r->be, &y, &x, &c->w, &c->b, 1, (int[]){p, p, p, p});
+    kiln_be_conv2d(r->be, &y, &x, &c->w, &c->b, NULL, 1, (int[]){p, p, p, p});
     r->cur = s;
     r->C = c->w.shape[0];
 }
@@ -277,8 +277,11 @@ void vae_norm_silu_apply(vae_run *r, const vae_norm *n)
 }
 
 /* ResnetBlock2D (temb None, output_scale_factor 1):
- * out = shortcut(x) + conv2(silu(gn2(conv1(silu(gn1(x)))))).  The input stays
- * in its slot until the residual add; the result lands in slot a. */
+ * out = shortcut(x) + conv2(silu(gn2(conv1(silu(gn1(x)))))), the sum taken
+ * by conv2 as it writes (conv2d's residual).  Without a shortcut conv the
+ * input stays in its slot and the result lands in slot a; with one, the
+ * shortcut's output takes slot a (norm1's, read by conv1 already) and the
+ * result the input's slot, which the shortcut has read. */
 void vae_resnet_apply(vae_run *r, const vae_resnet *res)
 {
     kiln_backend *be = r->be;
@@ -289,17 +292,18 @@ void vae_resnet_apply(vae_run *r, const vae_resnet *res)
     kiln_tensor ta = slot_view(r, a, cin, r->H, r->W);
     kiln_be_group_norm(be, &ta, &x, &res->norm1.w, &res->norm1.b, r->groups, VAE_GN_EPS, 1);
     kiln_tensor tb = slot_view(r, b, cout, r->H, r->W);
-    kiln_be_conv2d(be, &tb, &ta, &res->conv1.w, &res->conv1.b, 1, p1);
+    kiln_be_conv2d(be, &tb, &ta, &res->conv1.w, &res->conv1.b, NULL, 1, p1);
     kiln_be_group_norm(be, &tb, &tb, &res->norm2.w, &res->norm2.b, r->groups, VAE_GN_EPS, 1);
-    kiln_tensor h = slot_view(r, a, cout, r->H, r->W);
-    kiln_be_conv2d(be, &h, &tb, &res->conv2.w, &res->conv2.b, 1, p1);
     if (res->shortcut.w.data) {
-        kiln_be_conv2d(be, &tb, &x, &res->shortcut.w, &res->shortcut.b, 1, p0);
-        kiln_be_add(be, &h, &h, &tb);
+        kiln_tensor sc = slot_view(r, a, cout, r->H, r->W);
+        kiln_be_conv2d(be, &sc, &x, &res->shortcut.w, &res->shortcut.b, NULL, 1, p0);
+        kiln_tensor h = slot_view(r, r->cur, cout, r->H, r->W);
+        kiln_be_conv2d(be, &h, &tb, &res->conv2.w, &res->conv2.b, &sc, 1, p1);
     } else {
-        kiln_be_add(be, &h, &h, &x);
+        kiln_tensor h = slot_view(r, a, cout, r->H, r->W);
+        kiln_be_conv2d(be, &h, &tb, &res->conv2.w, &res->conv2.b, &x, 1, p1);
+        r->cur = a;
     }
-    r->cur = a;
     r->C = cout;
 }
 
@@ -371,7 +375,7 @@ void vae_downsample_apply(vae_run *r, const vae_conv *c)
     int64_t ho = (r->H + 1 - 3) / 2 + 1, wo = (r->W + 1 - 3) / 2 + 1;
     kiln_tensor x = act(r);
     kiln_tensor y = slot_view(r, s, c->w.shape[0], ho, wo);
-    kiln_be_conv2d(r->be, &y, &x, &c->w, &c->b, 2, pad);
+    kiln_be_conv2d(r->be, &y, &x, &c->w, &c->b, NULL, 2, pad);
     r->cur = s;
     r->C = c->w.shape[0];
     r->H = ho;

@@ -4,13 +4,17 @@
 
 /* Direct convolution over channels-last data: each output pixel's Cout
  * values are sums over the taps of dot products along Cin, which is
- * contiguous in both x (B, H, W, Cin) and w (Cout, kh, kw, Cin). */
+ * contiguous in both x (B, H, W, Cin) and w (Cout, kh, kw, Cin); the
+ * residual is added to the finished sum, as a separate add would. */
 void cpu_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
-                const kiln_tensor *bias, int stride, const int pad[4])
+                const kiln_tensor *bias, const kiln_tensor *residual, int stride,
+                const int pad[4])
 {
     if (CPU_REQUIRE(be, x->ndim == 4 && w->ndim == 4 && y->ndim == 4 && stride >= 1 &&
                             w->shape[3] == x->shape[3] && y->shape[0] == x->shape[0] &&
-                            y->shape[3] == w->shape[0] && y->data != x->data))
+                            y->shape[3] == w->shape[0] && y->data != x->data) ||
+        CPU_REQUIRE(be, !residual || (residual->data != y->data &&
+                                      kiln_tensor_numel(residual) == kiln_tensor_numel(y))))
         return;
     int64_t bsz = x->shape[0], h = x->shape[1], wd = x->shape[2], cin = x->shape[3];
     int64_t cout = w->shape[0], kh = w->shape[1], kw = w->shape[2];
@@ -20,6 +24,7 @@ void cpu_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const ki
                             (!bias || kiln_tensor_numel(bias) == cout)))
         return;
     const float *xs = cpu_f32(x), *ws = cpu_f32(w), *bs = bias ? cpu_f32(bias) : NULL;
+    const float *rs = residual ? cpu_f32(residual) : NULL;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < bsz; b++) {
         for (int64_t oy = 0; oy < ho; oy++) {
@@ -45,6 +50,9 @@ void cpu_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const ki
                         }
                     }
                 }
+                if (rs)
+                    for (int64_t co = 0; co < cout; co++)
+                        yp[co] += rs[((b * ho + oy) * wo + ox) * cout + co];
             }
         }
     }

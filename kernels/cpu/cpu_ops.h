@@ -65,7 +65,8 @@ void cpu_copy_cols(kiln_backend *be, kiln_tensor *dst, int64_t dst_col0, const k
 void cpu_transpose(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 
 void cpu_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
-                const kiln_tensor *bias, int stride, const int pad[4]);
+                const kiln_tensor *bias, const kiln_tensor *residual, int stride,
+                const int pad[4]);
 void cpu_upsample_nearest2x(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x);
 
 void cpu_to_rgb8(kiln_backend *be, kiln_tensor *rgb, const kiln_tensor *x);

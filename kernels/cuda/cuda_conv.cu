@@ -31,6 +31,7 @@
 typedef struct conv_params {
     const bf16 *x, *w;
     const void *bias;
+    const bf16 *res; /* the residual, (npix, cout), or NULL */
     int bias_bf16, vec_w, vec_x;
     bf16 *y;
     int cin, h, wd, cout, kh, kw, stride, pad_top, pad_left, ho, wo, k;
@@ -221,7 +222,8 @@ __global__ void __launch_bounds__(CV_THREADS) conv2d_kernel(const conv_params p)
         __syncthreads();
     }
 
-    /* The bias is added in fp32, before the one rounding to bf16. */
+    /* The bias is added in fp32, before the rounding to bf16; the residual
+     * after it, rounded again as a separate add would be. */
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
 #pragma unroll
@@ -235,6 +237,9 @@ __global__ void __launch_bounds__(CV_THREADS) conv2d_kernel(const conv_params p)
                 float v = acc[mi][nb][e];
                 if (p.bias)
                     v += ld_act(p.bias, co, p.bias_bf16);
+                if (p.res)
+                    v = __bfloat162float(__float2bfloat16_rn(v)) +
+                        __bfloat162float(p.res[pix * p.cout + co]);
                 p.y[pix * p.cout + co] = __float2bfloat16_rn(v);
             }
 }
@@ -250,13 +255,17 @@ int cuda_conv_init(kiln_backend *be)
 }
 
 void cuda_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
-                 const kiln_tensor *bias, int stride, const int pad[4])
+                 const kiln_tensor *bias, const kiln_tensor *residual, int stride,
+                 const int pad[4])
 {
     if (CUDA_REQUIRE(be, x->ndim == 4 && w->ndim == 4 && y->ndim == 4 && stride >= 1 &&
                              w->shape[3] == x->shape[3] && y->shape[0] == x->shape[0] &&
                              y->shape[3] == w->shape[0] && y->data != x->data) ||
         CUDA_REQUIRE(be, x->dtype == KILN_BF16 && w->dtype == KILN_BF16 &&
-                             y->dtype == KILN_BF16 && (!bias || is_act(bias))))
+                             y->dtype == KILN_BF16 && (!bias || is_act(bias))) ||
+        CUDA_REQUIRE(be, !residual || (residual->dtype == KILN_BF16 &&
+                                       residual->data != y->data &&
+                                       kiln_tensor_numel(residual) == kiln_tensor_numel(y))))
         return;
     int64_t bsz = x->shape[0], h = x->shape[1], wd = x->shape[2], cin = x->shape[3];
     int64_t cout = w->shape[0], kh = w->shape[1], kw = w->shape[2];
@@ -268,7 +277,7 @@ void cuda_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const k
         CUDA_REQUIRE(be, h * wd * cin < INT32_MAX && kh * (wd + kw) * cin < INT32_MAX &&
                              (cout + CV_BN - 1) / CV_BN <= 65535 && kh < 32768 && kw < 32768))
         return;
-    if (cuda_cudnn_conv2d(be, y, x, w, bias, stride, pad))
+    if (cuda_cudnn_conv2d(be, y, x, w, bias, residual, stride, pad))
         return;
     if (cin * kh * kw > CV_MAX_K) {
         kiln_be_fail(be, KILN_ERR_UNSUPPORTED, "cuda conv2d: Cin*kh*kw = %lld is over %d",
@@ -283,6 +292,7 @@ void cuda_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const k
     p.w = (const bf16 *)w->data;
     p.bias = bias ? bias->data : NULL;
     p.bias_bf16 = bias ? is_bf16(bias) : 0;
+    p.res = residual ? (const bf16 *)residual->data : NULL;
     p.y = (bf16 *)y->data;
     p.cin = (int)cin;
     p.h = (int)h;

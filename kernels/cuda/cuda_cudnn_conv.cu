@@ -105,46 +105,65 @@ static void build_conv(cuda_cudnn *c, cudnn_plan *p, const void *arg)
     cudnn_plan_graph(&b, &op, 1, exact_engine, label);
 }
 
-/* y (pixels, C) = bf16(y + bias[c]), the bias in its own dtype. */
-__global__ void bias_nhwc_kernel(bf16 *y, const void *bias, int bias_bf16, int64_t c, int64_t n)
+/* The epilogue: y (pixels, C) = bf16(y + bias[c]), the bias in its own
+ * dtype, then bf16(y + r) with the residual r (either may be NULL): the
+ * roundings of PyTorch's bias add after a cuDNN convolution and of the
+ * separate residual add, in one pass. */
+__device__ __forceinline__ float conv_epilogue(float v, const void *bias, int bias_bf16,
+                                               int64_t c, const bf16 *r, int64_t i)
+{
+    if (bias)
+        v = __bfloat162float(__float2bfloat16_rn(v + ld_act(bias, c, bias_bf16)));
+    if (r)
+        v = __bfloat162float(__float2bfloat16_rn(v + __bfloat162float(r[i])));
+    return v;
+}
+
+__global__ void bias_nhwc_kernel(bf16 *y, const void *bias, int bias_bf16, const bf16 *r,
+                                 int64_t c, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + ld_act(bias, i % c, bias_bf16));
+        y[i] = __float2bfloat16_rn(
+            conv_epilogue(__bfloat162float(y[i]), bias, bias_bf16, i % c, r, i));
 }
 
 /* The same 8 values a load (c % 8 == 0: a vector's channels are
  * consecutive), so the pass runs at memory speed. */
-__global__ void bias_nhwc_vec_kernel(bf16 *y, const void *bias, int bias_bf16, int64_t c8,
-                                     int64_t n8)
+__global__ void bias_nhwc_vec_kernel(bf16 *y, const void *bias, int bias_bf16, const bf16 *r,
+                                     int64_t c8, int64_t n8)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t c0 = i % c8 * 8;
-        uint4 v = ((uint4 *)y)[i];
+        uint4 v = ((uint4 *)y)[i], rv = r ? ((const uint4 *)r)[i] : v;
         bf16 *e = (bf16 *)&v;
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            e[k] = __float2bfloat16_rn(__bfloat162float(e[k]) + ld_act(bias, c0 + k, bias_bf16));
+            e[k] = __float2bfloat16_rn(conv_epilogue(__bfloat162float(e[k]), bias, bias_bf16,
+                                                     c0 + k, r ? (const bf16 *)&rv : NULL, k));
         ((uint4 *)y)[i] = v;
     }
 }
 
-static void add_bias(kiln_backend *be, bf16 *y, const kiln_tensor *bias, int64_t pixels,
-                     int64_t c)
+static void add_epilogue(kiln_backend *be, bf16 *y, const kiln_tensor *bias,
+                         const kiln_tensor *residual, int64_t pixels, int64_t c)
 {
     int64_t n = pixels * c;
-    if (c % 8)
-        bias_nhwc_kernel<<<cuda_blocks(be, n), 256, 0, cuda_stream(be)>>>(y, bias->data,
-                                                                          is_bf16(bias), c, n);
+    const void *b = bias ? bias->data : NULL;
+    int bbf = bias ? is_bf16(bias) : 0;
+    const bf16 *r = residual ? (const bf16 *)residual->data : NULL;
+    if (c % 8 || (uintptr_t)r % 16)
+        bias_nhwc_kernel<<<cuda_blocks(be, n), 256, 0, cuda_stream(be)>>>(y, b, bbf, r, c, n);
     else
         bias_nhwc_vec_kernel<<<cuda_blocks(be, n / 8), 256, 0, cuda_stream(be)>>>(
-            y, bias->data, is_bf16(bias), c / 8, n / 8);
-    cuda_launched(be, "conv2d bias");
+            y, b, bbf, r, c / 8, n / 8);
+    cuda_launched(be, residual ? "conv2d bias + residual" : "conv2d bias");
 }
 
 int cuda_cudnn_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
-                      const kiln_tensor *bias, int stride, const int pad[4])
+                      const kiln_tensor *bias, const kiln_tensor *residual, int stride,
+                      const int pad[4])
 {
     cuda_cudnn *c = cuda_of(be)->cudnn;
     conv_shape s = {x->shape[3], x->shape[1], x->shape[2], w->shape[0], w->shape[1],
@@ -166,7 +185,7 @@ int cuda_cudnn_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, co
         if (cudnn_execute(be, p, 3, uids, ptrs, "conv2d"))
             return 1;
     }
-    if (bias)
-        add_bias(be, (bf16 *)y->data, bias, bsz * s.ho * s.wo, s.cout);
+    if (bias || residual)
+        add_epilogue(be, (bf16 *)y->data, bias, residual, bsz * s.ho * s.wo, s.cout);
     return 1;
 }

@@ -231,7 +231,8 @@ void cuda_cudnn_fini(kiln_backend *be);
 int cuda_cudnn_attention(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q,
                          const kiln_tensor *k, const kiln_tensor *v, const kiln_attn_opts *opts);
 int cuda_cudnn_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
-                      const kiln_tensor *bias, int stride, const int pad[4]);
+                      const kiln_tensor *bias, const kiln_tensor *residual, int stride,
+                      const int pad[4]);
 
 /* One wide head (d >= 256, no mask) as GEMMs, cuda_attention_gemm.cu; 0 when
  * it declines the call, as the cuDNN ops do. */
@@ -275,6 +276,7 @@ void cuda_timer_fini(kiln_backend *be);
 
 int cuda_conv_init(kiln_backend *be);
 void cuda_conv2d(kiln_backend *be, kiln_tensor *y, const kiln_tensor *x, const kiln_tensor *w,
-                 const kiln_tensor *bias, int stride, const int pad[4]);
+                 const kiln_tensor *bias, const kiln_tensor *residual, int stride,
+                 const int pad[4]);
 
 #endif

@@ -965,43 +965,78 @@ static void test_copies(void)
 
 /* --- convolution ------------------------------------------------------------ */
 
-/* x (b, h, w, cin), w (cout, k, k, cin) -> y (b, ho, wo, cout). */
+enum { CONV_BIAS = 1, CONV_RESIDUAL = 2 };
+
+/* x (b, h, w, cin), w (cout, k, k, cin) -> y (b, ho, wo, cout), with a bias
+ * and a residual as `flags` say.  A residual's result must also equal the
+ * unfused CUDA ops (the convolution, then add) bit for bit. */
 static void case_conv(int64_t b, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t k,
-                      int stride, const int pad[4], int bias)
+                      int stride, const int pad[4], int flags)
 {
-    dual x, wt, bs, y;
+    dual x, wt, bs, rs, y;
+    int bias = flags & CONV_BIAS, res = flags & CONV_RESIDUAL;
     int64_t ho = (h + pad[0] + pad[2] - k) / stride + 1, wo = (w + pad[1] + pad[3] - k) / stride + 1;
+    int64_t yshape[4] = {b, ho, wo, cout};
     dual_in(&x, KILN_BF16, 4, (int64_t[]){b, h, w, cin}, 1.0f);
     dual_in(&wt, KILN_BF16, 4, (int64_t[]){cout, k, k, cin}, 1.0f / sqrtf((float)(cin * k * k)));
     if (bias)
         dual_in(&bs, KILN_BF16, 1, (int64_t[]){cout}, 0.5f);
-    dual_out(&y, KILN_BF16, 4, (int64_t[]){b, ho, wo, cout});
-    kiln_be_conv2d(cpu, &y.c, &x.c, &wt.c, bias ? &bs.c : NULL, stride, pad);
-    kiln_be_conv2d(gpu, &y.g, &x.g, &wt.g, bias ? &bs.g : NULL, stride, pad);
+    if (res)
+        dual_in(&rs, KILN_BF16, 4, yshape, 1.0f);
+    dual_out(&y, KILN_BF16, 4, yshape);
+    kiln_be_conv2d(cpu, &y.c, &x.c, &wt.c, bias ? &bs.c : NULL, res ? &rs.c : NULL, stride, pad);
+    kiln_be_conv2d(gpu, &y.g, &x.g, &wt.g, bias ? &bs.g : NULL, res ? &rs.g : NULL, stride, pad);
+    int64_t mismatches = 0;
+    if (res) {
+        int64_t n = b * ho * wo * cout;
+        kiln_tensor u = {0};
+        float *fused = xmalloc_f(n), *plain = xmalloc_f(n);
+        kiln_be_alloc(gpu, &u, KILN_BF16, 4, yshape);
+        kiln_be_conv2d(gpu, &u, &x.g, &wt.g, bias ? &bs.g : NULL, NULL, stride, pad);
+        kiln_be_add(gpu, &u, &u, &rs.g);
+        kiln_be_download(gpu, &u, plain);
+        kiln_be_download(gpu, &y.g, fused);
+        for (int64_t i = 0; i < n; i++)
+            mismatches += memcmp(&fused[i], &plain[i], sizeof(float)) != 0;
+        kiln_be_free(gpu, &u);
+        free(fused);
+        free(plain);
+    }
     char desc[96];
-    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld->%lld k%lld s%d p%d%d%d%d", (long long)b,
+    snprintf(desc, sizeof desc, "%lldx%lldx%lldx%lld->%lld k%lld s%d p%d%d%d%d%s", (long long)b,
              (long long)cin, (long long)h, (long long)w, (long long)cout, (long long)k, stride,
-             pad[0], pad[1], pad[2], pad[3]);
-    finish("conv2d", desc, &y, TOL_BF16);
+             pad[0], pad[1], pad[2], pad[3], res ? " +res" : "");
+    CHECKF(mismatches == 0, "conv2d %s: %lld elements differ from conv2d then add", desc,
+           (long long)mismatches);
+    finish_ex("conv2d", desc, &y, TOL_BF16, mismatches == 0);
     dual_free(&x);
     dual_free(&wt);
     if (bias)
         dual_free(&bs);
+    if (res)
+        dual_free(&rs);
     dual_free(&y);
 }
 
-/* Cin % 8 != 0 gathers element by element, else 8 channels at a time. */
+/* Cin % 8 != 0 gathers element by element, else 8 channels at a time.  The
+ * residual cases are a ResnetBlock2D's conv2 (kept and changed channel
+ * counts, Cout % 8 != 0 on the element-wise epilogue). */
 static void test_conv(void)
 {
-    case_conv(1, 3, 17, 13, 8, 3, 1, (int[]){1, 1, 1, 1}, 1);
-    case_conv(2, 16, 20, 20, 24, 3, 2, (int[]){0, 0, 1, 1}, 1); /* VAE downsampler */
-    case_conv(2, 16, 21, 19, 24, 3, 2, (int[]){0, 1, 0, 1}, 1);
-    case_conv(1, 12, 9, 11, 3, 3, 1, (int[]){1, 1, 1, 1}, 1);   /* Cout = 3 */
-    case_conv(1, 64, 32, 32, 64, 3, 1, (int[]){1, 1, 1, 1}, 1);
+    const int B = CONV_BIAS, R = CONV_RESIDUAL;
+    case_conv(1, 3, 17, 13, 8, 3, 1, (int[]){1, 1, 1, 1}, B);
+    case_conv(2, 16, 20, 20, 24, 3, 2, (int[]){0, 0, 1, 1}, B); /* VAE downsampler */
+    case_conv(2, 16, 21, 19, 24, 3, 2, (int[]){0, 1, 0, 1}, B);
+    case_conv(1, 12, 9, 11, 3, 3, 1, (int[]){1, 1, 1, 1}, B);   /* Cout = 3 */
+    case_conv(1, 64, 32, 32, 64, 3, 1, (int[]){1, 1, 1, 1}, B);
     case_conv(1, 40, 9, 9, 70, 1, 1, (int[]){0, 0, 0, 0}, 0);
-    case_conv(1, 128, 24, 24, 128, 3, 1, (int[]){1, 1, 1, 1}, 1);
-    case_conv(3, 32, 15, 15, 160, 3, 1, (int[]){1, 1, 1, 1}, 1); /* two Cout tiles */
-    case_conv(1, 512, 8, 8, 64, 3, 1, (int[]){1, 1, 1, 1}, 1);   /* K = 4608 */
+    case_conv(1, 128, 24, 24, 128, 3, 1, (int[]){1, 1, 1, 1}, B);
+    case_conv(3, 32, 15, 15, 160, 3, 1, (int[]){1, 1, 1, 1}, B); /* two Cout tiles */
+    case_conv(1, 512, 8, 8, 64, 3, 1, (int[]){1, 1, 1, 1}, B);   /* K = 4608 */
+    case_conv(2, 64, 16, 12, 64, 3, 1, (int[]){1, 1, 1, 1}, B | R);
+    case_conv(1, 128, 20, 20, 64, 3, 1, (int[]){1, 1, 1, 1}, B | R);
+    case_conv(1, 16, 9, 7, 12, 3, 1, (int[]){1, 1, 1, 1}, B | R);
+    case_conv(1, 32, 8, 8, 40, 1, 1, (int[]){0, 0, 0, 0}, R);
 }
 
 /* --- image output ------------------------------------------------------------ */

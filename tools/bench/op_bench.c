@@ -117,7 +117,7 @@ typedef struct conv_case {
 static void run_conv(kiln_backend *be, kiln_tensor *t, const void *arg)
 {
     const int *pads = arg;
-    kiln_be_conv2d(be, &t[3], &t[0], &t[1], &t[2], 1, pads);
+    kiln_be_conv2d(be, &t[3], &t[0], &t[1], &t[2], NULL, 1, pads);
 }
 
 static double time_conv(kiln_backend *be, const conv_case *c, const opts *o)
