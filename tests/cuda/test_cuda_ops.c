@@ -303,6 +303,9 @@ static void test_rms_norm(void)
     case_rms(4, (int64_t[]){2, 7, 3, 64}, 64, 0);
     case_rms(2, (int64_t[]){5, 3000}, 3000, 0);
     case_rms(4, (int64_t[]){1, 33, 4, 128}, 128, 1);
+    /* whole hidden vectors, 16-byte path: Qwen3-4B's and Z-Image's widths */
+    case_rms(3, (int64_t[]){1, 37, 2560}, 2560, 0);
+    case_rms(3, (int64_t[]){2, 9, 3840}, 3840, 1);
 }
 
 static void case_ln(int64_t b, int64_t s, int64_t d, int shift, int scale, int inplace)
