@@ -1,8 +1,23 @@
 #include "base64.h"
 
+#include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* The characters of every 12-bit value, two per lookup: a response carries
+ * megabytes of image (a 1024x1024 PNG of the random checkpoints is ~3 MB),
+ * encoded on the gateway's loop; 3 MB took 1.4 ms a character at a time on
+ * the development machine, 0.9 ms a pair at a time. */
+static char pairs[4096][2];
+static pthread_once_t pairs_once = PTHREAD_ONCE_INIT;
+
+static void fill_pairs(void)
+{
+    for (int k = 0; k < 4096; k++)
+        pairs[k][0] = alphabet[k >> 6], pairs[k][1] = alphabet[k & 63];
+}
 
 size_t kiln_base64_encoded_len(size_t n)
 {
@@ -22,12 +37,11 @@ kiln_status kiln_base64_encode(const void *data, size_t n, kiln_buf *out, kiln_e
     const uint8_t *p = data;
     char *o = (char *)out->data + out->len;
     size_t i = 0;
-    for (; i + 3 <= n; i += 3) {
+    pthread_once(&pairs_once, fill_pairs);
+    for (; i + 3 <= n; i += 3, o += 4) {
         uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
-        *o++ = alphabet[v >> 18];
-        *o++ = alphabet[(v >> 12) & 63];
-        *o++ = alphabet[(v >> 6) & 63];
-        *o++ = alphabet[v & 63];
+        memcpy(o, pairs[v >> 12], 2);
+        memcpy(o + 2, pairs[v & 4095], 2);
     }
     if (i < n) {
         uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0);
