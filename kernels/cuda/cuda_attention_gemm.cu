@@ -32,7 +32,8 @@ __device__ __forceinline__ float block_max(float v, float *red)
     return v;
 }
 
-/* One block per score row. */
+/* One block per score row, two reads of the row (the max, then the
+ * exponentials): for rows too long for the register kernel below. */
 __global__ void attn_softmax_kernel(bf16 *__restrict__ P, float *__restrict__ l,
                                     const float *__restrict__ S, int64_t sk, float scale)
 {
@@ -48,6 +49,46 @@ __global__ void attn_softmax_kernel(bf16 *__restrict__ P, float *__restrict__ l,
         float e = __expf(s[i] * scale - m);
         p[i] = __float2bfloat16_rn(e);
         sum += e;
+    }
+    sum = block_sum(sum, red);
+    if (threadIdx.x == 0)
+        l[blockIdx.x] = sum;
+}
+
+/* The same with the row read once: ATTN_ROW_THREADS threads keep up to
+ * ATTN_ROW_VALS of its scores each in registers (every load issued before
+ * the first is used), so rows of up to 16384 keys (the VAE mid-block at
+ * 1024x1024) cost one read of S instead of two.  The same roundings; the
+ * row sum is added in another order. */
+#define ATTN_ROW_THREADS 1024
+#define ATTN_ROW_VALS 16
+__global__ void __launch_bounds__(ATTN_ROW_THREADS)
+    attn_softmax_row_kernel(bf16 *__restrict__ P, float *__restrict__ l,
+                            const float *__restrict__ S, int64_t sk, float scale)
+{
+    __shared__ float red[32];
+    const float *s = S + blockIdx.x * sk;
+    bf16 *p = P + blockIdx.x * sk;
+    float x[ATTN_ROW_VALS];
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < ATTN_ROW_VALS; j++) {
+        const int64_t i = threadIdx.x + (int64_t)j * ATTN_ROW_THREADS;
+        x[j] = i < sk ? s[i] * scale : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < ATTN_ROW_VALS; j++)
+        m = fmaxf(m, x[j]);
+    m = block_max(m, red);
+    float sum = 0;
+#pragma unroll
+    for (int j = 0; j < ATTN_ROW_VALS; j++) {
+        const int64_t i = threadIdx.x + (int64_t)j * ATTN_ROW_THREADS;
+        if (i < sk) {
+            float e = __expf(x[j] - m);
+            p[i] = __float2bfloat16_rn(e);
+            sum += e;
+        }
     }
     sum = block_sum(sum, red);
     if (threadIdx.x == 0)
@@ -115,8 +156,12 @@ int cuda_attention_gemm(kiln_backend *be, kiln_tensor *o, const kiln_tensor *q,
             cuda_linear(be, &sc, &qc, &kb, NULL);
             if (be->error.code)
                 break;
-            attn_softmax_kernel<<<(unsigned)rows, 256, 0, cuda_stream(be)>>>(P, l, S, sk,
-                                                                             opts->scale);
+            if (sk <= (int64_t)ATTN_ROW_THREADS * ATTN_ROW_VALS)
+                attn_softmax_row_kernel<<<(unsigned)rows, ATTN_ROW_THREADS, 0,
+                                          cuda_stream(be)>>>(P, l, S, sk, opts->scale);
+            else
+                attn_softmax_kernel<<<(unsigned)rows, 256, 0, cuda_stream(be)>>>(P, l, S, sk,
+                                                                                 opts->scale);
             if (!cuda_launched(be, "attention(softmax)"))
                 break;
             cuda_linear(be, &oc, &pc, &vb, NULL);

@@ -608,6 +608,7 @@ static void test_attention(void)
     case_attn(1, 64, 200, 2, 1, 72, 0, (int[]){150});      /* padded head dim */
     case_attn(1, 256, 256, 1, 1, 512, 0, NULL);            /* VAE mid-block: GEMMs */
     case_attn(2, 300, 264, 1, 1, 256, 0, NULL);            /* GEMMs, two batch rows */
+    case_attn(1, 6, 16392, 1, 1, 256, 0, NULL);            /* GEMMs, rows past the register softmax */
     case_attn(1, 100, 136, 1, 1, 512, 0, (int[]){110});    /* d 512 masked: flash kernel */
     case_attn(1, 130, 130, 1, 1, 200, 1, NULL);            /* 200: two 128-col slices */
     case_attn(2, 600, 600, 3, 3, 128, 0, NULL);            /* DiT-like joint attention */
