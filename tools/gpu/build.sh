@@ -19,7 +19,8 @@ build=.devbuild
 bench=()
 if [ "${1:-}" = --bench ]; then
   shift
-  bench=(tools/bench/kiln-bench tools/bench/kiln-stagebench tools/bench/kiln-opbench)
+  bench=(tools/bench/kiln-bench tools/bench/kiln-stagebench tools/bench/kiln-opbench
+         tools/bench/kiln-fp8probe)
 fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(tests/cuda/test_cuda_ops tests/cuda/test_cuda_pipeline
