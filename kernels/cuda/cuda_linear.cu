@@ -16,8 +16,9 @@
  * B = the entry's codes, A and B scale pointers at the two tensors' scales
  * (so D = sw * sx * acc, all on the device: no host sync, graph-capturable),
  * fp32 accumulation (CUBLAS_COMPUTE_32F), bf16 (or f32) D and the bias
- * epilogue.  Per-tensor scales; cuBLAS 13 also offers per-row ("outer
- * vector") scales, not used until measured on a GPU.  KILN_FP8_FAST_ACCUM=1
+ * epilogue.  Per-tensor scales: cuBLAS 13's per-row ("outer vector")
+ * scales have a single, slower kernel with the default accumulation
+ * (docs/PERFORMANCE.md run X, kiln-fp8probe).  KILN_FP8_FAST_ACCUM=1
  * in the environment at backend creation turns on Hopper's faster,
  * less precise FP8 accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM), for
  * measuring; the op test's tolerance assumes it off. */
