@@ -504,9 +504,11 @@ int svc_wait_idle(int port, int timeout_ms, char *last, size_t cap)
         if (svc_metrics(port, &m) == 0) {
             const char *t = (const char *)m.data;
             double jobs = svc_metric(t, "kiln_jobs "), q = svc_metric(t, "kiln_queue_depth{"),
-                   in = svc_metric(t, "kiln_inflight{");
-            snprintf(last, cap, "kiln_jobs %g, queued %g, in flight %g", jobs, q, in);
-            if (jobs == 0 && q == 0 && in == 0) {
+                   in = svc_metric(t, "kiln_inflight{"), cancelling = svc_metric(t, "kiln_cancelling{"),
+                   busy = svc_metric(t, "kiln_replicas_busy{");
+            snprintf(last, cap, "kiln_jobs %g, queued %g, in flight %g, cancelling %g, busy %g", jobs,
+                     q, in, cancelling, busy);
+            if (jobs == 0 && q == 0 && in == 0 && cancelling == 0 && busy == 0) {
                 rc = 0;
                 break;
             }

@@ -132,9 +132,11 @@ double svc_metric(const char *text, const char *prefix);
 /* Waits until the metric at `prefix` equals `want`; 0, or -1 with the
  * last value in *last (when not NULL). */
 int svc_wait_metric(int port, const char *prefix, double want, int timeout_ms, double *last);
-/* Waits until no job is left in the gateway (kiln_jobs, every
- * kiln_queue_depth and kiln_inflight at 0); 0, or -1 with the last values
- * described in `last`. */
+/* Waits until no job is left in the gateway and no replica still runs
+ * one (kiln_jobs, every kiln_queue_depth, kiln_inflight, kiln_cancelling
+ * and kiln_replicas_busy at 0: a cancelled job leaves kiln_inflight when
+ * the cancel is sent, not when the replica stops it); 0, or -1 with the
+ * last values described in `last`. */
 int svc_wait_idle(int port, int timeout_ms, char *last, size_t cap);
 
 /* ---- OpenAI images responses ---- */

@@ -803,6 +803,26 @@ static void test_disconnects(void)
     gwc_response_free(&r);
 }
 
+/* A request on a new connection right after one of ours closed: the
+ * gateway frees the closed one's slot when its loop sees the close, and
+ * until then refuses the new one (too_many_connections), so that answer
+ * is asked again for up to 5 s. */
+static int request_after_close(int gw_port, const char *method, const char *path,
+                               const char *type, const char *body, size_t len, gwc_response *r)
+{
+    double until = kiln_now_ms() + 5000;
+    for (;;) {
+        if (gwc_request(gw_port, method, path, type, body, len, r, 5000))
+            return -1;
+        kiln_buf_append(&r->body, "", 1, NULL);
+        int refused = r->status == 503 && strstr((const char *)r->body.data, "too_many_connections");
+        if (!refused || kiln_now_ms() >= until)
+            return 0;
+        gwc_response_free(r);
+        sleep_ms(50);
+    }
+}
+
 /* A second gateway (no replicas needed) with room for two connections:
  * the third is told 503 and closed; /readyz fails without replicas. */
 static void test_max_connections(void)
@@ -834,13 +854,12 @@ static void test_max_connections(void)
         gwc_response_free(&r);
         free(body);
         close(a);
-        sleep_ms(100);
-        CHECK(gwc_request(p2, "GET", "/readyz", NULL, NULL, 0, &r, 5000) == 0 && r.status == 503);
-        CHECK(r.body.len && strstr((const char *)r.body.data, "not_ready"));
+        CHECK(request_after_close(p2, "GET", "/readyz", NULL, NULL, 0, &r) == 0 &&
+              r.status == 503);
+        CHECK(strstr((const char *)r.body.data, "not_ready"));
         gwc_response_free(&r);
-        sleep_ms(100); /* the gateway sees that connection close */
-        CHECK(gwc_request(p2, "POST", "/v1/images/generations", "application/json", "{\"prompt\":\"x\"}",
-                          14, &r, 5000) == 0);
+        CHECK(request_after_close(p2, "POST", "/v1/images/generations", "application/json",
+                                  "{\"prompt\":\"x\"}", 14, &r) == 0);
         check_error(&r, 503, NULL, "stage_unavailable", "no replicas");
         gwc_response_free(&r);
         close(b);
@@ -900,7 +919,20 @@ static void stop(void)
         kiln_buf req = {0}, in = {0};
         gwc_format(&req, "POST", "/v1/images/generations", "application/json", json, strlen(json), 0);
         int sent = fd >= 0 && gwc_send(fd, req.data, req.len, 5000) == 0;
-        sleep_ms(200);
+        /* Accepted first: one the gateway has not parsed yet when the
+         * signal comes is refused (503 shutting_down), rightly. */
+        for (double until = kiln_now_ms() + 10000; sent && kiln_now_ms() < until;) {
+            gwc_response m;
+            double jobs = -1;
+            if (gwc_request(port, "GET", "/metrics", NULL, NULL, 0, &m, 5000) == 0) {
+                kiln_buf_append(&m.body, "", 1, NULL);
+                jobs = metric((const char *)m.body.data, "kiln_jobs ");
+            }
+            gwc_response_free(&m);
+            if (jobs >= 1)
+                break;
+            sleep_ms(20);
+        }
         kill(pids[0], SIGTERM);
         if (sent && !test_failures) {
             gwc_response r;

@@ -31,6 +31,12 @@
 #include "tests/test.h"
 
 #define STEPS "2"
+/* test_same_id restarts a killed denoiser under its id, and the new
+ * incarnation's hello must come before the old one's heartbeats are
+ * missed (else the gateway fences it for silence, not for the hello):
+ * an ASan start-up on a loaded CI machine can take longer than the
+ * default 2 s. */
+#define HB_TIMEOUT_MS "10000"
 #define SLOW_STEPS "24"
 #define NS_SEED 1000
 #define N_NS 6
@@ -123,7 +129,7 @@ static int start_fixed(void)
     snprintf(bus_ep, sizeof bus_ep, "ipc://%s/bus", svc.tmpdir);
     const char *gw[] = {svc_exe("services/gateway/kiln-gateway"), "--model", svc.model, "--host",
                         "127.0.0.1", "--port", "0", "--bus", bus_ep, "--min-size", "64",
-                        "--max-size", "128", NULL};
+                        "--max-size", "128", "--heartbeat-timeout-ms", HB_TIMEOUT_MS, NULL};
     gateway = svc_spawn(gw, proc_env + 1, svc_tmp("gateway.log"));
     port = svc_log_port(svc_tmp("gateway.log"), 30000);
     const char *enc[] = {svc_exe("services/kiln-encoder"), "--model", svc.model, "--bus", bus_ep,
