@@ -739,6 +739,15 @@ static double metric(const char *text, const char *prefix)
     return sum;
 }
 
+/* GET /metrics into *r, its body NUL-terminated for metric(); 0 on a 200. */
+static int fetch_metrics(gwc_response *r)
+{
+    if (gwc_request(port, "GET", "/metrics", NULL, NULL, 0, r, 5000) || r->status != 200)
+        return -1;
+    kiln_buf_append(&r->body, "", 1, NULL);
+    return 0;
+}
+
 static void test_disconnects(void)
 {
     enum { N = 24 };
@@ -781,8 +790,7 @@ static void test_disconnects(void)
     char last[4096] = "";
     while (!clean && kiln_now_ms() - t0 < 30000) {
         gwc_response r;
-        if (gwc_request(port, "GET", "/metrics", NULL, NULL, 0, &r, 5000) == 0 && r.status == 200) {
-            kiln_buf_append(&r.body, "", 1, NULL);
+        if (fetch_metrics(&r) == 0) {
             const char *t = (const char *)r.body.data;
             clean = metric(t, "kiln_jobs ") == 0 && metric(t, "kiln_queue_depth{") == 0 &&
                     metric(t, "kiln_inflight{") == 0;
@@ -923,11 +931,7 @@ static void stop(void)
          * signal comes is refused (503 shutting_down), rightly. */
         for (double until = kiln_now_ms() + 10000; sent && kiln_now_ms() < until;) {
             gwc_response m;
-            double jobs = -1;
-            if (gwc_request(port, "GET", "/metrics", NULL, NULL, 0, &m, 5000) == 0) {
-                kiln_buf_append(&m.body, "", 1, NULL);
-                jobs = metric((const char *)m.body.data, "kiln_jobs ");
-            }
+            double jobs = fetch_metrics(&m) == 0 ? metric((const char *)m.body.data, "kiln_jobs ") : -1;
             gwc_response_free(&m);
             if (jobs >= 1)
                 break;

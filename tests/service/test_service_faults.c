@@ -267,9 +267,8 @@ static void test_sigterm_one_denoiser(void)
                svc_wait_log(log, " left (0 job(s) in flight)", 1, 10000) == 0,
            "the gateway did not see the denoiser leave");
     double left;
-    int seen_left = svc_wait_metric(port, "kiln_events_total{event=\"replica_left\"}", 1, 10000,
-                                    &left) == 0;
-    CHECKF(seen_left, "replica_left %g, want 1", left);
+    CHECKF(svc_wait_metric(port, "kiln_events_total{event=\"replica_left\"}", 1, 10000, &left) == 0,
+           "replica_left %g, want 1", left);
     CHECK(metric_now(port, "kiln_events_total{event=\"replica_lost\"}") == 0);
     CHECK(metric_now(port, "kiln_events_total{event=\"redispatch\"}") == 0);
     CHECKF(svc_shm_slabs(victim) == 0, "the stopped denoiser left slabs in /dev/shm");
