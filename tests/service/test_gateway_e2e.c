@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "services/gateway/base64.h"
 #include "tests/service/gw_client.h"
+#include "tests/service/svc_util.h"
 #include "tests/test.h"
 
 #define T_REQ 120000 /* ms for one image request */
@@ -728,26 +729,6 @@ static void test_concurrency(void)
 
 /* ---- disconnects ---- */
 
-/* Sum of a metric family's samples whose line starts with `prefix`. */
-static double metric(const char *text, const char *prefix)
-{
-    double sum = 0;
-    size_t pl = strlen(prefix);
-    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-        if (!strncmp(l, prefix, pl))
-            sum += strtod(strchr(l + pl, ' ') ? strchr(l + pl, ' ') : l + pl, NULL);
-    return sum;
-}
-
-/* GET /metrics into *r, its body NUL-terminated for metric(); 0 on a 200. */
-static int fetch_metrics(gwc_response *r)
-{
-    if (gwc_request(port, "GET", "/metrics", NULL, NULL, 0, r, 5000) || r->status != 200)
-        return -1;
-    kiln_buf_append(&r->body, "", 1, NULL);
-    return 0;
-}
-
 static void test_disconnects(void)
 {
     enum { N = 24 };
@@ -784,26 +765,16 @@ static void test_disconnects(void)
         kiln_buf_free(&in);
         close(fds[i]);
     }
-    /* Everything drains: no job, queue or in-flight entry is left. */
-    double t0 = kiln_now_ms();
-    int clean = 0;
-    char last[4096] = "";
-    while (!clean && kiln_now_ms() - t0 < 30000) {
-        gwc_response r;
-        if (fetch_metrics(&r) == 0) {
-            const char *t = (const char *)r.body.data;
-            clean = metric(t, "kiln_jobs ") == 0 && metric(t, "kiln_queue_depth{") == 0 &&
-                    metric(t, "kiln_inflight{") == 0;
-            snprintf(last, sizeof last, "jobs %g queued %g inflight %g cancels %g",
-                     metric(t, "kiln_jobs "), metric(t, "kiln_queue_depth{"),
-                     metric(t, "kiln_inflight{"), metric(t, "kiln_events_total{event=\"cancel\"}"));
-        }
-        gwc_response_free(&r);
-        if (!clean)
-            sleep_ms(200);
-    }
-    CHECKF(clean, "jobs left after the clients went away: %s", last);
-    KILN_LOG_INFO("e2e: after disconnects: %s", last);
+    /* Everything drains: no job, queue, in-flight or cancelling entry is
+     * left, and no replica still runs one. */
+    char last[256];
+    CHECKF(svc_wait_idle(port, 30000, last, sizeof last) == 0,
+           "jobs left after the clients went away: %s", last);
+    kiln_buf m = {0};
+    if (svc_metrics(port, &m) == 0)
+        KILN_LOG_INFO("e2e: after disconnects: %s, cancels %g", last,
+                      svc_metric((const char *)m.data, "kiln_events_total{event=\"cancel\"}"));
+    kiln_buf_free(&m);
     gwc_response r;
     CHECK(post_json("/v1/images/generations",
                     "{\"prompt\":\"still here\",\"size\":\"64x64\",\"num_inference_steps\":1}", &r) == 0);
@@ -929,14 +900,8 @@ static void stop(void)
         int sent = fd >= 0 && gwc_send(fd, req.data, req.len, 5000) == 0;
         /* Accepted first: one the gateway has not parsed yet when the
          * signal comes is refused (503 shutting_down), rightly. */
-        for (double until = kiln_now_ms() + 10000; sent && kiln_now_ms() < until;) {
-            gwc_response m;
-            double jobs = fetch_metrics(&m) == 0 ? metric((const char *)m.body.data, "kiln_jobs ") : -1;
-            gwc_response_free(&m);
-            if (jobs >= 1)
-                break;
-            sleep_ms(20);
-        }
+        if (sent)
+            svc_wait_metric(port, "kiln_jobs ", 1, 10000, NULL);
         kill(pids[0], SIGTERM);
         if (sent && !test_failures) {
             gwc_response r;
